@@ -1,0 +1,880 @@
+// Byte-level BPE tokenizer: loading tokenizer.json / tokenizer_config.json, pre-tokenization with
+// PCRE2, merge-rank BPE with a word cache, decoding and streaming decoding.
+#include "tokenizer/tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "tokenizer/unicode_util.h"
+
+namespace mla {
+
+using json = nlohmann::json;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// PCRE2 regex, compiled once, matched with per-call match data.
+
+class Regex {
+ public:
+  Regex(const std::string& pattern, bool literal, const std::string& where) {
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
+                          &error, &offset, nullptr);
+    if (!code_) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(error, message, sizeof message);
+      throw std::runtime_error(where + ": cannot compile regex '" + pattern + "' at offset " +
+                               std::to_string(offset) + ": " + reinterpret_cast<char*>(message));
+    }
+    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // falls back to the interpreter on failure
+  }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+  ~Regex() { pcre2_code_free(code_); }
+  pcre2_code* code() const { return code_; }
+
+ private:
+  pcre2_code* code_ = nullptr;
+};
+
+// Per-call matching state for one regex (match data are not shareable between threads).
+class Matcher {
+ public:
+  explicit Matcher(const Regex& regex)
+      : regex_(regex), data_(pcre2_match_data_create_from_pattern(regex.code(), nullptr)) {}
+  Matcher(const Matcher&) = delete;
+  Matcher& operator=(const Matcher&) = delete;
+  ~Matcher() {
+    pcre2_match_data_free(data_);
+    if (context_) pcre2_match_context_free(context_);
+    if (stack_) pcre2_jit_stack_free(stack_);
+  }
+
+  // Finds the next match in subject[start..len); returns false when there is none.
+  bool find(const char* subject, size_t len, size_t start, size_t* match_begin, size_t* match_end) {
+    for (;;) {
+      int rc = pcre2_match(regex_.code(), reinterpret_cast<PCRE2_SPTR>(subject), len, start,
+                           PCRE2_NO_UTF_CHECK, data_, context_);
+      if (rc == PCRE2_ERROR_NOMATCH) return false;
+      if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !stack_) {
+        stack_ = pcre2_jit_stack_create(64 * 1024, 64 * 1024 * 1024, nullptr);
+        context_ = pcre2_match_context_create(nullptr);
+        pcre2_jit_stack_assign(context_, nullptr, stack_);
+        continue;
+      }
+      if (rc < 0) {
+        PCRE2_UCHAR message[256];
+        pcre2_get_error_message(rc, message, sizeof message);
+        throw std::runtime_error(std::string("tokenizer regex match failed: ") +
+                                 reinterpret_cast<char*>(message));
+      }
+      PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data_);
+      *match_begin = ovector[0];
+      *match_end = ovector[1];
+      return true;
+    }
+  }
+
+ private:
+  const Regex& regex_;
+  pcre2_match_data* data_;
+  pcre2_match_context* context_ = nullptr;
+  pcre2_jit_stack* stack_ = nullptr;
+};
+
+size_t utf8_char_length(const char* s, size_t i, size_t len) {
+  uint8_t b = static_cast<uint8_t>(s[i]);
+  size_t n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+  return std::min(n, len - i);
+}
+
+enum class SplitBehavior { Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous };
+
+struct PreTokenizerStep {
+  std::unique_ptr<Regex> regex;
+  SplitBehavior behavior = SplitBehavior::Isolated;
+  bool invert = false;
+};
+
+// GPT-2's pattern, used by ByteLevel when use_regex is true.
+const char* kGpt2Pattern =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+struct AddedToken {
+  int32_t id;
+  std::string content;
+  bool special, lstrip, rstrip, single_word;
+};
+
+// Byte trie over added-token contents for leftmost-longest matching.
+struct TrieNode {
+  std::vector<std::pair<uint8_t, int32_t>> children;  // sorted by byte
+  int32_t token = -1;                                 // index into added_tokens, -1 if none
+};
+
+std::string read_file(const std::string& path, bool* exists) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    *exists = false;
+    return {};
+  }
+  *exists = true;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+json parse_json_file(const std::string& path, const std::string& text) {
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw std::runtime_error(path + ": bad JSON: " + e.what());
+  }
+}
+
+// bos_token / eos_token in tokenizer_config.json: a string, an {"content": ...} object, or null.
+std::string token_content(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"].get<std::string>();
+  return {};
+}
+
+bool is_ascii_word_char(uint8_t c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+         c >= 0x80;
+}
+
+bool is_space(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+struct Tokenizer::Impl {
+  std::string source;  // path of tokenizer.json, for messages
+
+  // Vocabulary.
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> text_to_id;
+  std::vector<std::string> id_to_text;   // as written in tokenizer.json ("" for unused ids)
+  std::vector<std::string> id_to_bytes;  // decoded bytes
+  std::vector<uint8_t> id_present;
+  std::vector<uint8_t> id_special;
+  std::array<int32_t, 256> byte_id{};  // id of the single-byte token
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> bytes_to_id;  // for ignore_merges
+  bool ignore_merges = false;
+  int32_t unk_id = -1;
+
+  // Merges: (left id, right id) -> (rank, merged id).
+  struct Merge {
+    int32_t rank, id;
+  };
+  std::unordered_map<uint64_t, Merge> merges;
+
+  // Added tokens.
+  std::vector<AddedToken> added_tokens;
+  std::vector<TrieNode> trie;
+  std::array<bool, 256> trie_first{};
+
+  // Pre-tokenization.
+  std::vector<PreTokenizerStep> steps;
+  bool add_prefix_space = false;
+
+  // Special tokens and template.
+  int32_t bos = -1, eos = -1;
+  std::string bos_text, eos_text;
+  bool add_bos = false, add_eos = false;
+  std::vector<int32_t> prefix_ids, suffix_ids;  // from a TemplateProcessing post-processor
+  bool use_config_flags = false;
+  std::string chat_template;
+
+  // Word cache: piece bytes -> ids.
+  mutable std::mutex cache_mutex;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache;
+
+  static uint64_t pair_key(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+  const Merge* find_merge(int32_t a, int32_t b) const {
+    auto it = merges.find(pair_key(a, b));
+    return it == merges.end() ? nullptr : &it->second;
+  }
+
+  void load_model(const json& model);
+  void load_pre_tokenizer(const json& node);
+  void check_normalizer(const json& node) const;
+  void check_decoder(const json& node) const;
+  void load_post_processor(const json& node);
+  void build_trie();
+  void set_token(int32_t id, const std::string& text);
+
+  void encode_text(std::string_view text, std::vector<int32_t>& out) const;
+  void bpe(std::string_view piece, std::vector<int32_t>& out) const;
+  void bpe_uncached(std::string_view piece, std::vector<int32_t>& out) const;
+};
+
+void Tokenizer::Impl::set_token(int32_t id, const std::string& text) {
+  if (id < 0) throw std::runtime_error(source + ": negative token id for '" + text + "'");
+  size_t need = static_cast<size_t>(id) + 1;
+  if (id_to_text.size() < need) {
+    id_to_text.resize(need);
+    id_to_bytes.resize(need);
+    id_present.resize(need, 0);
+    id_special.resize(need, 0);
+  }
+  id_to_text[id] = text;
+  id_present[id] = 1;
+  // ByteLevel decoder: every character through the byte alphabet, or the raw text if any
+  // character is outside it.
+  std::string bytes;
+  bool all_mapped = true;
+  size_t i = 0, bad = 0;
+  while (i < text.size()) {
+    size_t len = utf8::sequence_length(text, i, &bad);
+    if (len == 0) {
+      all_mapped = false;
+      break;
+    }
+    int b = utf8::char_to_byte(utf8::decode_at(text, i, len));
+    if (b < 0) {
+      all_mapped = false;
+      break;
+    }
+    bytes.push_back(static_cast<char>(b));
+    i += len;
+  }
+  id_to_bytes[id] = all_mapped ? bytes : text;
+}
+
+void Tokenizer::Impl::load_model(const json& model) {
+  std::string type = model.value("type", "");
+  if (type != "BPE")
+    throw std::runtime_error(source + ": unsupported model type '" + type + "' (only BPE)");
+  if (model.contains("continuing_subword_prefix") && !model["continuing_subword_prefix"].is_null() &&
+      !model["continuing_subword_prefix"].get<std::string>().empty())
+    throw std::runtime_error(source + ": unsupported BPE option continuing_subword_prefix");
+  if (model.contains("end_of_word_suffix") && !model["end_of_word_suffix"].is_null() &&
+      !model["end_of_word_suffix"].get<std::string>().empty())
+    throw std::runtime_error(source + ": unsupported BPE option end_of_word_suffix");
+  if (model.contains("byte_fallback") && model["byte_fallback"].is_boolean() &&
+      model["byte_fallback"].get<bool>())
+    throw std::runtime_error(source + ": unsupported BPE option byte_fallback (not a byte-level BPE)");
+  ignore_merges = model.value("ignore_merges", false);
+
+  if (!model.contains("vocab") || !model["vocab"].is_object())
+    throw std::runtime_error(source + ": model.vocab missing or not an object");
+  const json& vocab = model["vocab"];
+  text_to_id.reserve(vocab.size() * 2);
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    if (!it.value().is_number_integer())
+      throw std::runtime_error(source + ": vocab entry '" + it.key() + "' has a non-integer id");
+    int32_t id = it.value().get<int32_t>();
+    text_to_id.emplace(it.key(), id);
+    set_token(id, it.key());
+  }
+  if (model.contains("unk_token") && model["unk_token"].is_string()) {
+    auto it = text_to_id.find(model["unk_token"].get<std::string>());
+    if (it != text_to_id.end()) unk_id = it->second;
+  }
+  const auto& alphabet = utf8::byte_to_char();
+  for (int b = 0; b < 256; ++b) {
+    std::string ch;
+    utf8::append(ch, alphabet[b]);
+    auto it = text_to_id.find(ch);
+    if (it != text_to_id.end()) {
+      byte_id[b] = it->second;
+    } else if (unk_id >= 0) {
+      byte_id[b] = unk_id;
+    } else {
+      throw std::runtime_error(source + ": vocabulary lacks the byte-level token for byte " +
+                               std::to_string(b) + " and has no unk_token");
+    }
+  }
+  if (ignore_merges) {
+    for (auto& [text, id] : text_to_id) bytes_to_id.emplace(id_to_bytes[id], id);
+  }
+
+  if (!model.contains("merges") || !model["merges"].is_array())
+    throw std::runtime_error(source + ": model.merges missing or not an array");
+  const json& list = model["merges"];
+  merges.reserve(list.size() * 2);
+  int32_t rank = 0;
+  for (const json& m : list) {
+    std::string left, right;
+    if (m.is_string()) {
+      const std::string& s = m.get_ref<const std::string&>();
+      size_t space = s.find(' ');
+      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
+        throw std::runtime_error(source + ": merge " + std::to_string(rank) + " '" + s +
+                                 "' is not two tokens separated by one space");
+      left = s.substr(0, space);
+      right = s.substr(space + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      left = m[0].get<std::string>();
+      right = m[1].get<std::string>();
+    } else {
+      throw std::runtime_error(source + ": merge " + std::to_string(rank) + " is neither \"a b\" nor [a, b]");
+    }
+    auto l = text_to_id.find(left), r = text_to_id.find(right), merged = text_to_id.find(left + right);
+    if (l == text_to_id.end() || r == text_to_id.end() || merged == text_to_id.end())
+      throw std::runtime_error(source + ": merge " + std::to_string(rank) + " ('" + left + "', '" + right +
+                               "') uses a token missing from the vocabulary");
+    merges.emplace(pair_key(l->second, r->second), Merge{rank, merged->second});
+    ++rank;
+  }
+}
+
+void Tokenizer::Impl::load_pre_tokenizer(const json& node) {
+  if (node.is_null()) return;
+  std::string type = node.value("type", "");
+  if (type == "Sequence") {
+    for (const json& p : node.at("pretokenizers")) load_pre_tokenizer(p);
+    return;
+  }
+  PreTokenizerStep step;
+  if (type == "Split") {
+    const json& pattern = node.at("pattern");
+    bool literal = pattern.contains("String");
+    std::string text = literal ? pattern["String"].get<std::string>() : pattern.at("Regex").get<std::string>();
+    step.regex = std::make_unique<Regex>(text, literal, source + ": pre_tokenizer Split");
+    std::string behavior = node.value("behavior", "Isolated");
+    if (behavior == "Isolated") step.behavior = SplitBehavior::Isolated;
+    else if (behavior == "Removed") step.behavior = SplitBehavior::Removed;
+    else if (behavior == "MergedWithPrevious") step.behavior = SplitBehavior::MergedWithPrevious;
+    else if (behavior == "MergedWithNext") step.behavior = SplitBehavior::MergedWithNext;
+    else if (behavior == "Contiguous") step.behavior = SplitBehavior::Contiguous;
+    else throw std::runtime_error(source + ": unsupported Split behavior '" + behavior + "'");
+    step.invert = node.value("invert", false);
+  } else if (type == "Digits") {
+    bool individual = node.value("individual_digits", false);
+    step.regex = std::make_unique<Regex>(individual ? "\\p{N}" : "\\p{N}+", false, source + ": Digits");
+  } else if (type == "ByteLevel") {
+    if (node.value("add_prefix_space", false)) add_prefix_space = true;
+    if (!node.value("use_regex", true)) return;
+    step.regex = std::make_unique<Regex>(kGpt2Pattern, false, source + ": ByteLevel");
+  } else {
+    throw std::runtime_error(source + ": unsupported pre_tokenizer type '" + type + "'");
+  }
+  steps.push_back(std::move(step));
+}
+
+void Tokenizer::Impl::check_normalizer(const json& node) const {
+  if (node.is_null()) return;
+  std::string type = node.value("type", "");
+  if (type == "Sequence") {
+    for (const json& n : node.at("normalizers")) check_normalizer(n);
+    return;
+  }
+  throw std::runtime_error(source + ": unsupported normalizer type '" + type + "'");
+}
+
+void Tokenizer::Impl::check_decoder(const json& node) const {
+  if (node.is_null()) return;
+  std::string type = node.value("type", "");
+  if (type == "ByteLevel") return;
+  if (type == "Sequence") {
+    for (const json& d : node.at("decoders")) check_decoder(d);
+    return;
+  }
+  throw std::runtime_error(source + ": unsupported decoder type '" + type + "'");
+}
+
+void Tokenizer::Impl::load_post_processor(const json& node) {
+  if (node.is_null()) return;
+  std::string type = node.value("type", "");
+  if (type == "Sequence") {
+    for (const json& p : node.at("processors")) load_post_processor(p);
+    return;
+  }
+  if (type != "TemplateProcessing") return;  // ByteLevel and others add no tokens here
+  const json& single = node.at("single");
+  std::vector<int32_t>* target = &prefix_ids;
+  for (const json& piece : single) {
+    if (piece.contains("Sequence")) {
+      target = &suffix_ids;
+      continue;
+    }
+    if (!piece.contains("SpecialToken")) continue;
+    std::string name = piece["SpecialToken"].at("id").get<std::string>();
+    const json& specials = node.at("special_tokens");
+    if (!specials.contains(name))
+      throw std::runtime_error(source + ": post_processor names unknown special token '" + name + "'");
+    for (const json& id : specials[name].at("ids")) target->push_back(id.get<int32_t>());
+  }
+}
+
+void Tokenizer::Impl::build_trie() {
+  trie.assign(1, TrieNode{});
+  trie_first.fill(false);
+  for (size_t t = 0; t < added_tokens.size(); ++t) {
+    const std::string& s = added_tokens[t].content;
+    if (s.empty()) continue;
+    trie_first[static_cast<uint8_t>(s[0])] = true;
+    int32_t node = 0;
+    for (char c : s) {
+      uint8_t b = static_cast<uint8_t>(c);
+      auto& kids = trie[node].children;
+      auto it = std::lower_bound(kids.begin(), kids.end(), std::make_pair(b, int32_t{-1}));
+      if (it != kids.end() && it->first == b) {
+        node = it->second;
+      } else {
+        int32_t fresh = static_cast<int32_t>(trie.size());
+        kids.insert(it, {b, fresh});
+        trie.push_back(TrieNode{});
+        node = fresh;
+      }
+    }
+    if (trie[node].token < 0) trie[node].token = static_cast<int32_t>(t);
+  }
+}
+
+// BPE over one pre-tokenized piece, with the word cache.
+void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) const {
+  if (piece.size() == 1) {
+    out.push_back(byte_id[static_cast<uint8_t>(piece[0])]);
+    return;
+  }
+  constexpr size_t kMaxCachedLength = 64;
+  constexpr size_t kMaxCacheEntries = 1 << 18;
+  if (piece.size() <= kMaxCachedLength) {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    auto it = cache.find(piece);
+    if (it != cache.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  size_t start = out.size();
+  bpe_uncached(piece, out);
+  if (piece.size() <= kMaxCachedLength) {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    if (cache.size() >= kMaxCacheEntries) cache.clear();
+    cache.emplace(std::string(piece), std::vector<int32_t>(out.begin() + start, out.end()));
+  }
+}
+
+void Tokenizer::Impl::bpe_uncached(std::string_view piece, std::vector<int32_t>& out) const {
+  if (ignore_merges) {
+    auto it = bytes_to_id.find(piece);
+    if (it != bytes_to_id.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+  const size_t n = piece.size();
+  if (n <= 48) {
+    // Short words: repeated scan for the lowest-rank adjacent pair (leftmost on ties).
+    int32_t ids[48];
+    int32_t ranks[48];  // rank of pair (i, i+1), INT32_MAX if none
+    int32_t merged[48];
+    size_t count = n;
+    for (size_t i = 0; i < n; ++i) ids[i] = byte_id[static_cast<uint8_t>(piece[i])];
+    auto rate = [&](size_t i) {
+      const Merge* m = find_merge(ids[i], ids[i + 1]);
+      ranks[i] = m ? m->rank : INT32_MAX;
+      merged[i] = m ? m->id : -1;
+    };
+    for (size_t i = 0; i + 1 < count; ++i) rate(i);
+    while (count > 1) {
+      size_t best = 0;
+      for (size_t i = 1; i + 1 < count; ++i)
+        if (ranks[i] < ranks[best]) best = i;
+      if (ranks[best] == INT32_MAX) break;
+      ids[best] = merged[best];
+      for (size_t i = best + 1; i + 1 < count; ++i) {
+        ids[i] = ids[i + 1];
+        ranks[i] = ranks[i + 1];
+        merged[i] = merged[i + 1];
+      }
+      --count;
+      if (best > 0) rate(best - 1);
+      if (best + 1 < count) rate(best);
+    }
+    out.insert(out.end(), ids, ids + count);
+    return;
+  }
+
+  // Long words: symbols in a linked list, candidate merges in a min-heap by (rank, position);
+  // stale entries are skipped when popped.
+  struct Symbol {
+    int32_t id, prev, next;
+    bool alive;
+  };
+  std::vector<Symbol> symbols(n);
+  for (size_t i = 0; i < n; ++i)
+    symbols[i] = {byte_id[static_cast<uint8_t>(piece[i])], static_cast<int32_t>(i) - 1,
+                  i + 1 < n ? static_cast<int32_t>(i + 1) : -1, true};
+  struct Candidate {
+    int32_t rank, pos, id;
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+  auto consider = [&](int32_t pos) {
+    if (pos < 0) return;
+    int32_t next = symbols[pos].next;
+    if (next < 0) return;
+    if (const Merge* m = find_merge(symbols[pos].id, symbols[next].id)) heap.push({m->rank, pos, m->id});
+  };
+  for (size_t i = 0; i + 1 < n; ++i) consider(static_cast<int32_t>(i));
+  while (!heap.empty()) {
+    Candidate c = heap.top();
+    heap.pop();
+    Symbol& left = symbols[c.pos];
+    if (!left.alive || left.next < 0) continue;
+    Symbol& right = symbols[left.next];
+    const Merge* m = find_merge(left.id, right.id);
+    if (!m || m->id != c.id) continue;
+    left.id = c.id;
+    right.alive = false;
+    left.next = right.next;
+    if (right.next >= 0) symbols[right.next].prev = c.pos;
+    consider(left.prev);
+    consider(c.pos);
+  }
+  for (int32_t i = 0; i >= 0; i = symbols[i].next) out.push_back(symbols[i].id);
+}
+
+// Pre-tokenizes one stretch of text without added tokens and runs BPE on every piece.
+void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& out) const {
+  if (text.empty()) return;
+  std::vector<std::unique_ptr<Matcher>> matchers;
+  matchers.reserve(steps.size());
+  for (const auto& step : steps) matchers.push_back(std::make_unique<Matcher>(*step.regex));
+  std::string prefixed;  // scratch for add_prefix_space
+
+  const char* base = text.data();
+  std::function<void(size_t, size_t, size_t)> run = [&](size_t level, size_t begin, size_t end) {
+    if (begin >= end) return;
+    if (level == steps.size()) {
+      std::string_view piece(base + begin, end - begin);
+      if (add_prefix_space && piece[0] != ' ') {
+        prefixed.assign(1, ' ');
+        prefixed.append(piece);
+        bpe(prefixed, out);
+      } else {
+        bpe(piece, out);
+      }
+      return;
+    }
+    const PreTokenizerStep& step = steps[level];
+    Matcher& matcher = *matchers[level];
+    const char* subject = base + begin;
+    size_t len = end - begin;
+    // Segments (begin, end, is_match) relative to subject.
+    struct Segment {
+      size_t b, e;
+      bool match;
+    };
+    std::vector<Segment> segments;
+    size_t prev = 0, pos = 0, mb = 0, me = 0;
+    while (pos <= len && matcher.find(subject, len, pos, &mb, &me)) {
+      if (mb > prev) segments.push_back({prev, mb, step.invert});
+      if (me > mb) segments.push_back({mb, me, !step.invert});
+      prev = me;
+      pos = me > mb ? me : me + (me < len ? utf8_char_length(subject, me, len) : 1);
+    }
+    if (prev < len) segments.push_back({prev, len, step.invert});
+
+    switch (step.behavior) {
+      case SplitBehavior::Isolated:
+        break;
+      case SplitBehavior::Removed:
+        segments.erase(std::remove_if(segments.begin(), segments.end(), [](const Segment& s) { return s.match; }),
+                       segments.end());
+        break;
+      case SplitBehavior::MergedWithPrevious: {
+        std::vector<Segment> merged;
+        bool previous_match = false;
+        for (const Segment& s : segments) {
+          if (s.match && !previous_match && !merged.empty()) merged.back().e = s.e;
+          else merged.push_back({s.b, s.e, false});
+          previous_match = s.match;
+        }
+        segments = std::move(merged);
+        break;
+      }
+      case SplitBehavior::MergedWithNext: {
+        std::vector<Segment> merged;
+        bool previous_match = false;
+        for (auto it = segments.rbegin(); it != segments.rend(); ++it) {
+          if (it->match && !previous_match && !merged.empty()) merged.back().b = it->b;
+          else merged.push_back({it->b, it->e, false});
+          previous_match = it->match;
+        }
+        std::reverse(merged.begin(), merged.end());
+        segments = std::move(merged);
+        break;
+      }
+      case SplitBehavior::Contiguous: {
+        std::vector<Segment> merged;
+        for (const Segment& s : segments) {
+          if (!merged.empty() && merged.back().match == s.match) merged.back().e = s.e;
+          else merged.push_back(s);
+        }
+        segments = std::move(merged);
+        break;
+      }
+    }
+    for (const Segment& s : segments) run(level + 1, begin + s.b, begin + s.e);
+  };
+  run(0, 0, text.size());
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::load(const std::string& dir) {
+  auto impl = std::make_unique<Impl>();
+  std::string path = dir + "/tokenizer.json";
+  impl->source = path;
+  bool exists = false;
+  std::string text = read_file(path, &exists);
+  if (!exists) throw std::runtime_error(path + ": cannot open file");
+  json root = parse_json_file(path, text);
+  text.clear();
+  text.shrink_to_fit();
+  if (!root.is_object()) throw std::runtime_error(path + ": top level is not a JSON object");
+
+  try {
+    if (!root.contains("model")) throw std::runtime_error(path + ": no 'model' section");
+    impl->load_model(root["model"]);
+    impl->check_normalizer(root.value("normalizer", json()));
+    impl->load_pre_tokenizer(root.value("pre_tokenizer", json()));
+    impl->check_decoder(root.value("decoder", json()));
+    impl->load_post_processor(root.value("post_processor", json()));
+
+    if (root.contains("added_tokens") && root["added_tokens"].is_array()) {
+      for (const json& t : root["added_tokens"]) {
+        AddedToken token{t.at("id").get<int32_t>(), t.at("content").get<std::string>(), t.value("special", false),
+                         t.value("lstrip", false), t.value("rstrip", false), t.value("single_word", false)};
+        impl->set_token(token.id, token.content);
+        impl->id_special[token.id] = token.special ? 1 : 0;
+        impl->text_to_id[token.content] = token.id;
+        impl->added_tokens.push_back(std::move(token));
+      }
+    }
+  } catch (const json::exception& e) {
+    throw std::runtime_error(path + ": unexpected structure: " + e.what());
+  }
+  impl->build_trie();
+
+  std::string config_path = dir + "/tokenizer_config.json";
+  std::string config_text = read_file(config_path, &exists);
+  if (exists) {
+    json config = parse_json_file(config_path, config_text);
+    if (!config.is_object()) throw std::runtime_error(config_path + ": top level is not a JSON object");
+    try {
+      if (config.contains("bos_token")) impl->bos_text = token_content(config["bos_token"]);
+      if (config.contains("eos_token")) impl->eos_text = token_content(config["eos_token"]);
+      if (config.contains("add_bos_token") || config.contains("add_eos_token")) {
+        impl->use_config_flags = true;
+        impl->add_bos = config.value("add_bos_token", false);
+        impl->add_eos = config.value("add_eos_token", false);
+      }
+      if (config.contains("chat_template")) {
+        const json& t = config["chat_template"];
+        if (t.is_string()) {
+          impl->chat_template = t.get<std::string>();
+        } else if (t.is_array() && !t.empty()) {  // [{"name": ..., "template": ...}]
+          impl->chat_template = t[0].at("template").get<std::string>();
+          for (const json& named : t)
+            if (named.value("name", "") == "default") impl->chat_template = named.at("template").get<std::string>();
+        }
+      }
+    } catch (const json::exception& e) {
+      throw std::runtime_error(config_path + ": unexpected structure: " + e.what());
+    }
+    auto resolve = [&](const std::string& name, const char* what) -> int32_t {
+      if (name.empty()) return -1;
+      auto it = impl->text_to_id.find(name);
+      if (it == impl->text_to_id.end())
+        throw std::runtime_error(config_path + ": " + what + " '" + name + "' is not in the vocabulary");
+      return it->second;
+    };
+    impl->bos = resolve(impl->bos_text, "bos_token");
+    impl->eos = resolve(impl->eos_text, "eos_token");
+    if (impl->add_bos && impl->bos < 0)
+      throw std::runtime_error(config_path + ": add_bos_token is true but there is no bos_token");
+    if (impl->add_eos && impl->eos < 0)
+      throw std::runtime_error(config_path + ": add_eos_token is true but there is no eos_token");
+  }
+  return Tokenizer(std::move(impl));
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view input, bool add_special_tokens) const {
+  const Impl& im = *impl_;
+  std::string clean;
+  std::string_view text = input;
+  if (!utf8::is_valid(input)) {
+    clean = sanitize_utf8(input);
+    text = clean;
+  }
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 8);
+  if (add_special_tokens) {
+    if (im.use_config_flags) {
+      if (im.add_bos) out.push_back(im.bos);
+    } else {
+      out.insert(out.end(), im.prefix_ids.begin(), im.prefix_ids.end());
+    }
+  }
+
+  // Leftmost-longest scan for added tokens; the text between matches goes through BPE.
+  size_t plain_begin = 0, i = 0;
+  const size_t n = text.size();
+  while (i < n) {
+    uint8_t first = static_cast<uint8_t>(text[i]);
+    if (!im.trie_first[first]) {
+      ++i;
+      continue;
+    }
+    int32_t node = 0, found = -1;
+    size_t found_end = 0;
+    for (size_t k = i; k < n; ++k) {
+      uint8_t b = static_cast<uint8_t>(text[k]);
+      const auto& kids = im.trie[node].children;
+      auto it = std::lower_bound(kids.begin(), kids.end(), std::make_pair(b, int32_t{-1}));
+      if (it == kids.end() || it->first != b) break;
+      node = it->second;
+      if (im.trie[node].token >= 0) {
+        found = im.trie[node].token;
+        found_end = k + 1;
+      }
+    }
+    if (found >= 0) {
+      const AddedToken& token = im.added_tokens[found];
+      if (token.single_word) {
+        bool left_ok = i == 0 || !is_ascii_word_char(static_cast<uint8_t>(text[i - 1]));
+        bool right_ok = found_end == n || !is_ascii_word_char(static_cast<uint8_t>(text[found_end]));
+        if (!left_ok || !right_ok) found = -1;
+      }
+    }
+    if (found < 0) {
+      ++i;
+      continue;
+    }
+    const AddedToken& token = im.added_tokens[found];
+    size_t plain_end = i;
+    if (token.lstrip)
+      while (plain_end > plain_begin && is_space(static_cast<uint8_t>(text[plain_end - 1]))) --plain_end;
+    im.encode_text(text.substr(plain_begin, plain_end - plain_begin), out);
+    out.push_back(token.id);
+    i = found_end;
+    if (token.rstrip)
+      while (i < n && is_space(static_cast<uint8_t>(text[i]))) ++i;
+    plain_begin = i;
+  }
+  im.encode_text(text.substr(plain_begin), out);
+
+  if (add_special_tokens) {
+    if (im.use_config_flags) {
+      if (im.add_eos) out.push_back(im.eos);
+    } else {
+      out.insert(out.end(), im.suffix_ids.begin(), im.suffix_ids.end());
+    }
+  }
+  return out;
+}
+
+const std::string& Tokenizer::token_bytes(int32_t id) const {
+  if (id < 0 || static_cast<size_t>(id) >= impl_->id_present.size() || !impl_->id_present[id])
+    throw std::out_of_range("token id " + std::to_string(id) + " is not in the vocabulary");
+  return impl_->id_to_bytes[id];
+}
+
+bool Tokenizer::is_special(int32_t id) const {
+  return id >= 0 && static_cast<size_t>(id) < impl_->id_special.size() && impl_->id_special[id];
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  std::string bytes;
+  for (int32_t id : ids) {
+    const std::string& b = token_bytes(id);
+    if (skip_special_tokens && is_special(id)) continue;
+    bytes += b;
+  }
+  if (utf8::is_valid(bytes)) return bytes;
+  return sanitize_utf8(bytes);
+}
+
+int32_t Tokenizer::bos_id() const { return impl_->bos; }
+int32_t Tokenizer::eos_id() const { return impl_->eos; }
+const std::string& Tokenizer::bos_token() const { return impl_->bos_text; }
+const std::string& Tokenizer::eos_token() const { return impl_->eos_text; }
+
+std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {
+  auto it = impl_->text_to_id.find(token);
+  if (it == impl_->text_to_id.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string Tokenizer::token_text(int32_t id) const {
+  token_bytes(id);  // validates the id
+  return impl_->id_to_text[id];
+}
+
+size_t Tokenizer::vocab_size() const { return impl_->id_to_text.size(); }
+const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
+
+// ---------------------------------------------------------------------------------------------
+
+std::string sanitize_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0, bad = 0;
+  while (i < s.size()) {
+    size_t len = utf8::sequence_length(s, i, &bad);
+    if (len) {
+      out.append(s.substr(i, len));
+      i += len;
+    } else {
+      out.append("\xEF\xBF\xBD");
+      i += bad;
+    }
+  }
+  return out;
+}
+
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
+    : tokenizer_(&tokenizer), skip_special_tokens_(skip_special_tokens) {}
+
+std::string StreamDecoder::push(int32_t id) {
+  const std::string& bytes = tokenizer_->token_bytes(id);
+  if (skip_special_tokens_ && tokenizer_->is_special(id)) return {};
+  pending_ += bytes;
+  size_t ready = utf8::complete_prefix_length(pending_);
+  std::string out = sanitize_utf8(std::string_view(pending_).substr(0, ready));
+  pending_.erase(0, ready);
+  return out;
+}
+
+std::string StreamDecoder::flush() {
+  std::string out = sanitize_utf8(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace mla
