@@ -1,0 +1,39 @@
+// MLA attention on the CPU, both exact algorithms, over float32 rows:
+//  expand (MHA form): keys and values are the cached latents expanded through kv_b_proj;
+//  absorb (MQA form): queries are mapped into latent space, every head shares the latent.
+// Query t sits at position q_pos0 + t; key j at k_pos0 + j; causal: key position <= query
+// position. Each call also returns the log-sum-exp of every (token, head) row so partial
+// results over disjoint key ranges merge exactly (merge_partial).
+#pragma once
+#include <cstdint>
+
+namespace mla::cpu {
+
+struct ExpandArgs {
+  const float* q;      // [T, H, nope + rope], q_pe already rotated
+  const float* kv;     // [S, H, nope + v]: the latents of the key range through kv_b_proj
+  const float* k_pe;   // [S, ...] rotated shared rope keys, row stride ld_kpe
+  int64_t ld_kpe;
+  int64_t T, S, H, nope, rope, v;
+  int64_t q_pos0, k_pos0;
+  float scale;
+};
+// out: [T, H, v]; lse: [T, H] (-inf where a row sees no key; its out row is then 0).
+void attention_expand(const ExpandArgs& a, float* out, float* lse);
+
+struct AbsorbArgs {
+  const float* q_lat;   // [T, H, kv_lora]: q_nope mapped through W_UK
+  const float* q_pe;    // [T, H, rope] with row stride ld_qpe between tokens (heads contiguous, rope apart)
+  int64_t ld_qpe, head_stride_qpe;
+  const float* latent;  // [S, kv_lora + rope]: c_KV then k_pe per key
+  int64_t T, S, H, kv_lora, rope;
+  int64_t q_pos0, k_pos0;
+  float scale;
+};
+// out_lat: [T, H, kv_lora] (weighted sums of c_KV); lse: [T, H].
+void attention_absorb(const AbsorbArgs& a, float* out_lat, float* lse);
+
+// acc <- the exact merge of (acc, acc_lse) with (part, part_lse): rows of d values.
+void merge_partial(float* acc, float* acc_lse, const float* part, const float* part_lse, int64_t rows, int64_t d);
+
+}  // namespace mla::cpu

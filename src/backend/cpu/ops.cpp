@@ -1,0 +1,131 @@
+#include "backend/cpu/ops.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <oneapi/dnnl/dnnl.h>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mla::cpu {
+
+int num_threads() { return omp_get_max_threads(); }
+void set_num_threads(int n) {
+  if (n > 0) omp_set_num_threads(n);
+}
+
+void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+           int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0 ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (st != dnnl_success) throw std::runtime_error("dnnl_sgemm failed with status " + std::to_string(int(st)));
+}
+
+namespace {
+
+// Rows per dequantized block in the GEMM path: 64 rows of up to 18K floats stay in L2.
+constexpr int64_t kBlockRows = 64;
+// Below this many tokens the weight rows are streamed once and dotted with every token.
+constexpr int64_t kGemvMaxTokens = 4;
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t k = 0;
+  for (; k + 4 <= n; k += 4) {
+    s0 += a[k] * b[k];
+    s1 += a[k + 1] * b[k + 1];
+    s2 += a[k + 2] * b[k + 2];
+    s3 += a[k + 3] * b[k + 3];
+  }
+  for (; k < n; ++k) s0 += a[k] * b[k];
+  return (s0 + s1) + (s2 + s3);
+}
+
+}  // namespace
+
+void matmul(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
+  const int64_t N = W.rows, K = W.cols;
+  if (T <= 0 || N <= 0) return;
+  if (W.format == WeightFormat::F32 && T > kGemvMaxTokens) {
+    sgemm(false, true, T, N, K, 1.0f, x, ldx, static_cast<const float*>(W.data), K, 0.0f, y, ldy);
+    return;
+  }
+  if (T <= kGemvMaxTokens) {
+#pragma omp parallel
+    {
+      std::vector<float> row(static_cast<size_t>(K));
+#pragma omp for schedule(static)
+      for (int64_t n = 0; n < N; ++n) {
+        W.dequant_row(n, row.data());
+        for (int64_t t = 0; t < T; ++t) y[t * ldy + n] = dot(x + t * ldx, row.data(), K);
+      }
+    }
+    return;
+  }
+  const int64_t nblocks = (N + kBlockRows - 1) / kBlockRows;
+#pragma omp parallel
+  {
+    std::vector<float> block(static_cast<size_t>(kBlockRows * K));
+#pragma omp for schedule(dynamic)
+    for (int64_t b = 0; b < nblocks; ++b) {
+      int64_t r0 = b * kBlockRows, nr = std::min(kBlockRows, N - r0);
+      for (int64_t r = 0; r < nr; ++r) W.dequant_row(r0 + r, block.data() + r * K);
+      sgemm(false, true, T, nr, K, 1.0f, x, ldx, block.data(), K, 0.0f, y + r0, ldy);
+    }
+  }
+}
+
+void rmsnorm(const float* x, int64_t T, int64_t n, int64_t ldx, const float* w, float eps, float* out, int64_t ldo) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x + t * ldx;
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
+    float inv = float(1.0 / std::sqrt(ss / double(n) + eps));
+    float* o = out + t * ldo;
+    for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * inv * w[i];
+  }
+}
+
+void silu_mul(const float* gate_up, int64_t T, int64_t n, float* out) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* g = gate_up + t * 2 * n;
+    const float* u = g + n;
+    float* o = out + t * n;
+    for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+}
+
+void rope_interleaved(float* x, const float* cos, const float* sin, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    float a = x[2 * i], b = x[2 * i + 1];
+    x[2 * i] = a * cos[i] - b * sin[i];
+    x[2 * i + 1] = a * sin[i] + b * cos[i];
+  }
+}
+
+float softmax_inplace(float* x, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  if (m == -std::numeric_limits<float>::infinity()) {
+    for (int64_t i = 0; i < n; ++i) x[i] = 0;
+    return m;
+  }
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    s += x[i];
+  }
+  float inv = float(1.0 / s);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+  return m + float(std::log(s));
+}
+
+}  // namespace mla::cpu

@@ -1,0 +1,69 @@
+// `mla logits`: the logits of a token sequence at every position, written as safetensors.
+// Other tools and checks call this; its options and output are a stable contract.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <sstream>
+
+#include "backend/cpu/ops.h"
+#include "cli/command.h"
+#include "engine/run_modes.h"
+#include "format/safetensors.h"
+
+namespace {
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      long long v = std::stoll(item, &used);
+      if (used != item.size() || v < INT32_MIN || v > INT32_MAX) throw std::invalid_argument("");
+      ids.push_back(int32_t(v));
+    } catch (const std::exception&) {
+      throw std::invalid_argument("--ids: '" + item + "' is not an integer token id");
+    }
+  }
+  return ids;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"Compute the logits of a token sequence at every position (float32 [ids, vocab])", "mla logits"};
+  std::string model_dir, ids_str, out, attn = "", mode = "prefill", kv_dtype = "f32";
+  int threads = 0;
+  int64_t prefix_chunk = 1024, page_size = 64;
+  app.add_option("-m,--model", model_dir, "checkpoint folder (config.json, *.safetensors)")->required();
+  app.add_option("--ids", ids_str, "comma-separated token ids")->required();
+  app.add_option("--out", out, "output .safetensors file (tensor 'logits')")->required();
+  app.add_option("--attn", attn, "auto | expand | absorb | chunked (default: absorb for decode, else auto)");
+  app.add_option("--mode", mode, "prefill | decode | extend:P");
+  app.add_option("--prefix-chunk", prefix_chunk, "tokens of cached prefix expanded at a time (chunked path)");
+  app.add_option("--kv-dtype", kv_dtype, "latent cache storage: f32 | bf16 | fp8");
+  app.add_option("--page-size", page_size, "tokens per cache page");
+  app.add_option("--threads", threads, "CPU threads (default: all)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (threads > 0) mla::cpu::set_num_threads(threads);
+  mla::RunOptions opt;
+  opt.mode = mla::RunMode::parse(mode);
+  opt.path = attn.empty() ? (opt.mode.kind == mla::RunMode::Decode ? mla::AttnPath::Absorb : mla::AttnPath::Auto)
+                          : mla::parse_attn_path(attn);
+  if (prefix_chunk <= 0) throw std::invalid_argument("--prefix-chunk must be positive");
+  if (page_size <= 0) throw std::invalid_argument("--page-size must be positive");
+  opt.policy.prefix_chunk = prefix_chunk;
+  opt.page_size = page_size;
+  opt.kv_dtype = mla::parse_kv_dtype(kv_dtype);
+  auto ids = parse_ids(ids_str);
+  auto model = mla::Model::load(model_dir);
+  auto logits = mla::run_logits(*model, ids, opt);
+  mla::write_safetensors(out, {{"logits", mla::tensor_f32({int64_t(ids.size()), model->config().vocab_size}, logits.data())}});
+  return 0;
+}
+
+mla::cli::Command reg("logits", "logits of token ids at every position, to a safetensors file", run);
+
+}  // namespace

@@ -1,0 +1,22 @@
+// Subcommand registry of the `mla` program. Each src/cli/cmd_*.cpp file registers its
+// subcommands with a static Command object; main.cpp dispatches on argv[1].
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace mla::cli {
+
+using CommandFn = std::function<int(int argc, char** argv)>;  // argv[0] is the subcommand name
+
+struct Command {
+  Command(std::string name, std::string summary, CommandFn fn);
+};
+
+struct CommandEntry {
+  std::string name, summary;
+  CommandFn fn;
+};
+std::vector<CommandEntry>& commands();
+
+}  // namespace mla::cli

@@ -1,0 +1,75 @@
+// Safetensors files, memory-mapped: one file (SafetensorsFile) or a checkpoint folder of
+// shards (Checkpoint, following model.safetensors.index.json when present). Every header is
+// validated in full at open: a file that opens is safe to read anywhere its header says.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/dtype.h"
+
+namespace mla {
+
+struct TensorInfo {
+  std::string name;
+  std::string file;  // path of the file holding it, for error messages
+  DType dtype;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;  // into the mapping
+  size_t nbytes = 0;
+  int64_t numel() const;
+  std::string shape_str() const;
+};
+
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);  // throws FormatError
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* find(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  std::map<std::string, TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// All the weights of a checkpoint folder. With model.safetensors.index.json, the shards it
+// names (each tensor must be in the shard the index says); else model.safetensors; else every
+// *.safetensors file in the folder.
+class Checkpoint {
+ public:
+  explicit Checkpoint(const std::string& dir);
+  const TensorInfo* find(const std::string& name) const;
+  const TensorInfo& get(const std::string& name) const;  // throws FormatError naming the tensor
+  std::vector<std::string> names() const;
+  const std::string& dir() const { return dir_; }
+  size_t total_bytes() const;
+
+ private:
+  std::string dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorInfo*> index_;
+};
+
+// Writes a safetensors file (tensors in name order, 8-byte aligned header). Used by the demo
+// checkpoint writer, `mla logits`, and tests.
+struct TensorData {
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+void write_safetensors(const std::string& path, const std::map<std::string, TensorData>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+TensorData tensor_f32(std::vector<int64_t> shape, const float* data);
+
+}  // namespace mla

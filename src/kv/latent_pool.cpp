@@ -1,0 +1,201 @@
+#include "kv/latent_pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "tensor/dtype.h"
+
+namespace mla {
+
+const char* kv_dtype_name(KvDType t) {
+  switch (t) {
+    case KvDType::F32: return "f32";
+    case KvDType::BF16: return "bf16";
+    case KvDType::FP8: return "fp8";
+  }
+  return "?";
+}
+
+KvDType parse_kv_dtype(const std::string& s) {
+  if (s == "f32") return KvDType::F32;
+  if (s == "bf16") return KvDType::BF16;
+  if (s == "fp8") return KvDType::FP8;
+  throw std::invalid_argument("unknown KV cache dtype '" + s + "' (f32, bf16, fp8)");
+}
+
+int64_t LatentPool::row_bytes(int64_t kvr, int64_t rope, KvDType dtype) {
+  switch (dtype) {
+    case KvDType::F32: return (kvr + rope) * 4;
+    case KvDType::BF16: return (kvr + rope) * 2;
+    case KvDType::FP8: return kvr + (kvr + 127) / 128 * 4 + rope * 2;
+  }
+  return 0;
+}
+
+int64_t LatentPool::pages_for_budget(double bytes, int64_t num_layers, int64_t kvr, int64_t rope, int64_t page_size,
+                                     KvDType dtype) {
+  double per_page = double(row_bytes(kvr, rope, dtype)) * double(page_size) * double(num_layers);
+  return std::max<int64_t>(0, int64_t(bytes / per_page));
+}
+
+LatentPool::LatentPool(int64_t num_layers, int64_t kvr, int64_t rope, int64_t num_pages, int64_t page_size,
+                       KvDType dtype)
+    : num_layers_(num_layers), kv_lora_rank_(kvr), rope_dim_(rope), num_pages_(num_pages), page_size_(page_size),
+      dtype_(dtype), row_bytes_(row_bytes(kvr, rope, dtype)) {
+  if (num_layers <= 0 || kvr <= 0 || rope < 0 || num_pages < 0 || page_size <= 0)
+    throw std::invalid_argument("LatentPool: bad geometry");
+  if (num_pages > INT32_MAX) throw std::invalid_argument("LatentPool: too many pages");
+  layers_.resize(size_t(num_layers));
+  for (auto& l : layers_) l.assign(size_t(num_pages * page_size * row_bytes_), 0);
+  free_.resize(size_t(num_pages));
+  for (int64_t i = 0; i < num_pages; ++i) free_[size_t(i)] = int32_t(num_pages - 1 - i);  // pop_back gives page 0 first
+  refs_.assign(size_t(num_pages), 0);
+}
+
+int64_t LatentPool::pages_needed(const PageTable& seq, int64_t new_length) const {
+  int64_t want = (new_length + page_size_ - 1) / page_size_;
+  return std::max<int64_t>(0, want - int64_t(seq.pages.size()));
+}
+
+bool LatentPool::reserve(PageTable& seq, int64_t new_length) {
+  int64_t need = pages_needed(seq, new_length);
+  if (need > free_pages()) return false;
+  for (int64_t i = 0; i < need; ++i) {
+    int32_t p = free_.back();
+    free_.pop_back();
+    refs_[size_t(p)] = 1;
+    seq.pages.push_back(p);
+  }
+  return true;
+}
+
+void LatentPool::truncate(PageTable& seq, int64_t length) {
+  length = std::clamp<int64_t>(length, 0, seq.length);
+  int64_t keep = (length + page_size_ - 1) / page_size_;
+  while (int64_t(seq.pages.size()) > keep) {
+    int32_t p = seq.pages.back();
+    seq.pages.pop_back();
+    if (--refs_[size_t(p)] == 0) free_.push_back(p);
+  }
+  seq.length = length;
+}
+
+void LatentPool::release(PageTable& seq) {
+  seq.length = std::min<int64_t>(seq.length, int64_t(seq.pages.size()) * page_size_);
+  truncate(seq, 0);
+  seq.pages.clear();
+}
+
+bool LatentPool::fork(const PageTable& src, int64_t prefix, PageTable* out) {
+  if (prefix < 0 || prefix > src.length) throw std::out_of_range("LatentPool::fork: prefix past the source's length");
+  PageTable t;
+  int64_t full = prefix / page_size_, rest = prefix % page_size_;
+  if (rest && free_.empty()) return false;
+  for (int64_t i = 0; i < full; ++i) {
+    int32_t p = src.pages[size_t(i)];
+    ++refs_[size_t(p)];
+    t.pages.push_back(p);
+  }
+  if (rest) {
+    int32_t p = free_.back();
+    free_.pop_back();
+    refs_[size_t(p)] = 1;
+    int32_t from = src.pages[size_t(full)];
+    for (int64_t l = 0; l < num_layers_; ++l)
+      std::memcpy(row_ptr(l, p, 0), row_ptr(l, from, 0), size_t(rest * row_bytes_));
+    t.pages.push_back(p);
+  }
+  t.length = prefix;
+  *out = std::move(t);
+  return true;
+}
+
+uint8_t* LatentPool::row_ptr(int64_t layer, int32_t page, int64_t slot) {
+  return layers_[size_t(layer)].data() + (int64_t(page) * page_size_ + slot) * row_bytes_;
+}
+const uint8_t* LatentPool::row_ptr(int64_t layer, int32_t page, int64_t slot) const {
+  return layers_[size_t(layer)].data() + (int64_t(page) * page_size_ + slot) * row_bytes_;
+}
+
+void LatentPool::check_position(const PageTable& seq, int64_t pos, const char* what) const {
+  if (pos < 0 || pos >= int64_t(seq.pages.size()) * page_size_)
+    throw std::out_of_range(std::string("LatentPool::") + what + ": position " + std::to_string(pos) +
+                            " has no page reserved");
+}
+
+void LatentPool::write(int64_t layer, const PageTable& seq, int64_t pos, const float* c, const float* k_pe) {
+  check_position(seq, pos, "write");
+  int32_t page = seq.pages[size_t(pos / page_size_)];
+  if (refs_[size_t(page)] > 1) throw std::logic_error("LatentPool::write: page is shared with another sequence");
+  uint8_t* row = row_ptr(layer, page, pos % page_size_);
+  switch (dtype_) {
+    case KvDType::F32: {
+      float* r = reinterpret_cast<float*>(row);
+      std::memcpy(r, c, size_t(kv_lora_rank_) * 4);
+      std::memcpy(r + kv_lora_rank_, k_pe, size_t(rope_dim_) * 4);
+      break;
+    }
+    case KvDType::BF16: {
+      uint16_t* r = reinterpret_cast<uint16_t*>(row);
+      for (int64_t i = 0; i < kv_lora_rank_; ++i) r[i] = f32_to_bf16(c[i]);
+      for (int64_t i = 0; i < rope_dim_; ++i) r[kv_lora_rank_ + i] = f32_to_bf16(k_pe[i]);
+      break;
+    }
+    case KvDType::FP8: {
+      int64_t nblocks = (kv_lora_rank_ + 127) / 128;
+      float* scales = reinterpret_cast<float*>(row + kv_lora_rank_);
+      for (int64_t b = 0; b < nblocks; ++b) {
+        int64_t i0 = b * 128, i1 = std::min(kv_lora_rank_, i0 + 128);
+        float amax = 0;
+        for (int64_t i = i0; i < i1; ++i) amax = std::max(amax, std::fabs(c[i]));
+        float scale = amax > 0 ? amax / 448.0f : 1.0f;
+        float inv = 1.0f / scale;
+        std::memcpy(&scales[b], &scale, 4);
+        for (int64_t i = i0; i < i1; ++i) row[i] = f32_to_fp8e4m3(c[i] * inv);
+      }
+      uint8_t* pe = row + kv_lora_rank_ + nblocks * 4;
+      for (int64_t i = 0; i < rope_dim_; ++i) {
+        uint16_t h = f32_to_bf16(k_pe[i]);
+        std::memcpy(pe + 2 * i, &h, 2);
+      }
+      break;
+    }
+  }
+}
+
+void LatentPool::gather(int64_t layer, const PageTable& seq, int64_t s0, int64_t n, float* out) const {
+  const int64_t dim = row_dim();
+  for (int64_t s = s0; s < s0 + n; ++s) {
+    check_position(seq, s, "gather");
+    const uint8_t* row = row_ptr(layer, seq.pages[size_t(s / page_size_)], s % page_size_);
+    float* o = out + (s - s0) * dim;
+    switch (dtype_) {
+      case KvDType::F32: std::memcpy(o, row, size_t(dim) * 4); break;
+      case KvDType::BF16: {
+        const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
+        for (int64_t i = 0; i < dim; ++i) o[i] = bf16_to_f32(r[i]);
+        break;
+      }
+      case KvDType::FP8: {
+        int64_t nblocks = (kv_lora_rank_ + 127) / 128;
+        const uint8_t* sc = row + kv_lora_rank_;
+        for (int64_t i = 0; i < kv_lora_rank_; ++i) {
+          float scale;
+          std::memcpy(&scale, sc + (i / 128) * 4, 4);
+          o[i] = fp8e4m3_to_f32(row[i]) * scale;
+        }
+        const uint8_t* pe = row + kv_lora_rank_ + nblocks * 4;
+        for (int64_t i = 0; i < rope_dim_; ++i) {
+          uint16_t h;
+          std::memcpy(&h, pe + 2 * i, 2);
+          o[kv_lora_rank_ + i] = bf16_to_f32(h);
+        }
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace mla

@@ -1,0 +1,75 @@
+// The paged latent KV cache. Per token and layer it stores one latent row: the normalised
+// c_KV (kv_lora_rank values) and the rotated k_pe (qk_rope_head_dim values). One buffer per
+// layer, [num_pages, page_size, row]; pages come from a free list with reference counts, so a
+// sequence can share another's full prefix pages (fork). Exhaustion is reported, never fatal.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mla {
+
+enum class KvDType {
+  F32,   // reference
+  BF16,  // default
+  FP8,   // latent as e4m3 with one float32 scale per 128 values, then k_pe in bf16 (FlashMLA layout)
+};
+const char* kv_dtype_name(KvDType t);
+KvDType parse_kv_dtype(const std::string& s);  // "f32" | "bf16" | "fp8"; throws otherwise
+
+struct PageTable {
+  std::vector<int32_t> pages;
+  int64_t length = 0;  // tokens whose latent rows are written
+};
+
+class LatentPool {
+ public:
+  LatentPool(int64_t num_layers, int64_t kv_lora_rank, int64_t rope_dim, int64_t num_pages, int64_t page_size = 64,
+             KvDType dtype = KvDType::BF16);
+  // Pages that fit in a budget of bytes (all layers).
+  static int64_t pages_for_budget(double bytes, int64_t num_layers, int64_t kv_lora_rank, int64_t rope_dim,
+                                  int64_t page_size, KvDType dtype);
+  static int64_t row_bytes(int64_t kv_lora_rank, int64_t rope_dim, KvDType dtype);
+
+  int64_t num_layers() const { return num_layers_; }
+  int64_t page_size() const { return page_size_; }
+  int64_t num_pages() const { return num_pages_; }
+  int64_t free_pages() const { return int64_t(free_.size()); }
+  KvDType dtype() const { return dtype_; }
+  int64_t row_dim() const { return kv_lora_rank_ + rope_dim_; }
+  int64_t bytes_per_token() const { return row_bytes_ * num_layers_; }  // all layers
+  int64_t bytes_per_page() const { return row_bytes_ * page_size_ * num_layers_; }
+  int64_t total_bytes() const { return bytes_per_page() * num_pages_; }
+  int refcount(int32_t page) const { return refs_.at(size_t(page)); }
+
+  // Grows a sequence's page table so it can hold `new_length` tokens. All or nothing: false
+  // (and no change) when the free pages do not suffice.
+  bool reserve(PageTable& seq, int64_t new_length);
+  int64_t pages_needed(const PageTable& seq, int64_t new_length) const;
+  // Returns the sequence's pages (those no other sequence shares go back to the free list).
+  void release(PageTable& seq);
+  // A new sequence holding the first `prefix` tokens of `src`: full pages are shared by
+  // reference count; a partial last page is copied. False when no page is free for that copy.
+  bool fork(const PageTable& src, int64_t prefix, PageTable* out);
+  // Truncates a sequence to `length` tokens, releasing pages past it.
+  void truncate(PageTable& seq, int64_t length);
+
+  // One token's row: c (kv_lora_rank floats) and k_pe (rope_dim floats), at position pos.
+  void write(int64_t layer, const PageTable& seq, int64_t pos, const float* c, const float* k_pe);
+  // Rows [s0, s0+n) as float32, out[n, kv_lora_rank + rope_dim].
+  void gather(int64_t layer, const PageTable& seq, int64_t s0, int64_t n, float* out) const;
+
+ private:
+  uint8_t* row_ptr(int64_t layer, int32_t page, int64_t slot);
+  const uint8_t* row_ptr(int64_t layer, int32_t page, int64_t slot) const;
+  void check_position(const PageTable& seq, int64_t pos, const char* what) const;
+
+  int64_t num_layers_, kv_lora_rank_, rope_dim_, num_pages_, page_size_;
+  KvDType dtype_;
+  int64_t row_bytes_;
+  std::vector<std::vector<uint8_t>> layers_;
+  std::vector<int32_t> free_;
+  std::vector<int> refs_;
+};
+
+}  // namespace mla

@@ -1,0 +1,278 @@
+#include "model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "backend/cpu/attention.h"
+#include "backend/cpu/ops.h"
+
+namespace mla {
+
+using cpu::matmul;
+
+std::unique_ptr<Model> Model::load(const std::string& dir) {
+  std::unique_ptr<Model> m(new Model());
+  m->cfg_ = ModelConfig::load(dir);
+  m->ckpt_ = std::make_unique<Checkpoint>(dir);
+  m->w_ = load_weights(*m->ckpt_, m->cfg_);
+  m->rope_ = std::make_unique<Rope>(m->cfg_);
+  m->costs_ = MlaCosts::of(m->cfg_);
+  return m;
+}
+
+LatentPool Model::make_pool(int64_t num_pages, int64_t page_size, KvDType dtype) const {
+  return LatentPool(cfg_.num_hidden_layers, cfg_.kv_lora_rank, cfg_.qk_rope_head_dim, num_pages, page_size, dtype);
+}
+
+void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOptions& opt, std::vector<float>& logits) {
+  const ModelConfig& c = cfg_;
+  const int64_t D = c.hidden_size, H = c.num_attention_heads, qk = c.qk_head_dim(), kvr = c.kv_lora_rank,
+                rope = c.qk_rope_head_dim, vd = c.v_head_dim, L = c.num_hidden_layers;
+  if (pool.num_layers() != L || pool.row_dim() != c.latent_dim())
+    throw std::invalid_argument("forward: the latent pool's geometry does not match the model");
+
+  // Reserve every sequence's pages first, all or nothing.
+  int64_t need = 0;
+  for (auto& s : batch) need += pool.pages_needed(*s.seq, s.seq->length + int64_t(s.ids.size()));
+  if (need > pool.free_pages())
+    throw KvCacheExhausted("KV cache exhausted: the batch needs " + std::to_string(need) + " more pages, " +
+                           std::to_string(pool.free_pages()) + " are free");
+  for (auto& s : batch) pool.reserve(*s.seq, s.seq->length + int64_t(s.ids.size()));
+
+  // Token-packed layout: sequence b's new tokens are rows [first[b], first[b+1]).
+  std::vector<int64_t> first(batch.size() + 1, 0);
+  for (size_t b = 0; b < batch.size(); ++b) first[b + 1] = first[b] + int64_t(batch[b].ids.size());
+  const int64_t T = first.back();
+  std::vector<int64_t> pos(static_cast<size_t>(T));
+  std::vector<SeqShape> shapes;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    for (int64_t i = 0; i < int64_t(batch[b].ids.size()); ++i) pos[size_t(first[b] + i)] = batch[b].seq->length + i;
+    shapes.push_back({int64_t(batch[b].ids.size()), batch[b].seq->length});
+  }
+  AttnPath path = opt.path == AttnPath::Auto ? choose_attn_path(costs_, shapes, opt.policy) : opt.path;
+  last_path_ = path;
+  (path == AttnPath::Expand ? counters_.expand : path == AttnPath::Absorb ? counters_.absorb : counters_.chunked)++;
+
+  std::vector<float> h(static_cast<size_t>(T * D)), x(static_cast<size_t>(T * D));
+  for (size_t b = 0; b < batch.size(); ++b)
+    for (size_t i = 0; i < batch[b].ids.size(); ++i) {
+      int32_t id = batch[b].ids[i];
+      if (id < 0 || id >= c.vocab_size)
+        throw std::invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary (size " +
+                                    std::to_string(c.vocab_size) + ")");
+      w_.embed.dequant_row(id, h.data() + (first[b] + int64_t(i)) * D);
+    }
+  if (opt.hidden) opt.hidden->assign(1, h);
+  if (opt.attn) opt.attn->clear();
+
+  std::vector<float> qa, q(static_cast<size_t>(T * H * qk)), kv(static_cast<size_t>(T * c.latent_dim())),
+      attn(static_cast<size_t>(T * H * vd)), delta(static_cast<size_t>(T * D));
+  std::vector<float> cosv(static_cast<size_t>(rope / 2)), sinv(static_cast<size_t>(rope / 2));
+  for (int64_t l = 0; l < L; ++l) {
+    const LayerWeights& W = w_.layers[size_t(l)];
+    cpu::rmsnorm(h.data(), T, D, D, W.input_norm.data(), float(c.rms_norm_eps), x.data(), D);
+    if (c.q_lora_rank > 0) {
+      qa.resize(size_t(T * c.q_lora_rank));
+      matmul(x.data(), T, W.q_a, qa.data());
+      cpu::rmsnorm(qa.data(), T, c.q_lora_rank, c.q_lora_rank, W.q_a_norm.data(), float(c.rms_norm_eps), qa.data(),
+                   c.q_lora_rank);
+      matmul(qa.data(), T, W.q_b, q.data());
+    } else {
+      matmul(x.data(), T, W.q, q.data());
+    }
+    matmul(x.data(), T, W.kv_a, kv.data());
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = kv.data() + t * c.latent_dim();
+      cpu::rmsnorm(row, 1, kvr, kvr, W.kv_a_norm.data(), float(c.rms_norm_eps), row, kvr);
+      rope_->angles(pos[size_t(t)], cosv.data(), sinv.data());
+      cpu::rope_interleaved(row + kvr, cosv.data(), sinv.data(), rope / 2);
+      for (int64_t hh = 0; hh < H; ++hh)
+        cpu::rope_interleaved(q.data() + (t * H + hh) * qk + c.qk_nope_head_dim, cosv.data(), sinv.data(), rope / 2);
+    }
+    for (size_t b = 0; b < batch.size(); ++b)
+      for (int64_t i = 0; i < int64_t(batch[b].ids.size()); ++i) {
+        const float* row = kv.data() + (first[b] + i) * c.latent_dim();
+        pool.write(l, *batch[b].seq, batch[b].seq->length + i, row, row + kvr);
+      }
+    attention(l, batch, first, path, opt.policy.prefix_chunk, q.data(), pool, attn.data());
+    matmul(attn.data(), T, W.o, delta.data());
+    if (opt.attn) opt.attn->push_back(delta);
+    for (int64_t i = 0; i < T * D; ++i) h[size_t(i)] += delta[size_t(i)];
+
+    cpu::rmsnorm(h.data(), T, D, D, W.post_attention_norm.data(), float(c.rms_norm_eps), x.data(), D);
+    if (W.moe) moe(W, x.data(), T, delta.data());
+    else mlp(W.dense, x.data(), T, delta.data(), false);
+    for (int64_t i = 0; i < T * D; ++i) h[size_t(i)] += delta[size_t(i)];
+    if (opt.hidden && l + 1 < L) opt.hidden->push_back(h);
+  }
+  for (auto& s : batch) s.seq->length += int64_t(s.ids.size());
+
+  // Final norm and lm_head, on every new token or on each sequence's last one.
+  std::vector<int64_t> rows;
+  if (opt.last_logits_only) {
+    for (size_t b = 0; b < batch.size(); ++b)
+      if (first[b + 1] > first[b]) rows.push_back(first[b + 1] - 1);
+  } else {
+    rows.resize(size_t(T));
+    std::iota(rows.begin(), rows.end(), 0);
+  }
+  std::vector<float> xn(rows.size() * size_t(D));
+  for (size_t r = 0; r < rows.size(); ++r)
+    cpu::rmsnorm(h.data() + rows[r] * D, 1, D, D, w_.final_norm.data(), float(c.rms_norm_eps), xn.data() + r * size_t(D), D);
+  if (opt.hidden) opt.hidden->push_back(xn);
+  logits.resize(rows.size() * size_t(c.vocab_size));
+  matmul(xn.data(), int64_t(rows.size()), w_.lm_head, logits.data());
+}
+
+// Attention of every sequence in the batch; q: [T, H, qk] (rope applied); out: [T, H, v].
+void Model::attention(int64_t layer, std::span<SeqSlice> batch, const std::vector<int64_t>& first, AttnPath path,
+                      int64_t prefix_chunk, const float* q, LatentPool& pool, float* out) {
+  const ModelConfig& c = cfg_;
+  const LayerWeights& W = w_.layers[size_t(layer)];
+  const int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vd = c.v_head_dim,
+                kvr = c.kv_lora_rank, qk = nope + rope, dim = c.latent_dim();
+  const float scale = float(c.softmax_scale());
+  std::vector<float> latent, kvx, part, part_lse, lse, q_lat, o_lat;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const int64_t n = first[b + 1] - first[b];
+    if (n == 0) continue;
+    const int64_t S = batch[b].seq->length + n, cached = batch[b].seq->length;
+    const float* qb = q + first[b] * H * qk;
+    float* ob = out + first[b] * H * vd;
+    latent.resize(size_t(S * dim));
+    pool.gather(layer, *batch[b].seq, 0, S, latent.data());
+    lse.resize(size_t(n * H));
+
+    if (path == AttnPath::Absorb) {
+      // q_lat[t, h] = W_UK[h]^T q_nope[t, h]; attention in latent space; then W_UV[h].
+      q_lat.resize(size_t(n * H * kvr));
+      o_lat.resize(size_t(n * H * kvr));
+      for (int64_t h = 0; h < H; ++h) matmul(qb + h * qk, n, H * qk, W.w_uk_t[size_t(h)], q_lat.data() + h * kvr, H * kvr);
+      cpu::AbsorbArgs a{q_lat.data(), qb + nope, H * qk, qk, latent.data(), n, S, H, kvr, rope, cached, 0, scale};
+      cpu::attention_absorb(a, o_lat.data(), lse.data());
+      for (int64_t h = 0; h < H; ++h) matmul(o_lat.data() + h * kvr, n, H * kvr, W.w_uv[size_t(h)], ob + h * vd, H * vd);
+      continue;
+    }
+
+    // Expand: key ranges expanded through kv_b_proj, merged by log-sum-exp. Plain expand is one
+    // range over every key; chunked runs the cached prefix `prefix_chunk` tokens at a time, then
+    // the new tokens' own causal part.
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    if (path == AttnPath::Chunked) {
+      const int64_t C = std::max<int64_t>(1, prefix_chunk);
+      for (int64_t s0 = 0; s0 < cached; s0 += C) ranges.push_back({s0, std::min(cached, s0 + C)});
+      ranges.push_back({cached, S});
+    } else {
+      ranges.push_back({0, S});
+    }
+    part.resize(size_t(n * H * vd));
+    part_lse.resize(size_t(n * H));
+    std::fill(lse.begin(), lse.end(), -std::numeric_limits<float>::infinity());
+    std::fill(ob, ob + n * H * vd, 0.0f);
+    for (auto [k0, k1] : ranges) {
+      const int64_t nk = k1 - k0;
+      kvx.resize(size_t(nk * H * (nope + vd)));
+      matmul(latent.data() + k0 * dim, nk, dim, W.kv_b, kvx.data(), H * (nope + vd));
+      cpu::ExpandArgs a{qb, kvx.data(), latent.data() + k0 * dim + kvr, dim, n, nk, H, nope, rope, vd, cached, k0, scale};
+      if (ranges.size() == 1) {
+        cpu::attention_expand(a, ob, lse.data());
+      } else {
+        cpu::attention_expand(a, part.data(), part_lse.data());
+        cpu::merge_partial(ob, lse.data(), part.data(), part_lse.data(), n * H, vd);
+      }
+    }
+  }
+}
+
+void Model::mlp(const Mlp& m, const float* x, int64_t T, float* out, bool accumulate, const float* row_weights) {
+  const int64_t I = m.gate.rows, D = cfg_.hidden_size;
+  std::vector<float> gu(static_cast<size_t>(T * 2 * I)), act(static_cast<size_t>(T * I)), y(static_cast<size_t>(T * D));
+  matmul(x, T, D, m.gate, gu.data(), 2 * I);
+  matmul(x, T, D, m.up, gu.data() + I, 2 * I);
+  cpu::silu_mul(gu.data(), T, I, act.data());
+  matmul(act.data(), T, m.down, y.data());
+  for (int64_t t = 0; t < T; ++t) {
+    float w = row_weights ? row_weights[t] : 1.0f;
+    for (int64_t i = 0; i < D; ++i) {
+      float v = w * y[size_t(t * D + i)];
+      out[t * D + i] = accumulate ? out[t * D + i] + v : v;
+    }
+  }
+}
+
+// Routed experts (DeepSeek's gate: softmax or sigmoid scores, optional group-limited choice,
+// bias for the choice only, weights from the unbiased scores) plus the shared experts.
+void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
+  const ModelConfig& c = cfg_;
+  const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, D = c.hidden_size, G = c.n_group;
+  std::vector<float> logits(static_cast<size_t>(T * E));
+  matmul(x, T, W.router, logits.data());
+  std::vector<std::vector<int64_t>> tokens_of(static_cast<size_t>(E));
+  std::vector<std::vector<float>> weights_of(static_cast<size_t>(E));
+  std::vector<float> scores(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
+  std::vector<int64_t> idx(static_cast<size_t>(E));
+  const float ninf = -std::numeric_limits<float>::infinity();
+  // Descending by value, ties to the lower index (a stable sort of -value).
+  auto top = [&](const std::vector<float>& v, int64_t k, std::vector<int64_t>& order) {
+    order.resize(v.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return v[size_t(a)] > v[size_t(b)]; });
+    order.resize(size_t(k));
+  };
+  for (int64_t t = 0; t < T; ++t) {
+    const float* lg = logits.data() + t * E;
+    if (c.scoring_func == ScoringFunc::Sigmoid) {
+      for (int64_t e = 0; e < E; ++e) scores[size_t(e)] = 1.0f / (1.0f + std::exp(-lg[e]));
+    } else {
+      float m = *std::max_element(lg, lg + E);
+      double s = 0;
+      for (int64_t e = 0; e < E; ++e) s += (scores[size_t(e)] = std::exp(lg[e] - m));
+      for (int64_t e = 0; e < E; ++e) scores[size_t(e)] = float(scores[size_t(e)] / s);
+    }
+    for (int64_t e = 0; e < E; ++e) choice[size_t(e)] = scores[size_t(e)] + (W.router_bias.empty() ? 0.0f : W.router_bias[size_t(e)]);
+    if (c.topk_method != TopkMethod::Greedy && G > 1) {
+      const int64_t per = E / G;
+      std::vector<float> group_score(static_cast<size_t>(G));
+      for (int64_t g = 0; g < G; ++g) {
+        std::vector<float> members(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+        std::sort(members.begin(), members.end(), std::greater<float>());
+        group_score[size_t(g)] = c.topk_method == TopkMethod::NoauxTc ? members[0] + (per > 1 ? members[1] : 0.0f) : members[0];
+      }
+      std::vector<int64_t> keep;
+      top(group_score, c.topk_group, keep);
+      std::vector<bool> kept(static_cast<size_t>(G), false);
+      for (auto g : keep) kept[size_t(g)] = true;
+      for (int64_t e = 0; e < E; ++e)
+        if (!kept[size_t(e / per)]) choice[size_t(e)] = ninf;  // DeepSeek's fill for the other groups
+    }
+    top(choice, K, idx);
+    std::vector<float> wt(static_cast<size_t>(K));
+    double sum = 0;
+    for (int64_t k = 0; k < K; ++k) sum += (wt[size_t(k)] = scores[size_t(idx[size_t(k)])]);
+    const bool normalise = c.norm_topk_prob && (c.scoring_func == ScoringFunc::Sigmoid || K > 1);
+    for (int64_t k = 0; k < K; ++k) {
+      double w = normalise ? wt[size_t(k)] / (sum + 1e-20) : wt[size_t(k)];
+      tokens_of[size_t(idx[size_t(k)])].push_back(t);
+      weights_of[size_t(idx[size_t(k)])].push_back(float(w * c.routed_scaling_factor));
+    }
+  }
+  if (W.has_shared) mlp(W.shared, x, T, out, false);
+  else std::fill(out, out + T * D, 0.0f);
+  // Tokens grouped by expert: each selected expert's weights are read once for the batch.
+  std::vector<float> xe, ye;
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& toks = tokens_of[size_t(e)];
+    if (toks.empty()) continue;
+    const int64_t n = int64_t(toks.size());
+    xe.resize(size_t(n * D));
+    ye.assign(size_t(n * D), 0.0f);
+    for (int64_t i = 0; i < n; ++i) std::copy(x + toks[size_t(i)] * D, x + (toks[size_t(i)] + 1) * D, xe.data() + i * D);
+    mlp(W.experts[size_t(e)], xe.data(), n, ye.data(), false, weights_of[size_t(e)].data());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t d = 0; d < D; ++d) out[toks[size_t(i)] * D + d] += ye[size_t(i * D + d)];
+  }
+}
+
+}  // namespace mla

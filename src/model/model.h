@@ -1,0 +1,76 @@
+// An MLA model loaded from a hub checkpoint folder, and its forward pass over a ragged batch:
+// several sequences, each with its cached tokens (in the latent page pool) and its new tokens,
+// packed into one pass. Attention runs on the path the batch calls for (model/path_policy.h).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "format/safetensors.h"
+#include "kv/latent_pool.h"
+#include "model/config.h"
+#include "model/path_policy.h"
+#include "model/rope.h"
+#include "model/weights.h"
+
+namespace mla {
+
+// The pool has too few free pages for a batch; nothing was written or reserved.
+struct KvCacheExhausted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct SeqSlice {
+  PageTable* seq;                 // cached tokens: [0, seq->length); grows by ids.size()
+  std::span<const int32_t> ids;   // new tokens
+};
+
+struct ForwardOptions {
+  AttnPath path = AttnPath::Auto;
+  PathPolicy policy;              // for Auto, and the chunk size of Chunked
+  bool last_logits_only = false;  // one row per sequence instead of one per new token
+  // Optional captures, for verification: hidden[0] the embeddings, hidden[l] the output of
+  // layer l-1, hidden[L] the final norm; attn[l] layer l's attention output (after o_proj).
+  std::vector<std::vector<float>>* hidden = nullptr;
+  std::vector<std::vector<float>>* attn = nullptr;
+};
+
+struct PathCounters {
+  int64_t expand = 0, absorb = 0, chunked = 0;
+};
+
+class Model {
+ public:
+  static std::unique_ptr<Model> load(const std::string& dir);
+
+  const ModelConfig& config() const { return cfg_; }
+  const ModelWeights& weights() const { return w_; }
+  const PathCounters& path_counters() const { return counters_; }
+  AttnPath last_path() const { return last_path_; }
+  LatentPool make_pool(int64_t num_pages, int64_t page_size = 64, KvDType dtype = KvDType::BF16) const;
+
+  // Runs the batch, appending each sequence's latents to the pool. logits: [rows, vocab].
+  // Throws KvCacheExhausted when the pool cannot hold the new tokens, std::invalid_argument
+  // for a token id outside the vocabulary.
+  void forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOptions& opt, std::vector<float>& logits);
+
+ private:
+  Model() = default;
+  void attention(int64_t layer, std::span<SeqSlice> batch, const std::vector<int64_t>& first_token, AttnPath path,
+                 int64_t prefix_chunk, const float* q, LatentPool& pool, float* out);
+  void moe(const LayerWeights& L, const float* x, int64_t T, float* out);
+  void mlp(const Mlp& m, const float* x, int64_t T, float* out, bool accumulate, const float* row_weights = nullptr);
+
+  ModelConfig cfg_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  ModelWeights w_;
+  std::unique_ptr<Rope> rope_;
+  MlaCosts costs_{};
+  PathCounters counters_;
+  AttnPath last_path_ = AttnPath::Auto;
+};
+
+}  // namespace mla

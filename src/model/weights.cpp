@@ -1,0 +1,190 @@
+#include "model/weights.h"
+
+#include <cstring>
+#include <regex>
+
+#include "format/error.h"
+
+namespace mla {
+
+namespace {
+
+class Loader {
+ public:
+  Loader(const Checkpoint& ckpt, const ModelConfig& cfg) : ckpt_(ckpt), cfg_(cfg) {}
+
+  ModelWeights load() {
+    const auto& c = cfg_;
+    const std::string p = c.weight_prefix;
+    w_.embed = matrix(p + "model.embed_tokens", c.vocab_size, c.hidden_size);
+    w_.final_norm = vec(p + "model.norm.weight", c.hidden_size);
+    if (ckpt_.find(p + "lm_head.weight") || !c.tie_word_embeddings)
+      w_.lm_head = matrix(p + "lm_head", c.vocab_size, c.hidden_size);
+    else
+      w_.lm_head = w_.embed;
+    const int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim, kvr = c.kv_lora_rank;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      LayerWeights L;
+      const std::string lp = p + "model.layers." + std::to_string(l) + ".";
+      const std::string a = lp + "self_attn.";
+      L.input_norm = vec(lp + "input_layernorm.weight", c.hidden_size);
+      L.post_attention_norm = vec(lp + "post_attention_layernorm.weight", c.hidden_size);
+      if (c.q_lora_rank > 0) {
+        L.q_a = matrix(a + "q_a_proj", c.q_lora_rank, c.hidden_size);
+        L.q_a_norm = vec(a + "q_a_layernorm.weight", c.q_lora_rank);
+        L.q_b = matrix(a + "q_b_proj", H * c.qk_head_dim(), c.q_lora_rank);
+      } else {
+        L.q = matrix(a + "q_proj", H * c.qk_head_dim(), c.hidden_size);
+      }
+      L.kv_a = matrix(a + "kv_a_proj_with_mqa", c.latent_dim(), c.hidden_size);
+      L.kv_a_norm = vec(a + "kv_a_layernorm.weight", kvr);
+      L.kv_b = matrix(a + "kv_b_proj", H * (nope + vd), kvr);
+      L.o = matrix(a + "o_proj", c.hidden_size, H * vd);
+      absorb(L);
+      L.moe = c.is_moe_layer(l);
+      if (L.moe) {
+        L.router = matrix(lp + "mlp.gate", c.n_routed_experts, c.hidden_size);
+        if (ckpt_.find(lp + "mlp.gate.e_score_correction_bias"))
+          L.router_bias = vec(lp + "mlp.gate.e_score_correction_bias", c.n_routed_experts);
+        else if (c.topk_method == TopkMethod::NoauxTc)
+          format_error(ckpt_.dir(), lp + "mlp.gate.e_score_correction_bias", "missing (noaux_tc routing needs it)");
+        for (int64_t e = 0; e < c.n_routed_experts; ++e)
+          L.experts.push_back(mlp(lp + "mlp.experts." + std::to_string(e) + ".", c.moe_intermediate_size));
+        if (c.n_shared_experts > 0) {
+          L.shared = mlp(lp + "mlp.shared_experts.", c.n_shared_experts * c.moe_intermediate_size);
+          L.has_shared = true;
+        }
+      } else {
+        L.dense = mlp(lp + "mlp.", c.intermediate_size);
+      }
+      w_.layers.push_back(std::move(L));
+    }
+    return std::move(w_);
+  }
+
+ private:
+  // Weight absorption: W_UV[h] is a row slice of kv_b; W_UK[h]^T is a transposed copy, kept in
+  // bf16 when kv_b is bf16 (exact) and in float32 otherwise.
+  void absorb(LayerWeights& L) {
+    const int64_t H = cfg_.num_attention_heads, nope = cfg_.qk_nope_head_dim, vd = cfg_.v_head_dim,
+                  kvr = cfg_.kv_lora_rank;
+    const bool bf16 = L.kv_b.format == WeightFormat::BF16;
+    const size_t esize = bf16 ? 2 : 4;
+    auto buf = std::make_unique<std::vector<uint8_t>>(size_t(H * kvr * nope) * esize);
+    std::vector<float> row(static_cast<size_t>(kvr));
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t d = 0; d < nope; ++d) {
+        L.kv_b.dequant_row(h * (nope + vd) + d, row.data());
+        for (int64_t k = 0; k < kvr; ++k) {
+          size_t idx = size_t((h * kvr + k) * nope + d);
+          if (bf16) reinterpret_cast<uint16_t*>(buf->data())[idx] = f32_to_bf16(row[size_t(k)]);
+          else reinterpret_cast<float*>(buf->data())[idx] = row[size_t(k)];
+        }
+      }
+      MatrixView uk;
+      uk.format = bf16 ? WeightFormat::BF16 : WeightFormat::F32;
+      uk.rows = kvr;
+      uk.cols = nope;
+      uk.data = buf->data() + size_t(h * kvr * nope) * esize;
+      L.w_uk_t.push_back(uk);
+      L.w_uv.push_back(L.kv_b.slice_rows(h * (nope + vd) + nope, vd));
+    }
+    w_.bytes_by_format[std::string(bf16 ? "bf16" : "f32") + " (derived W_UK^T)"] += buf->size();
+    w_.owned.push_back(std::move(buf));
+  }
+
+  void count(const std::string& fmt, size_t n) { w_.bytes_by_format[fmt] += n; }
+
+  void expect_shape(const TensorInfo& t, std::vector<int64_t> want) {
+    if (t.shape != want) {
+      TensorInfo tmp;
+      tmp.shape = want;
+      format_error(t.file, t.name, "has shape " + t.shape_str() + " but the config needs " + tmp.shape_str());
+    }
+  }
+
+  MatrixView matrix(const std::string& base, int64_t rows, int64_t cols) {
+    MatrixView m;
+    m.rows = rows;
+    m.cols = cols;
+    if (const TensorInfo* packed = ckpt_.find(base + ".weight_packed")) {
+      if (!cfg_.int4.enabled)
+        format_error(packed->file, packed->name, "is INT4 pack-quantized but config.json has no compressed-tensors quantization_config");
+      const int64_t gs = cfg_.int4.group_size;
+      const TensorInfo& scale = ckpt_.get(base + ".weight_scale");
+      const TensorInfo& shape = ckpt_.get(base + ".weight_shape");
+      if (packed->dtype != DType::I32) format_error(packed->file, packed->name, std::string("dtype ") + dtype_name(packed->dtype) + " must be I32");
+      if (scale.dtype != DType::BF16) format_error(scale.file, scale.name, std::string("dtype ") + dtype_name(scale.dtype) + " must be BF16");
+      if (shape.dtype != DType::I32 || shape.numel() != 2) format_error(shape.file, shape.name, "must be I32 [2]");
+      const int32_t* ws = reinterpret_cast<const int32_t*>(shape.data);
+      if (ws[0] != rows || ws[1] != cols)
+        format_error(shape.file, shape.name, "says [" + std::to_string(ws[0]) + ", " + std::to_string(ws[1]) +
+                                                 "] but the config needs [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
+      if (cols % 8 || cols % gs) format_error(packed->file, packed->name, "in-features " + std::to_string(cols) + " not a multiple of 8 and of the group size");
+      expect_shape(*packed, {rows, cols / 8});
+      expect_shape(scale, {rows, cols / gs});
+      m.format = WeightFormat::INT4_GROUP;
+      m.data = packed->data;
+      m.scales = scale.data;
+      m.scale_cols = cols / gs;
+      m.group_size = gs;
+      count("int4-group", packed->nbytes + scale.nbytes);
+      return m;
+    }
+    const TensorInfo& t = ckpt_.get(base + ".weight");
+    expect_shape(t, {rows, cols});
+    m.data = t.data;
+    switch (t.dtype) {
+      case DType::BF16: m.format = WeightFormat::BF16; break;
+      case DType::F16: m.format = WeightFormat::F16; break;
+      case DType::F32: m.format = WeightFormat::F32; break;
+      case DType::F8_E4M3: {
+        const TensorInfo& s = ckpt_.get(base + ".weight_scale_inv");
+        if (s.dtype != DType::F32) format_error(s.file, s.name, std::string("dtype ") + dtype_name(s.dtype) + " must be F32");
+        expect_shape(s, {(rows + 127) / 128, (cols + 127) / 128});
+        m.format = WeightFormat::FP8_BLOCK128;
+        m.scales = s.data;
+        m.scale_cols = (cols + 127) / 128;
+        count("fp8-block128", s.nbytes);
+        break;
+      }
+      default:
+        format_error(t.file, t.name, std::string("dtype ") + dtype_name(t.dtype) + " is not supported for a weight");
+    }
+    count(weight_format_name(m.format), t.nbytes);
+    return m;
+  }
+
+  std::vector<float> vec(const std::string& name, int64_t n) {
+    const TensorInfo& t = ckpt_.get(name);
+    expect_shape(t, {n});
+    std::vector<float> out(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t* p = t.data + size_t(i) * dtype_size(t.dtype);
+      switch (t.dtype) {
+        case DType::F32: { float f; std::memcpy(&f, p, 4); out[size_t(i)] = f; break; }
+        case DType::BF16: { uint16_t h; std::memcpy(&h, p, 2); out[size_t(i)] = bf16_to_f32(h); break; }
+        case DType::F16: { uint16_t h; std::memcpy(&h, p, 2); out[size_t(i)] = f16_to_f32(h); break; }
+        default: format_error(t.file, t.name, std::string("dtype ") + dtype_name(t.dtype) + " is not supported for a vector");
+      }
+    }
+    count(std::string(dtype_name(t.dtype)) + " (norms, biases)", t.nbytes);
+    return out;
+  }
+
+  Mlp mlp(const std::string& prefix, int64_t inter) {
+    const int64_t hd = cfg_.hidden_size;
+    return {matrix(prefix + "gate_proj", inter, hd), matrix(prefix + "up_proj", inter, hd),
+            matrix(prefix + "down_proj", hd, inter)};
+  }
+
+  const Checkpoint& ckpt_;
+  const ModelConfig& cfg_;
+  ModelWeights w_;
+};
+
+}  // namespace
+
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg) { return Loader(ckpt, cfg).load(); }
+
+}  // namespace mla

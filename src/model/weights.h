@@ -1,0 +1,56 @@
+// The weights of an MLA model as views into the memory-mapped checkpoint, checked against the
+// config at load. Each projection is a MatrixView in its stored format (BF16, F16, F32, block
+// FP8 with its scale_inv, or compressed-tensors INT4); norms and biases are float32 copies.
+// Weight absorption happens here: kv_b_proj is split per head into W_UK and W_UV.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "format/safetensors.h"
+#include "model/config.h"
+#include "tensor/matrix.h"
+
+namespace mla {
+
+struct Mlp {  // SiLU-gated: down(silu(gate x) * up x)
+  MatrixView gate, up, down;
+};
+
+struct LayerWeights {
+  std::vector<float> input_norm, post_attention_norm;
+  // attention
+  MatrixView q_a, q_b, q;  // q LoRA (q_a, q_b) or plain q_proj (q)
+  std::vector<float> q_a_norm;
+  MatrixView kv_a;  // [kv_lora + rope, hidden]
+  std::vector<float> kv_a_norm;
+  MatrixView kv_b;  // [H * (nope + v), kv_lora]: expand path
+  // absorb path: per head h, w_uk_t[h] is W_UK^T [kv_lora, nope] (so q_lat = w_uk_t q_nope) and
+  // w_uv[h] is W_UV [v, kv_lora] (rows of kv_b, no copy).
+  std::vector<MatrixView> w_uk_t, w_uv;
+  MatrixView o;
+  // feed-forward
+  bool moe = false;
+  Mlp dense;                 // dense layers
+  MatrixView router;         // [n_routed, hidden]
+  std::vector<float> router_bias;  // e_score_correction_bias, empty when absent
+  std::vector<Mlp> experts;  // routed
+  Mlp shared;                // n_shared experts fused (rows n_shared * moe_intermediate); empty if none
+  bool has_shared = false;
+};
+
+struct ModelWeights {
+  MatrixView embed, lm_head;
+  std::vector<float> final_norm;
+  std::vector<LayerWeights> layers;
+  // Resident bytes by storage format (weights in memory, scales included).
+  std::map<std::string, size_t> bytes_by_format;
+  // Storage of the weights the loader derives (W_UK^T); the views above point into it.
+  std::vector<std::unique_ptr<std::vector<uint8_t>>> owned;
+};
+
+// Loads and checks every weight the config calls for; throws FormatError naming the tensor.
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg);
+
+}  // namespace mla

@@ -1,0 +1,80 @@
+#include "tensor/matrix.h"
+
+#include <stdexcept>
+
+namespace mla {
+
+const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::F32: return "f32";
+    case WeightFormat::BF16: return "bf16";
+    case WeightFormat::F16: return "f16";
+    case WeightFormat::FP8_BLOCK128: return "fp8-block128";
+    case WeightFormat::INT4_GROUP: return "int4-group";
+  }
+  return "?";
+}
+
+size_t MatrixView::row_bytes() const {
+  switch (format) {
+    case WeightFormat::F32: return size_t(cols) * 4;
+    case WeightFormat::BF16: case WeightFormat::F16: return size_t(cols) * 2;
+    case WeightFormat::FP8_BLOCK128: return size_t(cols);
+    case WeightFormat::INT4_GROUP: return size_t(cols) / 2;
+  }
+  return 0;
+}
+
+size_t MatrixView::scale_bytes() const {
+  switch (format) {
+    case WeightFormat::FP8_BLOCK128: return size_t((rows + 127) / 128) * size_t(scale_cols) * 4;
+    case WeightFormat::INT4_GROUP: return size_t(rows) * size_t(scale_cols) * 2;
+    default: return 0;
+  }
+}
+
+void MatrixView::dequant_row(int64_t r, float* out) const {
+  const uint8_t* p = static_cast<const uint8_t*>(data) + size_t(r) * row_bytes();
+  switch (format) {
+    case WeightFormat::F32: {
+      const float* s = reinterpret_cast<const float*>(p);
+      for (int64_t k = 0; k < cols; ++k) out[k] = s[k];
+      break;
+    }
+    case WeightFormat::BF16: {
+      const uint16_t* s = reinterpret_cast<const uint16_t*>(p);
+      for (int64_t k = 0; k < cols; ++k) out[k] = bf16_to_f32(s[k]);
+      break;
+    }
+    case WeightFormat::F16: {
+      const uint16_t* s = reinterpret_cast<const uint16_t*>(p);
+      for (int64_t k = 0; k < cols; ++k) out[k] = f16_to_f32(s[k]);
+      break;
+    }
+    case WeightFormat::FP8_BLOCK128: {
+      const float* sc = static_cast<const float*>(scales) + ((row0 + r) / 128) * scale_cols;
+      for (int64_t k = 0; k < cols; ++k) out[k] = fp8e4m3_to_f32(p[k]) * sc[k / 128];
+      break;
+    }
+    case WeightFormat::INT4_GROUP: {
+      const uint32_t* w = reinterpret_cast<const uint32_t*>(p);
+      const uint16_t* sc = static_cast<const uint16_t*>(scales) + (row0 + r) * scale_cols;
+      for (int64_t k = 0; k < cols; ++k) {
+        int q = int((w[k / 8] >> (4 * (k % 8))) & 0xF) - 8;
+        out[k] = float(q) * bf16_to_f32(sc[k / group_size]);
+      }
+      break;
+    }
+  }
+}
+
+MatrixView MatrixView::slice_rows(int64_t first, int64_t count) const {
+  if (first < 0 || count < 0 || first + count > rows) throw std::out_of_range("MatrixView::slice_rows");
+  MatrixView v = *this;
+  v.data = static_cast<const uint8_t*>(data) + size_t(first) * row_bytes();
+  v.rows = count;
+  v.row0 = row0 + first;
+  return v;
+}
+
+}  // namespace mla

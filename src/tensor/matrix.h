@@ -1,0 +1,39 @@
+// A non-owning view of a weight matrix as the checkpoint stores it, [rows = out, cols = in],
+// used as y = W x. Weights stay in their stored format (BF16, F16, F32, block-FP8 with 128x128
+// scales, or INT4 groups) and are dequantized on the fly, a row at a time, by the kernels.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "tensor/dtype.h"
+
+namespace mla {
+
+enum class WeightFormat {
+  F32,
+  BF16,
+  F16,
+  FP8_BLOCK128,  // e4m3 values; scales float32 [ceil(rows/128), ceil(cols/128)] of the whole tensor
+  INT4_GROUP,    // int32 words of 8 nibbles (q + 8), low nibble first; scales bf16 [rows, cols/group]
+};
+
+const char* weight_format_name(WeightFormat f);
+
+struct MatrixView {
+  WeightFormat format = WeightFormat::F32;
+  int64_t rows = 0, cols = 0;
+  const void* data = nullptr;    // row r starts at data + r * row_bytes()
+  const void* scales = nullptr;  // FP8_BLOCK128: f32 block scales; INT4_GROUP: bf16 group scales
+  int64_t row0 = 0;              // first row within the whole stored tensor (for FP8 block scales)
+  int64_t scale_cols = 0;        // FP8: ceil(cols/128); INT4: cols / group_size
+  int64_t group_size = 0;        // INT4 only
+
+  size_t row_bytes() const;
+  size_t bytes() const { return row_bytes() * size_t(rows); }  // weight bytes, scales not counted
+  size_t scale_bytes() const;
+  // Writes row r (0-based within this view) as float32 to out[0..cols).
+  void dequant_row(int64_t r, float* out) const;
+  MatrixView slice_rows(int64_t first, int64_t count) const;
+};
+
+}  // namespace mla
