@@ -1,0 +1,55 @@
+// Writes checkpoints in the HuggingFace hub layout: config.json, and the weights as one
+// model.safetensors or as shards with model.safetensors.index.json. Tensors are produced one at
+// a time by a callback, so a multi-gigabyte checkpoint is never held in memory.
+// Used by the built-in demo and benchmark (random weights) and by tests (re-sharding,
+// re-wrapping a checkpoint as another family).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tensor/dtype.h"
+
+namespace mla {
+
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  // Fills exactly nbytes() bytes.
+  std::function<void(uint8_t* out)> fill;
+  size_t nbytes() const;
+};
+
+// Writes dir/config.json and the tensors (in name order) over `shards` files.
+void write_checkpoint(const std::string& dir, const nlohmann::json& config, std::vector<TensorSpec> tensors,
+                      int shards = 1);
+
+enum class RandomWeights {
+  BF16,
+  FP8,        // DeepSeek-V3's release: decoder projections F8_E4M3 with 128x128 block scale_inv
+  INT4_EXPERTS,  // Kimi K2.5's release: routed experts compressed-tensors INT4, group 32
+};
+
+struct RandomCheckpointOptions {
+  uint64_t seed = 1;
+  RandomWeights weights = RandomWeights::BF16;
+  int shards = 1;
+  double init_std = 0.02;
+};
+
+// Every tensor an MLA checkpoint of this config holds, with random values (normal-like, std
+// init_std; norms 1). `config` is a flat config.json object of any supported family; with
+// INT4_EXPERTS the checkpoint is wrapped as kimi_k25 (text_config, language_model. prefix).
+std::vector<TensorSpec> random_tensors(const nlohmann::json& config, const RandomCheckpointOptions& opt);
+void write_random_checkpoint(const std::string& dir, nlohmann::json config, const RandomCheckpointOptions& opt);
+
+// A small model of the DeepSeek-V3 architecture (q LoRA, YaRN, sigmoid noaux_tc routing over
+// expert groups, a dense first layer, shared experts) for the built-in demo.
+nlohmann::json demo_config(int64_t vocab_size);
+// DeepSeek-V2-Lite's shape with `layers` layers (the CPU benchmark's checkpoint).
+nlohmann::json v2_lite_config(int64_t layers);
+
+}  // namespace mla
