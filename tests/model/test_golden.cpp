@@ -1,0 +1,85 @@
+// Every fixture checkpoint reproduces HuggingFace's logits (golden.safetensors) for its four
+// sequences in every mode (prefill, decode, extend at several P) on both attention paths, and
+// its layer outputs for sequence 2's prompt.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+
+#include "engine/run_modes.h"
+#include "test_util.h"
+
+namespace mla {
+namespace {
+
+// The fixture README's tolerance for float32 compute against the float32 HF run.
+constexpr float kLogitTol = 1e-3f;
+
+struct Loaded {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<SafetensorsFile> golden;
+};
+
+Loaded& load(const std::string& name) {
+  static std::map<std::string, Loaded> cache;
+  auto& l = cache[name];
+  if (!l.model) {
+    l.model = Model::load(test::fixture(name));
+    l.golden = std::make_unique<SafetensorsFile>(test::fixture(name) + "/golden.safetensors");
+  }
+  return l;
+}
+
+class Golden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Golden, LogitsEveryModeBothPaths) {
+  auto& l = load(GetParam());
+  for (int j = 0; j < 4; ++j) {
+    auto ids = test::read_ids(*l.golden->find("seq" + std::to_string(j) + "_ids"));
+    auto want = test::read_f32(*l.golden->find("seq" + std::to_string(j) + "_logits"));
+    const int64_t n = int64_t(ids.size());
+    std::vector<RunMode> modes = {RunMode::parse("prefill"), RunMode::parse("decode")};
+    for (int64_t p : {int64_t(1), n / 2, n - 1}) modes.push_back(RunMode::parse("extend:" + std::to_string(p)));
+    for (auto& mode : modes)
+      for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
+        RunOptions opt;
+        opt.mode = mode;
+        opt.path = path;
+        auto got = run_logits(*l.model, ids, opt);
+        EXPECT_LE(test::max_abs_diff(got, want), kLogitTol)
+            << GetParam() << " seq" << j << " " << mode.name() << " " << attn_path_name(path);
+      }
+  }
+}
+
+TEST_P(Golden, LayerOutputs) {
+  auto& l = load(GetParam());
+  const auto& cfg = l.model->config();
+  auto ids = test::read_ids(*l.golden->find("seq2_ids"));
+  int64_t T;
+  std::memcpy(&T, l.golden->find("seq2_prompt")->data, 8);
+  ids.resize(size_t(T));
+  for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
+    std::vector<std::vector<float>> hidden;
+    RunOptions opt;
+    opt.path = path;
+    opt.hidden = &hidden;
+    run_logits(*l.model, ids, opt);
+    ASSERT_EQ(int64_t(hidden.size()), cfg.num_hidden_layers + 1);
+    for (int64_t i = 0; i <= cfg.num_hidden_layers; ++i) {
+      auto want = test::read_f32(*l.golden->find("hidden" + std::to_string(i)));
+      EXPECT_LE(test::max_abs_diff(hidden[size_t(i)], want), kLogitTol) << "hidden" << i << " " << attn_path_name(path);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Golden, ::testing::ValuesIn(test::model_fixtures()),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           for (auto& ch : s)
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return s;
+                         });
+
+}  // namespace
+}  // namespace mla

@@ -1,0 +1,59 @@
+// Helpers shared by the tests: fixture locations, golden tensors, temporary folders.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "format/safetensors.h"
+
+namespace mla::test {
+
+inline std::string shared_dir() { return MLA_SHARED_DIR; }
+inline std::string fixture(const std::string& name) { return shared_dir() + "/fixtures/models/" + name; }
+inline std::vector<std::string> model_fixtures() {
+  return {"deepseek-v3-tiny",   "deepseek-v3-yarn-tiny", "deepseek-v3-fp8-tiny", "deepseek-v2-lite-tiny",
+          "deepseek-v2-tiny",   "kimi-k2-tiny",          "kimi-k2.5-int4-tiny",  "glm-4.7-flash-tiny"};
+}
+
+inline std::vector<float> read_f32(const TensorInfo& t) {
+  std::vector<float> v(size_t(t.numel()));
+  std::memcpy(v.data(), t.data, v.size() * 4);
+  return v;
+}
+inline std::vector<int32_t> read_ids(const TensorInfo& t) {
+  std::vector<int32_t> v;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    int64_t x;
+    std::memcpy(&x, t.data + 8 * i, 8);
+    v.push_back(int32_t(x));
+  }
+  return v;
+}
+
+inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+// A fresh, empty folder under the system temp dir, removed with the object.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& tag) {
+    static std::mt19937_64 rng(std::random_device{}());
+    path = std::filesystem::temp_directory_path() / ("mla-test-" + tag + "-" + std::to_string(rng()));
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string str() const { return path.string(); }
+  std::string operator/(const std::string& f) const { return (path / f).string(); }
+};
+
+}  // namespace mla::test
