@@ -33,6 +33,11 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
   if (pool.num_layers() != L || pool.row_dim() != c.latent_dim())
     throw std::invalid_argument("forward: the latent pool's geometry does not match the model");
 
+  for (auto& s : batch)
+    for (int32_t id : s.ids)
+      if (id < 0 || id >= c.vocab_size)
+        throw std::invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary (size " +
+                                    std::to_string(c.vocab_size) + ")");
   // Reserve every sequence's pages first, all or nothing.
   int64_t need = 0;
   for (auto& s : batch) need += pool.pages_needed(*s.seq, s.seq->length + int64_t(s.ids.size()));
@@ -57,13 +62,8 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
 
   std::vector<float> h(static_cast<size_t>(T * D)), x(static_cast<size_t>(T * D));
   for (size_t b = 0; b < batch.size(); ++b)
-    for (size_t i = 0; i < batch[b].ids.size(); ++i) {
-      int32_t id = batch[b].ids[i];
-      if (id < 0 || id >= c.vocab_size)
-        throw std::invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary (size " +
-                                    std::to_string(c.vocab_size) + ")");
-      w_.embed.dequant_row(id, h.data() + (first[b] + int64_t(i)) * D);
-    }
+    for (size_t i = 0; i < batch[b].ids.size(); ++i)
+      w_.embed.dequant_row(batch[b].ids[i], h.data() + (first[b] + int64_t(i)) * D);
   if (opt.hidden) opt.hidden->assign(1, h);
   if (opt.attn) opt.attn->clear();
 
