@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/chat_template.h"
+#include "deepseek_fixture.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -13,7 +14,7 @@ namespace {
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-const std::string kFixtureDir = std::string(MLA_SHARED_DIR) + "/fixtures/tokenizer/deepseek-v3";
+const std::string kFixtureDir = mla::test::deepseek_v3_dir();
 
 // Renders a template with the given variables (an ordered JSON object).
 std::string render(const std::string& tmpl, const ojson& vars = ojson::object()) {
@@ -32,13 +33,9 @@ std::string error_of(const std::string& tmpl, const ojson& vars = ojson::object(
 
 class ChatTemplateDeepSeekV3 : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    if (!tokenizer_) tokenizer_ = new mla::Tokenizer(mla::Tokenizer::load(kFixtureDir));
-  }
-  static const mla::Tokenizer& tok() { return *tokenizer_; }
-  static mla::Tokenizer* tokenizer_;
+  static void SetUpTestSuite() { mla::test::deepseek_v3_tokenizer(); }
+  static const mla::Tokenizer& tok() { return mla::test::deepseek_v3_tokenizer(); }
 };
-mla::Tokenizer* ChatTemplateDeepSeekV3::tokenizer_ = nullptr;
 
 TEST_F(ChatTemplateDeepSeekV3, AllFixtureCases) {
   std::ifstream in(kFixtureDir + "/chat_cases.jsonl");

@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 
+#include "deepseek_fixture.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -15,7 +16,7 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-const std::string kFixtureDir = std::string(MLA_SHARED_DIR) + "/fixtures/tokenizer/deepseek-v3";
+const std::string kFixtureDir = mla::test::deepseek_v3_dir();
 
 std::vector<json> read_jsonl(const std::string& path) {
   std::ifstream in(path);
@@ -42,13 +43,9 @@ fs::path temp_dir(const std::string& name) {
 
 class TokenizerDeepSeekV3 : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    if (!tokenizer_) tokenizer_ = new mla::Tokenizer(mla::Tokenizer::load(kFixtureDir));
-  }
-  static const mla::Tokenizer& tok() { return *tokenizer_; }
-  static mla::Tokenizer* tokenizer_;
+  static void SetUpTestSuite() { mla::test::deepseek_v3_tokenizer(); }
+  static const mla::Tokenizer& tok() { return mla::test::deepseek_v3_tokenizer(); }
 };
-mla::Tokenizer* TokenizerDeepSeekV3::tokenizer_ = nullptr;
 
 TEST_F(TokenizerDeepSeekV3, Basics) {
   EXPECT_EQ(tok().bos_id(), 0);

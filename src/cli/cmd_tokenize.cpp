@@ -1,0 +1,130 @@
+// `mla tokenize`, `mla detokenize` and `mla chat-template`: the tokenizer and chat templates of a
+// model folder from the command line. Text goes in and out byte-exact (binary stdin/stdout).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+std::string read_all(std::FILE* in) {
+  std::string data;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, in)) > 0) data.append(buf, n);
+  if (std::ferror(in)) throw std::runtime_error("error reading standard input");
+  return data;
+}
+
+void write_all(const std::string& data) {
+  if (!data.empty() && std::fwrite(data.data(), 1, data.size(), stdout) != data.size())
+    throw std::runtime_error("error writing standard output");
+  std::fflush(stdout);
+}
+
+std::string join_ids(const std::vector<int32_t>& ids) {
+  std::string line;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) line.push_back(' ');
+    line += std::to_string(ids[i]);
+  }
+  return line + "\n";
+}
+
+int tokenize_main(int argc, char** argv) {
+  CLI::App app{"Encode all of standard input (bytes, unchanged) and print the token ids on one line."};
+  app.name("mla tokenize");
+  std::string model_dir;
+  bool special = false;
+  app.add_option("-m,--model", model_dir, "model folder with tokenizer.json")->required();
+  app.add_flag("--special", special, "add special tokens (BOS/EOS as tokenizer_config.json says)");
+  CLI11_PARSE(app, argc, argv);
+  auto tokenizer = mla::Tokenizer::load(model_dir);
+  write_all(join_ids(tokenizer.encode(read_all(stdin), special)));
+  return 0;
+}
+
+int detokenize_main(int argc, char** argv) {
+  CLI::App app{"Read whitespace-separated token ids from standard input and write their text, byte-exact."};
+  app.name("mla detokenize");
+  std::string model_dir;
+  bool skip_special = false;
+  app.add_option("-m,--model", model_dir, "model folder with tokenizer.json")->required();
+  app.add_flag("--skip-special", skip_special, "leave out special tokens");
+  CLI11_PARSE(app, argc, argv);
+  auto tokenizer = mla::Tokenizer::load(model_dir);
+  std::istringstream in(read_all(stdin));
+  std::vector<int32_t> ids;
+  std::string word;
+  while (in >> word) {
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != word.size() || id < INT32_MIN || id > INT32_MAX)
+      throw std::runtime_error("standard input: '" + word + "' is not a token id");
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  write_all(tokenizer.decode(ids, skip_special));
+  return 0;
+}
+
+int chat_template_main(int argc, char** argv) {
+  CLI::App app{"Render the model's chat template over a JSON list of messages (printed byte-exact), or its ids."};
+  app.name("mla chat-template");
+  std::string model_dir, messages_path;
+  bool add_generation_prompt = false, print_ids = false;
+  app.add_option("-m,--model", model_dir, "model folder with tokenizer.json and tokenizer_config.json")->required();
+  app.add_option("--messages", messages_path,
+                 "JSON file: a list of messages, or an object with \"messages\" (and optionally \"tools\")")
+      ->required();
+  app.add_flag("--add-generation-prompt", add_generation_prompt, "end with the assistant turn's opening");
+  app.add_flag("--ids", print_ids, "print the token ids of the rendered text instead of the text");
+  CLI11_PARSE(app, argc, argv);
+
+  auto tokenizer = mla::Tokenizer::load(model_dir);
+  if (tokenizer.chat_template().empty())
+    throw std::runtime_error(model_dir + "/tokenizer_config.json: no chat_template");
+  std::ifstream file(messages_path, std::ios::binary);
+  if (!file) throw std::runtime_error(messages_path + ": cannot open file");
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  nlohmann::ordered_json input;
+  try {
+    input = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(messages_path + ": bad JSON: " + e.what());
+  }
+  nlohmann::ordered_json messages = input, extra = nlohmann::ordered_json::object();
+  if (input.is_object()) {
+    if (!input.contains("messages")) throw std::runtime_error(messages_path + ": object without \"messages\"");
+    messages = input["messages"];
+    for (auto it = input.begin(); it != input.end(); ++it)
+      if (it.key() != "messages") extra[it.key()] = it.value();
+  }
+  if (!messages.is_array()) throw std::runtime_error(messages_path + ": messages must be a JSON list");
+  if (!extra.contains("bos_token")) extra["bos_token"] = tokenizer.bos_token();
+  if (!extra.contains("eos_token")) extra["eos_token"] = tokenizer.eos_token();
+  std::string rendered = mla::render_chat_template(tokenizer.chat_template(), messages, add_generation_prompt, extra);
+  if (print_ids) write_all(join_ids(tokenizer.encode(rendered, false)));
+  else write_all(rendered);
+  return 0;
+}
+
+mla::cli::Command tokenize_command("tokenize", "encode standard input to token ids", tokenize_main);
+mla::cli::Command detokenize_command("detokenize", "decode token ids from standard input to text", detokenize_main);
+mla::cli::Command chat_template_command("chat-template", "render a chat template over messages", chat_template_main);
+
+}  // namespace
