@@ -167,8 +167,10 @@ void LatentPool::write(int64_t layer, const PageTable& seq, int64_t pos, const f
 
 void LatentPool::gather(int64_t layer, const PageTable& seq, int64_t s0, int64_t n, float* out) const {
   const int64_t dim = row_dim();
+  if (n <= 0) return;
+  check_position(seq, s0, "gather");  // the whole range is checked before anything is written
+  check_position(seq, s0 + n - 1, "gather");
   for (int64_t s = s0; s < s0 + n; ++s) {
-    check_position(seq, s, "gather");
     const uint8_t* row = row_ptr(layer, seq.pages[size_t(s / page_size_)], s % page_size_);
     float* o = out + (s - s0) * dim;
     switch (dtype_) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 
@@ -58,6 +60,14 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
   }
   AttnPath path = opt.path == AttnPath::Auto ? choose_attn_path(costs_, shapes, opt.policy) : opt.path;
   last_path_ = path;
+  static const bool debug = std::getenv("MLA_DEBUG") && std::string(std::getenv("MLA_DEBUG")) != "0";
+  if (debug) {
+    int64_t longest = 0;
+    for (auto& sh : shapes) longest = std::max(longest, sh.cached_tokens);
+    std::fprintf(stderr, "[mla] batch of %zu sequences, %lld new tokens, longest cached prefix %lld: %s%s\n",
+                 batch.size(), (long long)T, (long long)longest, attn_path_name(path),
+                 opt.path == AttnPath::Auto ? " (auto)" : "");
+  }
   (path == AttnPath::Expand ? counters_.expand : path == AttnPath::Absorb ? counters_.absorb : counters_.chunked)++;
 
   std::vector<float> h(static_cast<size_t>(T * D)), x(static_cast<size_t>(T * D));

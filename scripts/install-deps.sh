@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages mla builds with. Run as root (or with sudo available).
+set -euo pipefail
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+  g++ make cmake pkg-config \
+  libdnnl-dev nlohmann-json3-dev libpcre2-dev libcli11-dev libcpp-httplib-dev \
+  libgtest-dev libgmock-dev libbenchmark-dev \
+  python3-numpy >/dev/null

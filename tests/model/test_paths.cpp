@@ -1,0 +1,120 @@
+// The two MLA algorithms agree, and the same weights give the same logits however they are
+// packaged: sharded, or wrapped as kimi_k25 (text_config, language_model. prefix).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "backend/cpu/attention.h"
+#include "backend/cpu/ops.h"
+#include "engine/run_modes.h"
+#include "model/checkpoint_writer.h"
+#include "test_util.h"
+
+namespace mla {
+namespace {
+
+using nlohmann::json;
+
+// One attention layer at DeepSeek-V3's real sizes, computed both ways from the same random
+// latents, queries and kv_b_proj. Returns the max |expand - absorb| relative to max |out|.
+double expand_vs_absorb(int64_t T, int64_t S) {
+  const int64_t H = 128, kvr = 512, rope = 64, nope = 128, vd = 128, qk = nope + rope, dim = kvr + rope;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> kv_b(size_t(H * (nope + vd) * kvr)), latent(size_t(S * dim)), q(size_t(T * H * qk));
+  for (auto& v : kv_b) v = nd(rng) * 0.05f;
+  for (auto& v : latent) v = nd(rng);
+  for (auto& v : q) v = nd(rng);
+  MatrixView W{WeightFormat::F32, H * (nope + vd), kvr, kv_b.data()};
+  const float scale = 1.0f / std::sqrt(float(qk));
+  const int64_t q_pos0 = S - T;
+
+  // expand: K_nope, V = c_KV through kv_b_proj for every key.
+  std::vector<float> kvx(size_t(S * H * (nope + vd))), out_e(size_t(T * H * vd)), lse_e(size_t(T * H));
+  cpu::matmul(latent.data(), S, dim, W, kvx.data(), H * (nope + vd));
+  cpu::attention_expand({q.data(), kvx.data(), latent.data() + kvr, dim, T, S, H, nope, rope, vd, q_pos0, 0, scale},
+                        out_e.data(), lse_e.data());
+
+  // absorb: q_lat = W_UK^T q_nope, attention over the latent, then W_UV.
+  std::vector<float> q_lat(size_t(T * H * kvr)), o_lat(size_t(T * H * kvr)), out_a(size_t(T * H * vd)),
+      lse_a(size_t(T * H));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t c = 0; c < kvr; ++c) {
+        double s = 0;
+        for (int64_t d = 0; d < nope; ++d)
+          s += double(q[size_t((t * H + h) * qk + d)]) * kv_b[size_t((h * (nope + vd) + d) * kvr + c)];
+        q_lat[size_t((t * H + h) * kvr + c)] = float(s);
+      }
+  cpu::attention_absorb({q_lat.data(), q.data() + nope, H * qk, qk, latent.data(), T, S, H, kvr, rope, q_pos0, 0, scale},
+                        o_lat.data(), lse_a.data());
+  for (int64_t h = 0; h < H; ++h)
+    cpu::matmul(o_lat.data() + h * kvr, T, H * kvr, W.slice_rows(h * (nope + vd) + nope, vd), out_a.data() + h * vd, H * vd);
+
+  double maxdiff = 0, maxabs = 0;
+  for (size_t i = 0; i < out_e.size(); ++i) {
+    maxdiff = std::max(maxdiff, double(std::fabs(out_e[i] - out_a[i])));
+    maxabs = std::max(maxabs, double(std::fabs(out_e[i])));
+  }
+  for (size_t i = 0; i < lse_e.size(); ++i) EXPECT_NEAR(lse_e[i], lse_a[i], 1e-4 * std::fabs(lse_e[i]) + 1e-4);
+  return maxdiff / maxabs;
+}
+
+// float32 rounding over sums of ~512 terms: relative error a few 1e-6; 1e-5 leaves room for
+// the different summation orders of the two algorithms and nothing more.
+TEST(MlaPaths, ExpandEqualsAbsorbAtDeepSeekV3SizesPrefill) { EXPECT_LT(expand_vs_absorb(48, 48), 1e-5); }
+TEST(MlaPaths, ExpandEqualsAbsorbAtDeepSeekV3SizesDecode) { EXPECT_LT(expand_vs_absorb(1, 300), 1e-5); }
+
+// Rewrites a fixture's tensors under another layout.
+std::string repackage(const std::string& fixture, const std::string& dir, int shards, bool as_kimi_k25) {
+  std::ifstream f(test::fixture(fixture) + "/config.json");
+  json cfg = json::parse(f);
+  static std::vector<std::unique_ptr<SafetensorsFile>> keep;
+  keep.push_back(std::make_unique<SafetensorsFile>(test::fixture(fixture) + "/model.safetensors"));
+  std::vector<TensorSpec> specs;
+  for (auto& [name, t] : keep.back()->tensors()) {
+    const TensorInfo* tp = &t;
+    specs.push_back({(as_kimi_k25 ? "language_model." : "") + name, t.dtype, t.shape,
+                     [tp](uint8_t* out) { std::memcpy(out, tp->data, tp->nbytes); }});
+  }
+  if (as_kimi_k25) {
+    // Stray vision tensors, as the K2.5 release has: ignored by the language model.
+    specs.push_back({"vision_tower.patch_embed.weight", DType::F32, {4, 4}, [](uint8_t* out) { std::memset(out, 0, 64); }});
+    specs.push_back({"mm_projector.proj.weight", DType::F32, {2}, [](uint8_t* out) { std::memset(out, 0, 8); }});
+    cfg = {{"model_type", "kimi_k25"}, {"architectures", {"KimiK25ForConditionalGeneration"}}, {"text_config", cfg},
+           {"vision_config", {{"model_type", "moonvit"}}}};
+  }
+  write_checkpoint(dir, cfg, specs, shards);
+  return dir;
+}
+
+std::vector<float> logits_of(const std::string& dir, const std::vector<int32_t>& ids) {
+  auto model = Model::load(dir);
+  RunOptions opt;
+  return run_logits(*model, ids, opt);
+}
+
+TEST(Packaging, ShardedAndKimiK25WrappedGiveTheSameLogits) {
+  auto golden = SafetensorsFile(test::fixture("kimi-k2-tiny") + "/golden.safetensors");
+  auto ids = test::read_ids(*golden.find("seq2_ids"));
+  auto want = logits_of(test::fixture("kimi-k2-tiny"), ids);
+  test::TempDir a("sharded"), b("k25"), c("k25sharded");
+  EXPECT_EQ(logits_of(repackage("kimi-k2-tiny", a.str(), 3, false), ids), want);
+  EXPECT_EQ(logits_of(repackage("kimi-k2-tiny", b.str(), 1, true), ids), want);
+  EXPECT_EQ(logits_of(repackage("kimi-k2-tiny", c.str(), 4, true), ids), want);
+  EXPECT_TRUE(std::filesystem::exists(c / "model.safetensors.index.json"));
+  EXPECT_TRUE(std::filesystem::exists(c / "model-00004-of-00004.safetensors"));
+}
+
+TEST(Packaging, MtpLayerIsSkipped) {
+  // deepseek-v3-tiny holds an MTP layer (index == num_hidden_layers); it is not part of the forward pass.
+  auto model = Model::load(test::fixture("deepseek-v3-tiny"));
+  EXPECT_EQ(int64_t(model->weights().layers.size()), model->config().num_hidden_layers);
+  Checkpoint ck(test::fixture("deepseek-v3-tiny"));
+  EXPECT_NE(ck.find("model.layers.3.self_attn.kv_b_proj.weight"), nullptr);
+}
+
+}  // namespace
+}  // namespace mla
