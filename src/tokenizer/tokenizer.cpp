@@ -6,11 +6,11 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <bit>
 #include <fstream>
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <queue>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -102,6 +102,11 @@ size_t utf8_char_length(const char* s, size_t i, size_t len) {
   return std::min(n, len - i);
 }
 
+struct Segment {
+  size_t b, e;  // byte range relative to the piece being split
+  bool match;
+};
+
 enum class SplitBehavior { Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous };
 
 struct PreTokenizerStep {
@@ -161,6 +166,259 @@ bool is_ascii_word_char(uint8_t c) {
 
 bool is_space(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
+// Open-addressing map from token text to id; keys live in one arena string.
+class TokenIndex {
+ public:
+  void reserve(size_t n) {
+    size_t capacity = 16;
+    while (capacity < n * 2) capacity <<= 1;
+    rehash(capacity);
+  }
+  int32_t find(std::string_view key) const {
+    if (slots_.empty()) return -1;
+    uint32_t h = hash(key);
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.id < 0) return -1;
+      if (s.hash == h && s.length == key.size() && arena_.compare(s.offset, s.length, key) == 0) return s.id;
+    }
+  }
+  void insert_or_assign(std::string_view key, int32_t id) {
+    if ((count_ + 1) * 2 > slots_.size()) rehash(std::max<size_t>(16, slots_.size() * 2));
+    uint32_t h = hash(key);
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      Slot& s = slots_[i];
+      if (s.id < 0) {
+        s = {h, id, static_cast<uint32_t>(arena_.size()), static_cast<uint32_t>(key.size())};
+        arena_.append(key);
+        ++count_;
+        return;
+      }
+      if (s.hash == h && s.length == key.size() && arena_.compare(s.offset, s.length, key) == 0) {
+        s.id = id;
+        return;
+      }
+    }
+  }
+  template <class F>
+  void for_each(F&& f) const {
+    for (const Slot& s : slots_)
+      if (s.id >= 0) f(std::string_view(arena_).substr(s.offset, s.length), s.id);
+  }
+
+ private:
+  struct Slot {
+    uint32_t hash;
+    int32_t id = -1;
+    uint32_t offset, length;
+  };
+  static uint32_t hash(std::string_view key) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a, then mixed
+    for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ull;
+    return static_cast<uint32_t>(h ^ (h >> 32));
+  }
+  void rehash(size_t capacity) {
+    std::vector<Slot> old = std::move(slots_);
+    slots_.assign(capacity, Slot{0, -1, 0, 0});
+    mask_ = capacity - 1;
+    for (const Slot& s : old) {
+      if (s.id < 0) continue;
+      for (size_t i = s.hash & mask_;; i = (i + 1) & mask_)
+        if (slots_[i].id < 0) {
+          slots_[i] = s;
+          break;
+        }
+    }
+  }
+  std::vector<Slot> slots_;
+  std::string arena_;
+  size_t mask_ = 0, count_ = 0;
+};
+
+// Open-addressing map from a pair of token ids to (merge rank, merged id).
+class MergeTable {
+ public:
+  struct Entry {
+    uint64_t key = kEmpty;
+    int32_t rank = 0, id = 0;
+  };
+  void reserve(size_t n) {
+    size_t capacity = 16;
+    while (capacity < n * 2) capacity <<= 1;
+    entries_.assign(capacity, Entry{});
+    mask_ = capacity - 1;
+    shift_ = 64 - std::countr_zero(capacity);
+  }
+  // Keeps the first (lowest-rank) merge of a pair, as HuggingFace does for duplicate merges.
+  void insert(uint64_t key, int32_t rank, int32_t id) {
+    for (size_t i = slot(key);; i = (i + 1) & mask_) {
+      if (entries_[i].key == key) return;
+      if (entries_[i].key == kEmpty) {
+        entries_[i] = {key, rank, id};
+        return;
+      }
+    }
+  }
+  const Entry* find(uint64_t key) const {
+    for (size_t i = slot(key);; i = (i + 1) & mask_) {
+      const Entry& e = entries_[i];
+      if (e.key == key) return &e;
+      if (e.key == kEmpty) return nullptr;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~0ull;
+  size_t slot(uint64_t key) const { return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_) & mask_; }
+  std::vector<Entry> entries_;
+  size_t mask_ = 0;
+  int shift_ = 60;
+};
+
+// SAX reader for tokenizer.json: model.vocab and model.merges (about all of the file) are
+// streamed into flat vectors; everything else becomes an ordinary json document.
+class TokenizerJsonReader {
+ public:
+  explicit TokenizerJsonReader(const std::string& source) : source_(source) {}
+
+  json root;
+  std::vector<std::pair<std::string, int32_t>> vocab;
+  std::vector<std::pair<std::string, std::string>> merges;
+  bool has_vocab = false, has_merges = false;
+
+  bool null() { return value(json(nullptr)); }
+  bool boolean(bool v) { return value(json(v)); }
+  bool number_integer(json::number_integer_t v) { return number(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return number(static_cast<int64_t>(v)); }
+  bool number_float(json::number_float_t v, const std::string&) { return value(json(v)); }
+  bool binary(json::binary_t&) { return value(json()); }
+  bool string(std::string& v) {
+    if (mode_ == Mode::Merges) {
+      size_t space = v.find(' ');
+      if (space == std::string::npos || v.find(' ', space + 1) != std::string::npos)
+        throw std::runtime_error(source_ + ": merge " + std::to_string(merges.size()) + " '" + v +
+                                 "' is not two tokens separated by one space");
+      merges.emplace_back(v.substr(0, space), v.substr(space + 1));
+      return true;
+    }
+    if (mode_ == Mode::MergePair) {
+      pair_.push_back(std::move(v));
+      return true;
+    }
+    return value(json(std::move(v)));
+  }
+  bool start_object(std::size_t) {
+    if (mode_ == Mode::Dom && in_model() && key_ == "vocab") {
+      mode_ = Mode::Vocab;
+      has_vocab = true;
+      return true;
+    }
+    if (mode_ != Mode::Dom) bad_entry();
+    open(json::object());
+    return true;
+  }
+  bool key(std::string& k) {
+    key_ = std::move(k);
+    return true;
+  }
+  bool end_object() {
+    if (mode_ == Mode::Vocab) {
+      mode_ = Mode::Dom;
+      return true;
+    }
+    close();
+    return true;
+  }
+  bool start_array(std::size_t) {
+    if (mode_ == Mode::Dom && in_model() && key_ == "merges") {
+      mode_ = Mode::Merges;
+      has_merges = true;
+      return true;
+    }
+    if (mode_ == Mode::Merges) {
+      mode_ = Mode::MergePair;
+      pair_.clear();
+      return true;
+    }
+    if (mode_ != Mode::Dom) bad_entry();
+    open(json::array());
+    return true;
+  }
+  bool end_array() {
+    if (mode_ == Mode::MergePair) {
+      if (pair_.size() != 2)
+        throw std::runtime_error(source_ + ": merge " + std::to_string(merges.size()) + " is neither \"a b\" nor [a, b]");
+      merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
+      mode_ = Mode::Merges;
+      return true;
+    }
+    if (mode_ == Mode::Merges) {
+      mode_ = Mode::Dom;
+      return true;
+    }
+    close();
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const json::exception& e) {
+    throw std::runtime_error(source_ + ": bad JSON: " + e.what());
+  }
+
+ private:
+  enum class Mode { Dom, Vocab, Merges, MergePair };
+
+  bool in_model() const { return stack_.size() == 2 && path_.size() == 2 && path_[1] == "model"; }
+  [[noreturn]] void bad_entry() const {
+    if (mode_ == Mode::Vocab)
+      throw std::runtime_error(source_ + ": vocab entry '" + key_ + "' has a non-integer id");
+    throw std::runtime_error(source_ + ": merge " + std::to_string(merges.size()) + " is neither \"a b\" nor [a, b]");
+  }
+  bool number(int64_t v) {
+    if (mode_ == Mode::Vocab) {
+      if (v < 0 || v > INT32_MAX) throw std::runtime_error(source_ + ": vocab entry '" + key_ + "' has a bad id");
+      vocab.emplace_back(key_, static_cast<int32_t>(v));
+      return true;
+    }
+    return value(json(v));
+  }
+  bool value(json v) {
+    if (mode_ != Mode::Dom) bad_entry();
+    place(std::move(v));
+    return true;
+  }
+  json* place(json v) {
+    if (stack_.empty()) {
+      root = std::move(v);
+      return &root;
+    }
+    json& parent = *stack_.back();
+    if (parent.is_object()) {
+      json& slot = parent[key_];
+      slot = std::move(v);
+      return &slot;
+    }
+    parent.push_back(std::move(v));
+    return &parent.back();
+  }
+  void open(json container) {
+    std::string under = !stack_.empty() && stack_.back()->is_object() ? key_ : std::string();
+    stack_.push_back(place(std::move(container)));
+    path_.push_back(std::move(under));
+  }
+  void close() {
+    stack_.pop_back();
+    path_.pop_back();
+  }
+
+  const std::string& source_;
+  Mode mode_ = Mode::Dom;
+  std::vector<json*> stack_;
+  std::vector<std::string> path_;
+  std::string key_;
+  std::vector<std::string> pair_;
+};
+
 struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
@@ -174,7 +432,7 @@ struct Tokenizer::Impl {
   std::string source;  // path of tokenizer.json, for messages
 
   // Vocabulary.
-  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> text_to_id;
+  TokenIndex text_to_id;
   std::vector<std::string> id_to_text;   // as written in tokenizer.json ("" for unused ids)
   std::vector<std::string> id_to_bytes;  // decoded bytes
   std::vector<uint8_t> id_present;
@@ -185,10 +443,8 @@ struct Tokenizer::Impl {
   int32_t unk_id = -1;
 
   // Merges: (left id, right id) -> (rank, merged id).
-  struct Merge {
-    int32_t rank, id;
-  };
-  std::unordered_map<uint64_t, Merge> merges;
+  using Merge = MergeTable::Entry;
+  MergeTable merges;
 
   // Added tokens.
   std::vector<AddedToken> added_tokens;
@@ -214,12 +470,9 @@ struct Tokenizer::Impl {
   static uint64_t pair_key(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
-  const Merge* find_merge(int32_t a, int32_t b) const {
-    auto it = merges.find(pair_key(a, b));
-    return it == merges.end() ? nullptr : &it->second;
-  }
+  const Merge* find_merge(int32_t a, int32_t b) const { return merges.find(pair_key(a, b)); }
 
-  void load_model(const json& model);
+  void load_model(const json& model, TokenizerJsonReader& reader);
   void load_pre_tokenizer(const json& node);
   void check_normalizer(const json& node) const;
   void check_decoder(const json& node) const;
@@ -227,13 +480,23 @@ struct Tokenizer::Impl {
   void build_trie();
   void set_token(int32_t id, const std::string& text);
 
+  // Scratch state of one encode call (regex match data are per call, for thread safety).
+  struct EncodeState {
+    std::vector<int32_t>* out = nullptr;
+    std::vector<std::unique_ptr<Matcher>> matchers;
+    std::vector<std::vector<Segment>> segments;  // per pre-tokenizer level
+    std::string prefixed;
+  };
+
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;
+  void pre_tokenize(EncodeState& state, const char* base, size_t level, size_t begin, size_t end) const;
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
   void bpe_uncached(std::string_view piece, std::vector<int32_t>& out) const;
 };
 
 void Tokenizer::Impl::set_token(int32_t id, const std::string& text) {
-  if (id < 0) throw std::runtime_error(source + ": negative token id for '" + text + "'");
+  if (id < 0 || id >= (1 << 26))
+    throw std::runtime_error(source + ": token id " + std::to_string(id) + " of '" + text + "' is out of range");
   size_t need = static_cast<size_t>(id) + 1;
   if (id_to_text.size() < need) {
     id_to_text.resize(need);
@@ -265,7 +528,7 @@ void Tokenizer::Impl::set_token(int32_t id, const std::string& text) {
   id_to_bytes[id] = all_mapped ? bytes : text;
 }
 
-void Tokenizer::Impl::load_model(const json& model) {
+void Tokenizer::Impl::load_model(const json& model, TokenizerJsonReader& reader) {
   std::string type = model.value("type", "");
   if (type != "BPE")
     throw std::runtime_error(source + ": unsupported model type '" + type + "' (only BPE)");
@@ -280,28 +543,24 @@ void Tokenizer::Impl::load_model(const json& model) {
     throw std::runtime_error(source + ": unsupported BPE option byte_fallback (not a byte-level BPE)");
   ignore_merges = model.value("ignore_merges", false);
 
-  if (!model.contains("vocab") || !model["vocab"].is_object())
-    throw std::runtime_error(source + ": model.vocab missing or not an object");
-  const json& vocab = model["vocab"];
-  text_to_id.reserve(vocab.size() * 2);
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer())
-      throw std::runtime_error(source + ": vocab entry '" + it.key() + "' has a non-integer id");
-    int32_t id = it.value().get<int32_t>();
-    text_to_id.emplace(it.key(), id);
-    set_token(id, it.key());
+  if (!reader.has_vocab) throw std::runtime_error(source + ": model.vocab missing or not an object");
+  text_to_id.reserve(reader.vocab.size() + 1024);
+  int32_t max_id = -1;
+  for (const auto& [text, id] : reader.vocab) max_id = std::max(max_id, id);
+  id_to_text.reserve(static_cast<size_t>(max_id) + 1024);
+  for (auto& [text, id] : reader.vocab) {
+    text_to_id.insert_or_assign(text, id);
+    set_token(id, text);
   }
-  if (model.contains("unk_token") && model["unk_token"].is_string()) {
-    auto it = text_to_id.find(model["unk_token"].get<std::string>());
-    if (it != text_to_id.end()) unk_id = it->second;
-  }
+  if (model.contains("unk_token") && model["unk_token"].is_string())
+    unk_id = text_to_id.find(model["unk_token"].get<std::string>());
   const auto& alphabet = utf8::byte_to_char();
   for (int b = 0; b < 256; ++b) {
     std::string ch;
     utf8::append(ch, alphabet[b]);
-    auto it = text_to_id.find(ch);
-    if (it != text_to_id.end()) {
-      byte_id[b] = it->second;
+    int32_t id = text_to_id.find(ch);
+    if (id >= 0) {
+      byte_id[b] = id;
     } else if (unk_id >= 0) {
       byte_id[b] = unk_id;
     } else {
@@ -309,36 +568,19 @@ void Tokenizer::Impl::load_model(const json& model) {
                                std::to_string(b) + " and has no unk_token");
     }
   }
-  if (ignore_merges) {
-    for (auto& [text, id] : text_to_id) bytes_to_id.emplace(id_to_bytes[id], id);
-  }
+  if (ignore_merges) text_to_id.for_each([&](std::string_view, int32_t id) { bytes_to_id.emplace(id_to_bytes[id], id); });
 
-  if (!model.contains("merges") || !model["merges"].is_array())
-    throw std::runtime_error(source + ": model.merges missing or not an array");
-  const json& list = model["merges"];
-  merges.reserve(list.size() * 2);
+  if (!reader.has_merges) throw std::runtime_error(source + ": model.merges missing or not an array");
+  merges.reserve(reader.merges.size());
+  std::string joined;
   int32_t rank = 0;
-  for (const json& m : list) {
-    std::string left, right;
-    if (m.is_string()) {
-      const std::string& s = m.get_ref<const std::string&>();
-      size_t space = s.find(' ');
-      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
-        throw std::runtime_error(source + ": merge " + std::to_string(rank) + " '" + s +
-                                 "' is not two tokens separated by one space");
-      left = s.substr(0, space);
-      right = s.substr(space + 1);
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      left = m[0].get<std::string>();
-      right = m[1].get<std::string>();
-    } else {
-      throw std::runtime_error(source + ": merge " + std::to_string(rank) + " is neither \"a b\" nor [a, b]");
-    }
-    auto l = text_to_id.find(left), r = text_to_id.find(right), merged = text_to_id.find(left + right);
-    if (l == text_to_id.end() || r == text_to_id.end() || merged == text_to_id.end())
+  for (const auto& [left, right] : reader.merges) {
+    joined.assign(left).append(right);
+    int32_t l = text_to_id.find(left), r = text_to_id.find(right), merged = text_to_id.find(joined);
+    if (l < 0 || r < 0 || merged < 0)
       throw std::runtime_error(source + ": merge " + std::to_string(rank) + " ('" + left + "', '" + right +
                                "') uses a token missing from the vocabulary");
-    merges.emplace(pair_key(l->second, r->second), Merge{rank, merged->second});
+    merges.insert(pair_key(l, r), rank, merged);
     ++rank;
   }
 }
@@ -513,8 +755,9 @@ void Tokenizer::Impl::bpe_uncached(std::string_view piece, std::vector<int32_t>&
     return;
   }
 
-  // Long words: symbols in a linked list, candidate merges in a min-heap by (rank, position);
-  // stale entries are skipped when popped.
+  // Long words: symbols in a linked list, candidate merges in a min-heap keyed by
+  // (rank << 32 | position), so ties go to the leftmost pair. A candidate is stale when the pair
+  // now at its position no longer has that rank; stale entries are skipped when popped.
   struct Symbol {
     int32_t id, prev, next;
     bool alive;
@@ -523,32 +766,40 @@ void Tokenizer::Impl::bpe_uncached(std::string_view piece, std::vector<int32_t>&
   for (size_t i = 0; i < n; ++i)
     symbols[i] = {byte_id[static_cast<uint8_t>(piece[i])], static_cast<int32_t>(i) - 1,
                   i + 1 < n ? static_cast<int32_t>(i + 1) : -1, true};
-  struct Candidate {
-    int32_t rank, pos, id;
-    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+  std::vector<uint64_t> heap;
+  heap.reserve(n * 2);
+  const auto later = std::greater<uint64_t>();
   auto consider = [&](int32_t pos) {
     if (pos < 0) return;
     int32_t next = symbols[pos].next;
     if (next < 0) return;
-    if (const Merge* m = find_merge(symbols[pos].id, symbols[next].id)) heap.push({m->rank, pos, m->id});
+    if (const Merge* m = find_merge(symbols[pos].id, symbols[next].id)) {
+      heap.push_back((static_cast<uint64_t>(m->rank) << 32) | static_cast<uint32_t>(pos));
+      std::push_heap(heap.begin(), heap.end(), later);
+    }
   };
-  for (size_t i = 0; i + 1 < n; ++i) consider(static_cast<int32_t>(i));
+  for (size_t i = 0; i + 1 < n; ++i) {
+    if (const Merge* m = find_merge(symbols[i].id, symbols[i + 1].id))
+      heap.push_back((static_cast<uint64_t>(m->rank) << 32) | static_cast<uint32_t>(i));
+  }
+  std::make_heap(heap.begin(), heap.end(), later);
   while (!heap.empty()) {
-    Candidate c = heap.top();
-    heap.pop();
-    Symbol& left = symbols[c.pos];
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const uint64_t top = heap.back();
+    heap.pop_back();
+    const int32_t pos = static_cast<int32_t>(top & 0xFFFFFFFFu);
+    const int32_t rank = static_cast<int32_t>(top >> 32);
+    Symbol& left = symbols[pos];
     if (!left.alive || left.next < 0) continue;
     Symbol& right = symbols[left.next];
     const Merge* m = find_merge(left.id, right.id);
-    if (!m || m->id != c.id) continue;
-    left.id = c.id;
+    if (!m || m->rank != rank) continue;
+    left.id = m->id;
     right.alive = false;
     left.next = right.next;
-    if (right.next >= 0) symbols[right.next].prev = c.pos;
+    if (right.next >= 0) symbols[right.next].prev = pos;
     consider(left.prev);
-    consider(c.pos);
+    consider(pos);
   }
   for (int32_t i = 0; i >= 0; i = symbols[i].next) out.push_back(symbols[i].id);
 }
@@ -556,87 +807,96 @@ void Tokenizer::Impl::bpe_uncached(std::string_view piece, std::vector<int32_t>&
 // Pre-tokenizes one stretch of text without added tokens and runs BPE on every piece.
 void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& out) const {
   if (text.empty()) return;
-  std::vector<std::unique_ptr<Matcher>> matchers;
-  matchers.reserve(steps.size());
-  for (const auto& step : steps) matchers.push_back(std::make_unique<Matcher>(*step.regex));
-  std::string prefixed;  // scratch for add_prefix_space
+  EncodeState state;
+  state.out = &out;
+  state.matchers.reserve(steps.size());
+  for (const auto& step : steps) state.matchers.push_back(std::make_unique<Matcher>(*step.regex));
+  state.segments.resize(steps.size());
+  pre_tokenize(state, text.data(), 0, 0, text.size());
+}
 
-  const char* base = text.data();
-  std::function<void(size_t, size_t, size_t)> run = [&](size_t level, size_t begin, size_t end) {
-    if (begin >= end) return;
-    if (level == steps.size()) {
-      std::string_view piece(base + begin, end - begin);
-      if (add_prefix_space && piece[0] != ' ') {
-        prefixed.assign(1, ' ');
-        prefixed.append(piece);
-        bpe(prefixed, out);
-      } else {
-        bpe(piece, out);
-      }
-      return;
+// Applies pre-tokenizer step `level` to text[begin, end) and recurses into each resulting piece;
+// past the last step, the piece goes to BPE.
+void Tokenizer::Impl::pre_tokenize(EncodeState& state, const char* base, size_t level, size_t begin,
+                                   size_t end) const {
+  if (begin >= end) return;
+  if (level == steps.size()) {
+    std::string_view piece(base + begin, end - begin);
+    if (add_prefix_space && piece[0] != ' ') {
+      state.prefixed.assign(1, ' ');
+      state.prefixed.append(piece);
+      bpe(state.prefixed, *state.out);
+    } else {
+      bpe(piece, *state.out);
     }
-    const PreTokenizerStep& step = steps[level];
-    Matcher& matcher = *matchers[level];
-    const char* subject = base + begin;
-    size_t len = end - begin;
-    // Segments (begin, end, is_match) relative to subject.
-    struct Segment {
-      size_t b, e;
-      bool match;
-    };
-    std::vector<Segment> segments;
+    return;
+  }
+  const PreTokenizerStep& step = steps[level];
+  Matcher& matcher = *state.matchers[level];
+  const char* subject = base + begin;
+  const size_t len = end - begin;
+
+  // Isolated splits (the common case) are streamed without collecting segments.
+  if (step.behavior == SplitBehavior::Isolated) {
     size_t prev = 0, pos = 0, mb = 0, me = 0;
     while (pos <= len && matcher.find(subject, len, pos, &mb, &me)) {
-      if (mb > prev) segments.push_back({prev, mb, step.invert});
-      if (me > mb) segments.push_back({mb, me, !step.invert});
+      if (mb > prev) pre_tokenize(state, base, level + 1, begin + prev, begin + mb);
+      if (me > mb) pre_tokenize(state, base, level + 1, begin + mb, begin + me);
       prev = me;
       pos = me > mb ? me : me + (me < len ? utf8_char_length(subject, me, len) : 1);
     }
-    if (prev < len) segments.push_back({prev, len, step.invert});
+    if (prev < len) pre_tokenize(state, base, level + 1, begin + prev, end);
+    return;
+  }
 
-    switch (step.behavior) {
-      case SplitBehavior::Isolated:
-        break;
-      case SplitBehavior::Removed:
-        segments.erase(std::remove_if(segments.begin(), segments.end(), [](const Segment& s) { return s.match; }),
-                       segments.end());
-        break;
-      case SplitBehavior::MergedWithPrevious: {
-        std::vector<Segment> merged;
-        bool previous_match = false;
-        for (const Segment& s : segments) {
-          if (s.match && !previous_match && !merged.empty()) merged.back().e = s.e;
-          else merged.push_back({s.b, s.e, false});
-          previous_match = s.match;
-        }
-        segments = std::move(merged);
-        break;
+  // Segments (begin, end, is_match) relative to subject, then the behavior's grouping.
+  std::vector<Segment>& segments = state.segments[level];
+  segments.clear();
+  size_t prev = 0, pos = 0, mb = 0, me = 0;
+  while (pos <= len && matcher.find(subject, len, pos, &mb, &me)) {
+    if (mb > prev) segments.push_back({prev, mb, step.invert});
+    if (me > mb) segments.push_back({mb, me, !step.invert});
+    prev = me;
+    pos = me > mb ? me : me + (me < len ? utf8_char_length(subject, me, len) : 1);
+  }
+  if (prev < len) segments.push_back({prev, len, step.invert});
+
+  std::vector<Segment> grouped;
+  switch (step.behavior) {
+    case SplitBehavior::Isolated:
+      grouped = segments;
+      break;
+    case SplitBehavior::Removed:
+      for (const Segment& seg : segments)
+        if (!seg.match) grouped.push_back(seg);
+      break;
+    case SplitBehavior::MergedWithPrevious: {
+      bool previous_match = false;
+      for (const Segment& seg : segments) {
+        if (seg.match && !previous_match && !grouped.empty()) grouped.back().e = seg.e;
+        else grouped.push_back({seg.b, seg.e, false});
+        previous_match = seg.match;
       }
-      case SplitBehavior::MergedWithNext: {
-        std::vector<Segment> merged;
-        bool previous_match = false;
-        for (auto it = segments.rbegin(); it != segments.rend(); ++it) {
-          if (it->match && !previous_match && !merged.empty()) merged.back().b = it->b;
-          else merged.push_back({it->b, it->e, false});
-          previous_match = it->match;
-        }
-        std::reverse(merged.begin(), merged.end());
-        segments = std::move(merged);
-        break;
-      }
-      case SplitBehavior::Contiguous: {
-        std::vector<Segment> merged;
-        for (const Segment& s : segments) {
-          if (!merged.empty() && merged.back().match == s.match) merged.back().e = s.e;
-          else merged.push_back(s);
-        }
-        segments = std::move(merged);
-        break;
-      }
+      break;
     }
-    for (const Segment& s : segments) run(level + 1, begin + s.b, begin + s.e);
-  };
-  run(0, 0, text.size());
+    case SplitBehavior::MergedWithNext: {
+      bool previous_match = false;
+      for (auto it = segments.rbegin(); it != segments.rend(); ++it) {
+        if (it->match && !previous_match && !grouped.empty()) grouped.back().b = it->b;
+        else grouped.push_back({it->b, it->e, false});
+        previous_match = it->match;
+      }
+      std::reverse(grouped.begin(), grouped.end());
+      break;
+    }
+    case SplitBehavior::Contiguous:
+      for (const Segment& seg : segments) {
+        if (!grouped.empty() && grouped.back().match == seg.match) grouped.back().e = seg.e;
+        else grouped.push_back(seg);
+      }
+      break;
+  }
+  for (const Segment& seg : grouped) pre_tokenize(state, base, level + 1, begin + seg.b, begin + seg.e);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -653,14 +913,16 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   bool exists = false;
   std::string text = read_file(path, &exists);
   if (!exists) throw std::runtime_error(path + ": cannot open file");
-  json root = parse_json_file(path, text);
+  TokenizerJsonReader reader(path);
+  json::sax_parse(text, &reader);
   text.clear();
   text.shrink_to_fit();
+  json& root = reader.root;
   if (!root.is_object()) throw std::runtime_error(path + ": top level is not a JSON object");
 
   try {
     if (!root.contains("model")) throw std::runtime_error(path + ": no 'model' section");
-    impl->load_model(root["model"]);
+    impl->load_model(root["model"], reader);
     impl->check_normalizer(root.value("normalizer", json()));
     impl->load_pre_tokenizer(root.value("pre_tokenizer", json()));
     impl->check_decoder(root.value("decoder", json()));
@@ -672,7 +934,7 @@ Tokenizer Tokenizer::load(const std::string& dir) {
                          t.value("lstrip", false), t.value("rstrip", false), t.value("single_word", false)};
         impl->set_token(token.id, token.content);
         impl->id_special[token.id] = token.special ? 1 : 0;
-        impl->text_to_id[token.content] = token.id;
+        impl->text_to_id.insert_or_assign(token.content, token.id);
         impl->added_tokens.push_back(std::move(token));
       }
     }
@@ -709,10 +971,9 @@ Tokenizer Tokenizer::load(const std::string& dir) {
     }
     auto resolve = [&](const std::string& name, const char* what) -> int32_t {
       if (name.empty()) return -1;
-      auto it = impl->text_to_id.find(name);
-      if (it == impl->text_to_id.end())
-        throw std::runtime_error(config_path + ": " + what + " '" + name + "' is not in the vocabulary");
-      return it->second;
+      int32_t id = impl->text_to_id.find(name);
+      if (id < 0) throw std::runtime_error(config_path + ": " + what + " '" + name + "' is not in the vocabulary");
+      return id;
     };
     impl->bos = resolve(impl->bos_text, "bos_token");
     impl->eos = resolve(impl->eos_text, "eos_token");
@@ -826,9 +1087,9 @@ const std::string& Tokenizer::bos_token() const { return impl_->bos_text; }
 const std::string& Tokenizer::eos_token() const { return impl_->eos_text; }
 
 std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {
-  auto it = impl_->text_to_id.find(token);
-  if (it == impl_->text_to_id.end()) return std::nullopt;
-  return it->second;
+  int32_t id = impl_->text_to_id.find(token);
+  if (id < 0) return std::nullopt;
+  return id;
 }
 
 std::string Tokenizer::token_text(int32_t id) const {
