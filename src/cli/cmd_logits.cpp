@@ -1,5 +1,7 @@
 // `mla logits`: the logits of a token sequence at every position, written as safetensors.
 // Other tools and checks call this; its options and output are a stable contract.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <sstream>
@@ -58,7 +60,7 @@ int run(int argc, char** argv) {
   opt.page_size = page_size;
   opt.kv_dtype = mla::parse_kv_dtype(kv_dtype);
   auto ids = parse_ids(ids_str);
-  auto model = mla::Model::load(model_dir);
+  auto model = mla::Model::load(model_dir, isatty(STDERR_FILENO));
   auto logits = mla::run_logits(*model, ids, opt);
   mla::write_safetensors(out, {{"logits", mla::tensor_f32({int64_t(ids.size()), model->config().vocab_size}, logits.data())}});
   return 0;

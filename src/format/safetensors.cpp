@@ -216,6 +216,23 @@ size_t Checkpoint::total_bytes() const {
   return n;
 }
 
+void Checkpoint::prefault(const std::function<void(size_t, size_t)>& progress) const {
+  size_t total = 0, done = 0;
+  for (auto& f : files_) total += f->mapping_size();
+  const size_t step = size_t(64) << 20;
+  volatile uint8_t sink = 0;
+  for (auto& f : files_) {
+    const uint8_t* p = f->mapping();
+    madvise(const_cast<uint8_t*>(p), f->mapping_size(), MADV_WILLNEED);
+    for (size_t off = 0; off < f->mapping_size(); off += 4096) {
+      sink = sink + p[off];
+      if ((done + off) % step == 0 && progress) progress(done + off, total);
+    }
+    done += f->mapping_size();
+  }
+  if (progress) progress(total, total);
+}
+
 void write_safetensors(const std::string& path, const std::map<std::string, TensorData>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   json hdr = json::object();

@@ -3,6 +3,7 @@
 // validated in full at open: a file that opens is safe to read anywhere its header says.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +35,8 @@ class SafetensorsFile {
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const uint8_t* mapping() const { return static_cast<const uint8_t*>(map_); }
+  size_t mapping_size() const { return map_size_; }
 
  private:
   std::string path_;
@@ -54,6 +57,9 @@ class Checkpoint {
   std::vector<std::string> names() const;
   const std::string& dir() const { return dir_; }
   size_t total_bytes() const;
+  // Reads every mapped page once so the first forward pass does not stall on the disk;
+  // progress(done, total) is called as it goes.
+  void prefault(const std::function<void(size_t done, size_t total)>& progress) const;
 
  private:
   std::string dir_;

@@ -14,10 +14,17 @@ namespace mla {
 
 using cpu::matmul;
 
-std::unique_ptr<Model> Model::load(const std::string& dir) {
+std::unique_ptr<Model> Model::load(const std::string& dir, bool show_progress) {
   std::unique_ptr<Model> m(new Model());
   m->cfg_ = ModelConfig::load(dir);
   m->ckpt_ = std::make_unique<Checkpoint>(dir);
+  if (show_progress) {
+    m->ckpt_->prefault([](size_t done, size_t total) {
+      std::fprintf(stderr, "\rloading weights: %5.1f%% of %.2f GB", total ? 100.0 * double(done) / double(total) : 100.0,
+                   double(total) / 1e9);
+      if (done == total) std::fprintf(stderr, "\n");
+    });
+  }
   m->w_ = load_weights(*m->ckpt_, m->cfg_);
   m->rope_ = std::make_unique<Rope>(m->cfg_);
   m->costs_ = MlaCosts::of(m->cfg_);

@@ -44,7 +44,9 @@ struct PathCounters {
 
 class Model {
  public:
-  static std::unique_ptr<Model> load(const std::string& dir);
+  // Loads a checkpoint folder. With show_progress, reads the weights in once up front and
+  // draws a progress line on standard error (for terminals; multi-gigabyte checkpoints).
+  static std::unique_ptr<Model> load(const std::string& dir, bool show_progress = false);
 
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
