@@ -1,0 +1,477 @@
+// The MLA arithmetic behind `mla analyze`: presets of the released configs, KV-cache sizes,
+// path FLOPs (through mla::MlaCosts, the formulas the path policy uses) and decode intensity.
+#include "engine/analyze.h"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <stdexcept>
+
+#include "kv/latent_pool.h"
+#include "model/path_policy.h"
+
+namespace mla {
+
+using nlohmann::json;
+
+namespace {
+
+// The presets are the released config.json files, written down with the fields that
+// ModelConfig::from_json reads (architecture sizes, routing, RoPE). Quantization configs are
+// left out: they do not change the attention arithmetic.
+struct Preset {
+  const char* name;
+  const char* source;
+  json config;
+};
+
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> all = {
+      {"deepseek-v3", "deepseek-ai/DeepSeek-V3 config.json (V3-0324 and R1 share it)",
+       json{{"model_type", "deepseek_v3"},
+            {"vocab_size", 129280},
+            {"hidden_size", 7168},
+            {"intermediate_size", 18432},
+            {"moe_intermediate_size", 2048},
+            {"num_hidden_layers", 61},
+            {"num_attention_heads", 128},
+            {"n_shared_experts", 1},
+            {"n_routed_experts", 256},
+            {"num_experts_per_tok", 8},
+            {"routed_scaling_factor", 2.5},
+            {"kv_lora_rank", 512},
+            {"q_lora_rank", 1536},
+            {"qk_rope_head_dim", 64},
+            {"qk_nope_head_dim", 128},
+            {"v_head_dim", 128},
+            {"topk_method", "noaux_tc"},
+            {"scoring_func", "sigmoid"},
+            {"n_group", 8},
+            {"topk_group", 4},
+            {"first_k_dense_replace", 3},
+            {"norm_topk_prob", true},
+            {"max_position_embeddings", 163840},
+            {"rope_theta", 10000},
+            {"rope_scaling",
+             {{"type", "yarn"},
+              {"factor", 40},
+              {"original_max_position_embeddings", 4096},
+              {"beta_fast", 32},
+              {"beta_slow", 1},
+              {"mscale", 1.0},
+              {"mscale_all_dim", 1.0}}}}},
+      {"deepseek-v2", "deepseek-ai/DeepSeek-V2 config.json (V2-Chat and V2.5 share the attention)",
+       json{{"model_type", "deepseek_v2"},
+            {"vocab_size", 102400},
+            {"hidden_size", 5120},
+            {"intermediate_size", 12288},
+            {"moe_intermediate_size", 1536},
+            {"num_hidden_layers", 60},
+            {"num_attention_heads", 128},
+            {"n_shared_experts", 2},
+            {"n_routed_experts", 160},
+            {"num_experts_per_tok", 6},
+            {"routed_scaling_factor", 16.0},
+            {"kv_lora_rank", 512},
+            {"q_lora_rank", 1536},
+            {"qk_rope_head_dim", 64},
+            {"qk_nope_head_dim", 128},
+            {"v_head_dim", 128},
+            {"topk_method", "group_limited_greedy"},
+            {"scoring_func", "softmax"},
+            {"n_group", 8},
+            {"topk_group", 3},
+            {"first_k_dense_replace", 1},
+            {"norm_topk_prob", false},
+            {"max_position_embeddings", 163840},
+            {"rope_theta", 10000},
+            {"rope_scaling",
+             {{"type", "yarn"},
+              {"factor", 40},
+              {"original_max_position_embeddings", 4096},
+              {"beta_fast", 32},
+              {"beta_slow", 1},
+              {"mscale", 0.707},
+              {"mscale_all_dim", 0.707}}}}},
+      {"deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite config.json (q_lora_rank null: plain q_proj)",
+       json{{"model_type", "deepseek_v2"},
+            {"vocab_size", 102400},
+            {"hidden_size", 2048},
+            {"intermediate_size", 10944},
+            {"moe_intermediate_size", 1408},
+            {"num_hidden_layers", 27},
+            {"num_attention_heads", 16},
+            {"n_shared_experts", 2},
+            {"n_routed_experts", 64},
+            {"num_experts_per_tok", 6},
+            {"routed_scaling_factor", 1.0},
+            {"kv_lora_rank", 512},
+            {"q_lora_rank", nullptr},
+            {"qk_rope_head_dim", 64},
+            {"qk_nope_head_dim", 128},
+            {"v_head_dim", 128},
+            {"topk_method", "greedy"},
+            {"scoring_func", "softmax"},
+            {"n_group", 1},
+            {"topk_group", 1},
+            {"first_k_dense_replace", 1},
+            {"norm_topk_prob", false},
+            {"max_position_embeddings", 163840},
+            {"rope_theta", 10000},
+            {"rope_scaling",
+             {{"type", "yarn"},
+              {"factor", 40},
+              {"original_max_position_embeddings", 4096},
+              {"beta_fast", 32},
+              {"beta_slow", 1},
+              {"mscale", 0.707},
+              {"mscale_all_dim", 0.707}}}}},
+      {"kimi-k2", "moonshotai/Kimi-K2-Instruct config.json (model_type kimi_k2, DeepSeek-V3 architecture, 64 heads)",
+       json{{"model_type", "kimi_k2"},
+            {"vocab_size", 163840},
+            {"hidden_size", 7168},
+            {"intermediate_size", 18432},
+            {"moe_intermediate_size", 2048},
+            {"num_hidden_layers", 61},
+            {"num_attention_heads", 64},
+            {"n_shared_experts", 1},
+            {"n_routed_experts", 384},
+            {"num_experts_per_tok", 8},
+            {"routed_scaling_factor", 2.827},
+            {"kv_lora_rank", 512},
+            {"q_lora_rank", 1536},
+            {"qk_rope_head_dim", 64},
+            {"qk_nope_head_dim", 128},
+            {"v_head_dim", 128},
+            {"topk_method", "noaux_tc"},
+            {"scoring_func", "sigmoid"},
+            {"n_group", 1},
+            {"topk_group", 1},
+            {"first_k_dense_replace", 1},
+            {"norm_topk_prob", true},
+            {"max_position_embeddings", 131072},
+            {"rope_theta", 50000},
+            {"rope_scaling",
+             {{"type", "yarn"},
+              {"factor", 32},
+              {"original_max_position_embeddings", 4096},
+              {"beta_fast", 1},
+              {"beta_slow", 1},
+              {"mscale", 1.0},
+              {"mscale_all_dim", 1.0}}}}},
+      // K2.5 wraps the K2 language model under text_config (model_type kimi_k25); its attention
+      // is K2's. The RoPE fields follow the 256K-context K2 releases; they do not enter the
+      // arithmetic here. The INT4 quantization_config of its experts is left out.
+      {"kimi-k2.5",
+       "moonshotai/Kimi-K2.5 config.json (model_type kimi_k25, the K2 language model under text_config)",
+       json{{"model_type", "kimi_k25"},
+            {"text_config",
+             {{"model_type", "kimi_k2"},
+              {"vocab_size", 163840},
+              {"hidden_size", 7168},
+              {"intermediate_size", 18432},
+              {"moe_intermediate_size", 2048},
+              {"num_hidden_layers", 61},
+              {"num_attention_heads", 64},
+              {"n_shared_experts", 1},
+              {"n_routed_experts", 384},
+              {"num_experts_per_tok", 8},
+              {"routed_scaling_factor", 2.827},
+              {"kv_lora_rank", 512},
+              {"q_lora_rank", 1536},
+              {"qk_rope_head_dim", 64},
+              {"qk_nope_head_dim", 128},
+              {"v_head_dim", 128},
+              {"topk_method", "noaux_tc"},
+              {"scoring_func", "sigmoid"},
+              {"n_group", 1},
+              {"topk_group", 1},
+              {"first_k_dense_replace", 1},
+              {"norm_topk_prob", true},
+              {"max_position_embeddings", 262144},
+              {"rope_theta", 50000},
+              {"rope_scaling",
+               {{"type", "yarn"},
+                {"factor", 64},
+                {"original_max_position_embeddings", 4096},
+                {"beta_fast", 1},
+                {"beta_slow", 1},
+                {"mscale", 1.0},
+                {"mscale_all_dim", 1.0}}}}}}},
+      // GLM-4.7-Flash: 20 heads whose q/k are 192 + 64 wide and v 256 wide (qk_nope != v).
+      {"glm-4.7-flash", "zai-org/GLM-4.7-Flash config.json (model_type glm4_moe_lite)",
+       json{{"model_type", "glm4_moe_lite"},
+            {"vocab_size", 154880},
+            {"hidden_size", 2048},
+            {"intermediate_size", 10240},
+            {"moe_intermediate_size", 1536},
+            {"num_hidden_layers", 47},
+            {"num_attention_heads", 20},
+            {"n_shared_experts", 1},
+            {"n_routed_experts", 64},
+            {"num_experts_per_tok", 4},
+            {"routed_scaling_factor", 1.8},
+            {"kv_lora_rank", 512},
+            {"q_lora_rank", 768},
+            {"qk_rope_head_dim", 64},
+            {"qk_nope_head_dim", 192},
+            {"v_head_dim", 256},
+            {"topk_method", "noaux_tc"},
+            {"scoring_func", "sigmoid"},
+            {"n_group", 1},
+            {"topk_group", 1},
+            {"first_k_dense_replace", 1},
+            {"norm_topk_prob", true},
+            {"rms_norm_eps", 1e-5},
+            {"max_position_embeddings", 202752},
+            {"rope_theta", 1000000}}},
+  };
+  return all;
+}
+
+const Preset& find_preset(const std::string& name) {
+  for (auto& p : presets())
+    if (name == p.name) return p;
+  std::string known;
+  for (auto& p : presets()) known += std::string(known.empty() ? "" : ", ") + p.name;
+  throw std::invalid_argument("unknown preset '" + name + "' (" + known + ")");
+}
+
+// All the figures, computed once for both the JSON and the report.
+struct Figures {
+  // kv, per layer in elements
+  int64_t latent, expanded, mha, gqa8, mqa;
+  // all layers, bytes per token
+  int64_t latent_bf16, latent_fp8, expanded_bf16;
+  MlaCosts costs;
+  // absorbed decode, FLOP per byte of the latent row
+  double intensity_bf16, intensity_fp8;
+};
+
+Figures figures(const ModelConfig& c) {
+  Figures f{};
+  const int64_t H = c.num_attention_heads, L = c.num_hidden_layers, d = c.qk_nope_head_dim;
+  f.latent = c.kv_lora_rank + c.qk_rope_head_dim;
+  f.expanded = H * (c.qk_nope_head_dim + c.qk_rope_head_dim) + H * c.v_head_dim;
+  // The DeepSeek-V2 paper's Table 1 counts keys and values of head size d_h = qk_nope_head_dim:
+  // MHA 2 n_h d_h, GQA 2 n_g d_h (8 groups here), MQA 2 d_h; MLA (d_c + d_h^R).
+  f.mha = 2 * H * d;
+  f.gqa8 = 2 * 8 * d;
+  f.mqa = 2 * d;
+  const int64_t bf16_row = LatentPool::row_bytes(c.kv_lora_rank, c.qk_rope_head_dim, KvDType::BF16);
+  const int64_t fp8_row = LatentPool::row_bytes(c.kv_lora_rank, c.qk_rope_head_dim, KvDType::FP8);
+  f.latent_bf16 = bf16_row * L;
+  f.latent_fp8 = fp8_row * L;
+  f.expanded_bf16 = f.expanded * 2 * L;
+  f.costs = MlaCosts::of(c);
+  // Absorbed decode reads each cached latent row once per step and every head uses it: per
+  // head kv_lora + rope multiply-adds for the score q~.c_KV + q_pe.k_pe and kv_lora for the
+  // weighted sum of c_KV, i.e. pair_absorb = 2H(2 kv_lora + rope) FLOP per cached token and
+  // layer, against one row of the cache in that format. DeepSeek-V3 in bf16:
+  // 2*128*(1024+64) = 278528 FLOP / (576*2) = 1152 bytes = 241.8 FLOP/byte, the ~242 quoted for
+  // MLA decode (about 1.9 H for bf16, whatever the sequence length). The W_UK / W_UV
+  // projections of the query and output are per new token and weight reads, not cache reads,
+  // so they are not in this figure. FP8 here is the pool's FlashMLA layout (512 e4m3 values,
+  // 4 float scales, bf16 k_pe = 656 bytes): 424.6 FLOP/byte; counting 1 byte per element
+  // (576 bytes, as some papers do) would give 483.6.
+  f.intensity_bf16 = f.costs.pair_absorb / double(bf16_row);
+  f.intensity_fp8 = f.costs.pair_absorb / double(fp8_row);
+  return f;
+}
+
+const char* bound(double intensity, double ridge) { return intensity < ridge ? "memory" : "compute"; }
+
+std::string num(double v, int prec = 1) {
+  char buf[64];
+  if (std::fabs(v) >= 1e15) std::snprintf(buf, sizeof buf, "%.3e", v);
+  else std::snprintf(buf, sizeof buf, "%.*f", prec, v);
+  // thousands separators on the integer part
+  std::string s = buf;
+  if (s.find('e') != std::string::npos) return s;
+  const size_t dot = s.find('.');
+  const size_t end = dot == std::string::npos ? s.size() : dot;
+  const size_t begin = s[0] == '-' ? 1 : 0;
+  std::string out = s.substr(0, begin);
+  for (size_t i = begin; i < end; ++i) {
+    out += s[i];
+    size_t left = end - i - 1;
+    if (left > 0 && left % 3 == 0) out += ',';
+  }
+  return out + s.substr(end);
+}
+
+std::string bytes_str(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, units[u]);
+  return buf;
+}
+
+}  // namespace
+
+const std::vector<std::string>& analyze_preset_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (auto& p : presets()) n.push_back(p.name);
+    return n;
+  }();
+  return names;
+}
+
+json analyze_preset_json(const std::string& name) { return find_preset(name).config; }
+
+ModelConfig analyze_preset(const std::string& name) {
+  const Preset& p = find_preset(name);
+  return ModelConfig::from_json(p.config, std::string("preset ") + p.name);
+}
+
+AnalyzeCase parse_analyze_case(const std::string& s) {
+  auto bad = [&](const std::string& why) {
+    throw std::invalid_argument("--case '" + s + "': " + why + " (expected T,S: T new tokens, S total tokens, 1 <= T <= S)");
+  };
+  size_t comma = s.find(',');
+  if (comma == std::string::npos) bad("no comma");
+  AnalyzeCase c;
+  auto parse = [&](const std::string& part, const char* what) -> int64_t {
+    try {
+      size_t used = 0;
+      long long v = std::stoll(part, &used);
+      if (used != part.size()) throw std::invalid_argument("");
+      return v;
+    } catch (const std::exception&) {
+      bad(std::string(what) + " '" + part + "' is not an integer");
+    }
+    return 0;
+  };
+  c.new_tokens = parse(s.substr(0, comma), "T");
+  c.total_tokens = parse(s.substr(comma + 1), "S");
+  if (c.new_tokens < 1) bad("T must be at least 1");
+  if (c.total_tokens < c.new_tokens) bad("S counts the new tokens, so S must be at least T");
+  return c;
+}
+
+json analyze_json(const ModelConfig& c, const std::vector<AnalyzeCase>& cases, const std::optional<Roofline>& roofline) {
+  const Figures f = figures(c);
+  json kv = {
+      {"latent_elems_per_layer", f.latent},
+      {"expanded_elems_per_layer", f.expanded},
+      {"mha_elems_per_layer", f.mha},
+      {"gqa8_elems_per_layer", f.gqa8},
+      {"mqa_elems_per_layer", f.mqa},
+      {"latent_bytes_per_token_bf16", f.latent_bf16},
+      {"latent_bytes_per_token_fp8", f.latent_fp8},
+      {"expanded_bytes_per_token_bf16", f.expanded_bf16},
+  };
+  json jc = json::array();
+  for (auto& k : cases) {
+    double T = double(k.new_tokens), S = double(k.total_tokens);
+    double e = f.costs.expand(T, S), a = f.costs.absorb(T, S);
+    jc.push_back({{"new_tokens", k.new_tokens},
+                  {"total_tokens", k.total_tokens},
+                  {"expand", e},
+                  {"absorb", a},
+                  {"cheaper", e < a ? "expand" : "absorb"}});
+  }
+  json flops = {
+      {"pair_expand", f.costs.pair_expand},
+      {"pair_absorb", f.costs.pair_absorb},
+      {"expand_per_cached_token", f.costs.expand_per_cached_token},
+      {"absorb_per_new_token", f.costs.absorb_per_new_token},
+      {"crossover_new_tokens", f.costs.crossover_new_tokens()},
+      {"cases", jc},
+  };
+  json di = {{"bf16", f.intensity_bf16}, {"fp8", f.intensity_fp8}};
+  if (roofline) {
+    double ridge = roofline->ridge();
+    di["ridge"] = ridge;
+    di["bf16_bound"] = bound(f.intensity_bf16, ridge);
+    di["fp8_bound"] = bound(f.intensity_fp8, ridge);
+  }
+  return {{"kv", kv}, {"flops", flops}, {"decode_intensity", di}};
+}
+
+std::string analyze_report(const ModelConfig& c, const std::string& name, const std::vector<AnalyzeCase>& cases,
+                           const std::optional<Roofline>& roofline) {
+  const Figures f = figures(c);
+  const int64_t H = c.num_attention_heads, L = c.num_hidden_layers;
+  std::ostringstream o;
+  char line[256];
+  o << "MLA arithmetic of " << name << " (model_type " << c.model_type << ")\n";
+  std::snprintf(line, sizeof line,
+                "  %lld layers, %lld heads, hidden %lld; kv_lora_rank %lld, q_lora_rank %lld, qk_nope %lld, "
+                "qk_rope %lld, v_head %lld\n",
+                (long long)L, (long long)H, (long long)c.hidden_size, (long long)c.kv_lora_rank,
+                (long long)c.q_lora_rank, (long long)c.qk_nope_head_dim, (long long)c.qk_rope_head_dim,
+                (long long)c.v_head_dim);
+  o << line << "  Per layer, one device, no tensor parallelism; FLOPs count 2 per multiply-add.\n\n";
+
+  o << "KV cache per token\n";
+  std::snprintf(line, sizeof line, "  %-34s %12s %10s\n", "form", "elems/layer", "vs latent");
+  o << line;
+  auto row = [&](const char* what, int64_t elems) {
+    std::snprintf(line, sizeof line, "  %-34s %12s %9.2fx\n", what, num(double(elems), 0).c_str(),
+                  double(elems) / double(f.latent));
+    o << line;
+  };
+  row("MLA latent (kv_lora + rope)", f.latent);
+  row("expanded K/V (MHA form of MLA)", f.expanded);
+  row("MHA, 2 H d (d = qk_nope)", f.mha);
+  row("GQA 8 groups, 2*8 d", f.gqa8);
+  row("MQA, 2 d", f.mqa);
+  std::snprintf(line, sizeof line, "  all %lld layers: latent %s (bf16), %s (fp8 + scales); expanded %s (bf16)\n",
+                (long long)L, bytes_str(double(f.latent_bf16)).c_str(), bytes_str(double(f.latent_fp8)).c_str(),
+                bytes_str(double(f.expanded_bf16)).c_str());
+  o << line;
+  std::snprintf(line, sizeof line, "  at 128K tokens: latent %s (bf16), %s (fp8); expanded %s (bf16)\n\n",
+                bytes_str(131072.0 * double(f.latent_bf16)).c_str(), bytes_str(131072.0 * double(f.latent_fp8)).c_str(),
+                bytes_str(131072.0 * double(f.expanded_bf16)).c_str());
+  o << line;
+
+  o << "FLOPs per layer\n";
+  std::snprintf(line, sizeof line, "  per (query, key) pair:   expand %s, absorb %s (%.2fx)\n",
+                num(f.costs.pair_expand, 0).c_str(), num(f.costs.pair_absorb, 0).c_str(),
+                f.costs.pair_absorb / f.costs.pair_expand);
+  o << line;
+  std::snprintf(line, sizeof line, "  expand, per cached token (kv_b_proj):        %s\n",
+                num(f.costs.expand_per_cached_token, 0).c_str());
+  o << line;
+  std::snprintf(line, sizeof line, "  absorb, per new token (W_UK and W_UV):       %s\n",
+                num(f.costs.absorb_per_new_token, 0).c_str());
+  o << line;
+  std::snprintf(line, sizeof line,
+                "  crossover: over a long cached prefix, expand is cheaper from %.1f new tokens on\n",
+                f.costs.crossover_new_tokens());
+  o << line;
+  if (cases.empty()) {
+    o << "  (give --case T,S for the FLOPs of a batch shape)\n";
+  } else {
+    std::snprintf(line, sizeof line, "  %10s %10s %14s %14s %9s  %s\n", "new T", "total S", "expand GFLOP",
+                  "absorb GFLOP", "abs/exp", "cheaper");
+    o << line;
+    for (auto& k : cases) {
+      double T = double(k.new_tokens), S = double(k.total_tokens);
+      double e = f.costs.expand(T, S), a = f.costs.absorb(T, S);
+      std::snprintf(line, sizeof line, "  %10lld %10lld %14.4f %14.4f %9.3f  %s\n", (long long)k.new_tokens,
+                    (long long)k.total_tokens, e / 1e9, a / 1e9, a / e, e < a ? "expand" : "absorb");
+      o << line;
+    }
+  }
+  o << "\nAbsorbed decode: FLOP per byte of latent cache read\n";
+  std::snprintf(line, sizeof line, "  bf16 latent: %.1f   fp8 latent: %.1f\n", f.intensity_bf16, f.intensity_fp8);
+  o << line;
+  if (roofline) {
+    double ridge = roofline->ridge();
+    std::snprintf(line, sizeof line,
+                  "  roofline: %.1f TFLOP/s / %.2f TB/s = ridge %.1f FLOP/byte; bf16 is %s-bound, fp8 is %s-bound\n",
+                  roofline->peak_tflops, roofline->bandwidth_tbs, ridge, bound(f.intensity_bf16, ridge),
+                  bound(f.intensity_fp8, ridge));
+    o << line;
+  } else {
+    o << "  (give --peak-tflops and --bandwidth-tbs to place these against a roofline)\n";
+  }
+  return o.str();
+}
+
+}  // namespace mla
