@@ -1,0 +1,164 @@
+// Tests of the expand-vs-absorb equivalence experiment (`mla verify`) on the DeepSeek-V3 tiny
+// fixture: the paths agree in float32, the cache bytes add up, the JSON has its fields.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "engine/verify.h"
+
+namespace {
+
+using nlohmann::json;
+
+const std::string kModel = std::string(MLA_SHARED_DIR) + "/fixtures/models/deepseek-v3-tiny";
+
+int run_mla(const std::string& args, std::string* out, bool with_stderr = true) {
+  std::string cmd = std::string(MLA_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  std::array<char, 4096> buf;
+  out->clear();
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out->append(buf.data(), n);
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+TEST(Verify, CompareOutputs) {
+  // |a - b| = {0, 0.5, 0, 2}: max 2, mean 2.5/4, two of four equal; p99 is the largest of 4.
+  std::vector<float> a{1, 2, 3, 4}, b{1, 2.5f, 3, 2};
+  auto s = mla::compare_outputs(a, b);
+  EXPECT_EQ(s.count, 4);
+  EXPECT_DOUBLE_EQ(s.max_abs, 2.0);
+  EXPECT_DOUBLE_EQ(s.mean_abs, 0.625);
+  EXPECT_DOUBLE_EQ(s.p99_abs, 2.0);
+  EXPECT_DOUBLE_EQ(s.frac_equal, 0.5);
+  // 200 values, errors 0.01 * i: p99 is the 198th smallest (ceil(0.99*200) = 198), 1.97.
+  std::vector<float> x(200, 0.0f), y(200);
+  for (int i = 0; i < 200; ++i) y[size_t(i)] = 0.01f * float(i);
+  EXPECT_NEAR(mla::compare_outputs(x, y).p99_abs, 1.97, 1e-6);
+  EXPECT_THROW(mla::compare_outputs(a, x), std::invalid_argument);
+}
+
+// One CPU thread for these runs: the tiny model's many small OpenMP regions make multi-threaded
+// runs slow when the cores are shared (busy CI or build machines), and the numerics under test
+// do not depend on the thread count. Restores the previous count on exit.
+struct OneThread {
+  int saved = mla::cpu::num_threads();
+  OneThread() { mla::cpu::set_num_threads(1); }
+  ~OneThread() { mla::cpu::set_num_threads(saved); }
+};
+
+TEST(Verify, PathsAgreeOnTinyDeepSeekV3) {
+  OneThread one;
+  auto model = mla::Model::load(kModel);
+  const auto& c = model->config();
+  mla::VerifyOptions opt;
+  opt.ids = {3, 17, 250, 9, 400, 77, 123, 5, 61, 300, 2, 44};
+  opt.decode_steps = 5;
+  opt.page_size = 4;  // several pages, the last one partly used
+  auto r = mla::verify_paths(*model, opt, "tiny");
+  ASSERT_EQ(r.modes.size(), 2u);
+  ASSERT_EQ(r.decoded.size(), 5u);
+  for (auto id : r.decoded) EXPECT_TRUE(id >= 0 && id < c.vocab_size);
+
+  const int64_t n = 12 + 5, L = c.num_hidden_layers, H = c.num_attention_heads;
+  for (auto& m : r.modes) {
+    SCOPED_TRACE(m.name);
+    EXPECT_EQ(m.rows, n);
+    EXPECT_EQ(m.logits.count, n * c.vocab_size);
+    ASSERT_EQ(int64_t(m.attn.size()), L);
+    for (auto& s : m.attn) EXPECT_EQ(s.count, n * c.hidden_size);
+    // 17 tokens in pages of 4: 5 pages. Latent row (64 + 16) values; expanded
+    // 8 * (32 + 16) + 8 * 32 = 640 values per token and layer.
+    const int64_t w = m.kv_dtype == mla::KvDType::F32 ? 4 : 2;
+    EXPECT_EQ(m.cache.active_tokens, n);
+    EXPECT_EQ(m.cache.pages_used, 5);
+    EXPECT_EQ(m.cache.bytes_per_token, 80 * w * L);
+    EXPECT_EQ(m.cache.bytes_per_page, 80 * w * L * 4);
+    EXPECT_EQ(m.cache.latent_active, n * 80 * w * L);
+    EXPECT_EQ(m.cache.latent_allocated, 20 * 80 * w * L);
+    EXPECT_EQ(m.cache.expanded_active, n * (H * 48 + H * 32) * w * L);
+    EXPECT_EQ(m.cache.expanded_allocated, 20 * 640 * w * L);
+  }
+  // float32 cache and compute: the two exact algorithms differ only by rounding.
+  const auto& f32 = r.modes[0];
+  EXPECT_EQ(f32.name, "f32");
+  EXPECT_LT(f32.logits.max_abs, 1e-4);
+  EXPECT_LE(f32.logits.mean_abs, f32.logits.p99_abs + 1e-12);
+  EXPECT_LE(f32.logits.p99_abs, f32.logits.max_abs);
+  for (auto& s : f32.attn) EXPECT_LT(s.max_abs, 1e-4);
+  EXPECT_EQ(f32.argmax_agree, f32.rows);
+  // The bf16 cache rounds the latents both paths read, so the paths still see the same keys and
+  // agree closely (bound: a few bf16 ulps of logits of magnitude ~5, for these fixed ids).
+  const auto& bf = r.modes[1];
+  EXPECT_EQ(bf.name, "bf16 cache");
+  EXPECT_LT(bf.logits.max_abs, 2e-2);
+  // Against the f32 cache the rounding shows, above the paths' own difference. Its max is not
+  // bounded here: a rounding can flip an MoE top-k choice and move one row's logits by O(1)
+  // (these ids do: one row moves by ~0.67, the others by < 1e-2), so the mean is bounded instead.
+  EXPECT_GT(bf.absorb_vs_f32.max_abs, f32.logits.max_abs);
+  EXPECT_LT(bf.absorb_vs_f32.mean_abs, 5e-2);
+}
+
+TEST(Verify, CliJson) {
+  std::string out;
+  ASSERT_EQ(run_mla("verify -m " + kModel + " --random 10 --seed 7 --decode 3 --page-size 8 --threads 1 --json", &out, false), 0)
+      << out;
+  json j = json::parse(out);
+  for (const char* k : {"model", "num_layers", "prompt", "decoded", "page_size", "modes"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["prompt"].size(), 10u);
+  EXPECT_EQ(j["decoded"].size(), 3u);
+  ASSERT_EQ(j["modes"].size(), 2u);
+  EXPECT_EQ(j["modes"][0]["name"], "f32");
+  EXPECT_EQ(j["modes"][0]["kv_dtype"], "f32");
+  EXPECT_EQ(j["modes"][1]["name"], "bf16 cache");
+  EXPECT_EQ(j["modes"][1]["kv_dtype"], "bf16");
+  for (auto& m : j["modes"]) {
+    for (const char* k : {"cache", "logits", "attn", "rows", "argmax_agree"}) EXPECT_TRUE(m.contains(k)) << k;
+    for (const char* k : {"active_tokens", "page_size", "pages_used", "bytes_per_token", "bytes_per_page",
+                          "latent_bytes_active", "latent_bytes_allocated", "expanded_bytes_active",
+                          "expanded_bytes_allocated"})
+      EXPECT_TRUE(m["cache"].contains(k)) << k;
+    EXPECT_EQ(m["cache"]["active_tokens"], 13);
+    EXPECT_EQ(m["cache"]["pages_used"], 2);
+    EXPECT_EQ(m["attn"].size(), j["num_layers"].get<size_t>());
+    for (const char* k : {"count", "max_abs", "mean_abs", "p99_abs", "frac_equal"})
+      EXPECT_TRUE(m["logits"].contains(k)) << k;
+  }
+  EXPECT_LT(j["modes"][0]["logits"]["max_abs"].get<double>(), 1e-4);
+  for (auto& s : j["modes"][0]["attn"]) EXPECT_LT(s["max_abs"].get<double>(), 1e-4);
+
+  // The readable table names both modes and the outputs.
+  ASSERT_EQ(run_mla("verify -m " + kModel + " --ids 5,6,7 --decode 1 --threads 1", &out), 0) << out;
+  EXPECT_NE(out.find("bf16 cache"), std::string::npos);
+  EXPECT_NE(out.find("attn layer 2"), std::string::npos);
+}
+
+TEST(Verify, CliRejectsBadOptions) {
+  std::string out;
+  const std::string m = "verify -m " + kModel;
+  const std::vector<std::string> bad = {
+      "verify",                           // no model
+      "verify -m /nonexistent",           // no checkpoint there
+      m + " --ids 1,x",                   // not an id
+      m + " --ids 1,2 --random 3",        // both prompts
+      m + " --ids 100000",                // outside the vocabulary (512)
+      m + " --random 0",                  // empty prompt
+      m + " --ids 1 --decode -1",         // negative steps
+      m + " --ids 1 --page-size 0",       // empty pages
+  };
+  for (const auto& args : bad) {
+    EXPECT_NE(run_mla(args, &out), 0) << args << "\n" << out;
+    EXPECT_FALSE(out.empty()) << args;
+  }
+}
+
+}  // namespace
