@@ -1,0 +1,233 @@
+// `mla run`: text in, text out. Streams the model's continuation of a prompt to stdout and
+// prints the throughput and the KV cache bytes per token to stderr.
+// `mla chat`: an interactive conversation through the model's chat template; lines from stdin
+// (a terminal or a pipe) until EOF or /exit. The cache is kept across turns: each turn feeds
+// only the tokens after what is already cached.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <random>
+
+#include "backend/cpu/ops.h"
+#include "cli/command.h"
+#include "engine/generation_config.h"
+#include "engine/generator.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+struct RunOptions {
+  std::string model_dir, prompt, system, kv_dtype = "bf16";
+  int64_t max_new_tokens = 256;
+  float temperature = 1.0f, top_p = 1.0f, min_p = 0.0f;
+  float repeat_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  int64_t top_k = 0;
+  uint64_t seed = 0;
+  std::vector<std::string> stop;
+  double kv_cache_gb = 0;
+  int threads = 0;
+  bool chat = false, ignore_eos = false, quiet = false;
+  // Options given on the command line (they override generation_config.json).
+  std::map<std::string, CLI::Option*> given;
+  bool was_given(const std::string& name) const { return given.at(name)->count() > 0; }
+};
+
+void add_options(CLI::App& app, RunOptions& o, bool chat_command) {
+  app.add_option("-m,--model", o.model_dir, "checkpoint folder (config.json, *.safetensors, tokenizer.json)")->required();
+  if (!chat_command) {
+    app.add_option("-p,--prompt", o.prompt, "the prompt text")->required();
+    app.add_flag("--chat", o.chat, "apply the model's chat template to the prompt, as one user message");
+  }
+  app.add_option("--system", o.system, "a system message (chat template)");
+  o.given["n"] = app.add_option("-n,--max-tokens", o.max_new_tokens,
+                                "most tokens to generate; -1: no limit (default: generation_config.json, else 256)");
+  o.given["temperature"] =
+      app.add_option("--temperature", o.temperature, "sampling temperature; 0: greedy (default: generation_config.json, else 1)");
+  o.given["top_k"] = app.add_option("--top-k", o.top_k, "keep the k most likely tokens; 0: off");
+  o.given["top_p"] = app.add_option("--top-p", o.top_p, "nucleus: keep the smallest set of mass >= p; 1: off");
+  o.given["min_p"] = app.add_option("--min-p", o.min_p, "keep tokens of probability >= min_p x the largest; 0: off");
+  o.given["repeat"] = app.add_option("--repeat-penalty", o.repeat_penalty,
+                                     "divide positive / multiply negative logits of prompt and output tokens; 1: off");
+  app.add_option("--presence-penalty", o.presence_penalty, "subtract from logits of tokens in the output; 0: off");
+  app.add_option("--frequency-penalty", o.frequency_penalty, "subtract per occurrence in the output; 0: off");
+  o.given["seed"] = app.add_option("--seed", o.seed, "RNG seed (default: random, printed at the end)");
+  app.add_option("--stop", o.stop, "stop string (repeatable); the output ends before it");
+  app.add_flag("--ignore-eos", o.ignore_eos, "do not stop at EOS tokens");
+  app.add_option("--kv-dtype", o.kv_dtype, "latent cache storage: bf16 | fp8 | f32");
+  app.add_option("--kv-cache-gb", o.kv_cache_gb, "KV cache budget in GB (default: the context length, at most 1 GiB)");
+  app.add_option("--threads", o.threads, "CPU threads (default: all)");
+  app.add_flag("-q,--quiet", o.quiet, "no statistics on stderr");
+}
+
+// Everything a run or a chat session needs, loaded from the model folder.
+struct Session {
+  std::unique_ptr<mla::Model> model;
+  std::unique_ptr<mla::Tokenizer> tokenizer;
+  std::unique_ptr<mla::Generator> generator;
+  mla::GenerateParams params;
+  std::string kv_dtype;
+};
+
+Session open_session(RunOptions& o) {
+  if (o.threads > 0) mla::cpu::set_num_threads(o.threads);
+  if (o.kv_cache_gb < 0) throw std::invalid_argument("--kv-cache-gb must not be negative");
+  Session s;
+  mla::GeneratorOptions go;
+  go.kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
+  go.kv_cache_bytes = o.kv_cache_gb * 1e9;
+  s.kv_dtype = o.kv_dtype;
+  s.model = mla::Model::load(o.model_dir);
+  s.tokenizer = std::make_unique<mla::Tokenizer>(mla::Tokenizer::load(o.model_dir));
+  auto gc = mla::GenerationConfig::load(o.model_dir, s.model->config());
+
+  mla::SamplingParams& sp = s.params.sampling;
+  sp = gc.apply(sp);  // the file's defaults, then the options given
+  if (o.was_given("temperature")) sp.temperature = o.temperature;
+  if (o.was_given("top_k")) sp.top_k = o.top_k;
+  if (o.was_given("top_p")) sp.top_p = o.top_p;
+  if (o.was_given("min_p")) sp.min_p = o.min_p;
+  if (o.was_given("repeat")) sp.repetition_penalty = o.repeat_penalty;
+  sp.presence_penalty = o.presence_penalty;
+  sp.frequency_penalty = o.frequency_penalty;
+  sp.seed = o.was_given("seed") ? o.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+  o.seed = sp.seed;
+  sp.validate();
+
+  s.params.max_new_tokens = o.was_given("n") ? o.max_new_tokens : gc.max_new_tokens.value_or(256);
+  s.params.stop = o.stop;
+  if (!o.ignore_eos) {
+    // config.json's and generation_config.json's EOS ids, and the tokenizer's EOS token (the
+    // token chat templates close a turn with), as llama.cpp also stops on it.
+    s.params.eos_token_ids = gc.eos_token_ids;
+    int64_t tok_eos = s.tokenizer->eos_id();
+    if (tok_eos >= 0 && !gc.is_eos(tok_eos)) s.params.eos_token_ids.push_back(tok_eos);
+  }
+  s.generator = std::make_unique<mla::Generator>(*s.model, *s.tokenizer, go);
+  return s;
+}
+
+nlohmann::json template_extra(const mla::Tokenizer& tok) {
+  return {{"bos_token", tok.bos_token()}, {"eos_token", tok.eos_token()}};
+}
+
+const std::string& require_template(const mla::Tokenizer& tok, const std::string& dir) {
+  if (tok.chat_template().empty())
+    throw std::runtime_error(dir + "/tokenizer_config.json has no chat_template: chat needs one");
+  return tok.chat_template();
+}
+
+void stream_to_stdout(std::string_view s) {
+  std::fwrite(s.data(), 1, s.size(), stdout);
+  std::fflush(stdout);
+}
+
+void print_stats(const Session& s, const mla::GenerationResult& r, uint64_t seed) {
+  std::fprintf(stderr, "\n\n");
+  std::fprintf(stderr, "prompt     %6lld tokens  %9.1f tokens/s", (long long)r.prompt_tokens, r.prompt_tokens_per_second());
+  if (r.reused_tokens) std::fprintf(stderr, "   (%lld more reused from the cache)", (long long)r.reused_tokens);
+  std::fprintf(stderr, "\ngenerated  %6zu tokens  %9.1f tokens/s   stopped by: %s\n", r.tokens.size(),
+               r.generated_tokens_per_second(), mla::stop_reason_name(r.reason));
+  const auto& c = s.model->config();
+  std::fprintf(stderr, "KV cache   %6lld bytes per token (%s latent: %lld layers x (%lld + %lld) values)   seed %llu\n",
+               (long long)s.generator->kv_bytes_per_token(), s.kv_dtype.c_str(), (long long)c.num_hidden_layers,
+               (long long)c.kv_lora_rank, (long long)c.qk_rope_head_dim, (unsigned long long)seed);
+}
+
+int run_cmd(int argc, char** argv) {
+  CLI::App app{"Generate text: stream the model's continuation of a prompt to stdout", "mla run"};
+  RunOptions o;
+  add_options(app, o, false);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  Session s = open_session(o);
+  std::vector<int32_t> ids;
+  if (o.chat) {
+    nlohmann::json messages = nlohmann::json::array();
+    if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
+    messages.push_back({{"role", "user"}, {"content", o.prompt}});
+    std::string text = mla::render_chat_template(require_template(*s.tokenizer, o.model_dir), messages, true,
+                                                 template_extra(*s.tokenizer));
+    ids = s.tokenizer->encode(text, false);  // the template writes the BOS itself
+  } else {
+    ids = s.tokenizer->encode(o.prompt, true);
+  }
+  auto r = s.generator->generate(ids, s.params, stream_to_stdout);
+  if (r.reason == mla::StopReason::KvCacheFull || r.reason == mla::StopReason::ContextLength) {
+    if (r.tokens.empty()) throw std::runtime_error(r.message);
+    std::fprintf(stderr, "\nmla run: %s\n", r.message.c_str());
+  }
+  if (!o.quiet) print_stats(s, r, o.seed);
+  return 0;
+}
+
+int chat_cmd(int argc, char** argv) {
+  CLI::App app{"Chat with the model through its chat template, reading user lines from stdin until EOF or /exit",
+               "mla chat"};
+  RunOptions o;
+  add_options(app, o, true);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  Session s = open_session(o);
+  const std::string& tmpl = require_template(*s.tokenizer, o.model_dir);
+  const bool interactive = ::isatty(STDIN_FILENO);
+  if (interactive)
+    std::fprintf(stderr, "chat with %s: one line per message; /reset starts over, /exit or Ctrl-D ends\n",
+                 o.model_dir.c_str());
+  auto start = [&]() {
+    nlohmann::json m = nlohmann::json::array();
+    if (!o.system.empty()) m.push_back({{"role", "system"}, {"content", o.system}});
+    return m;
+  };
+  nlohmann::json messages = start();
+  std::string line;
+  uint64_t turn = 0;
+  while (true) {
+    if (interactive) std::fprintf(stderr, "> ");
+    if (!std::getline(std::cin, line)) break;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line == "/exit") break;
+    if (line == "/reset") {
+      messages = start();
+      s.generator->clear();
+      continue;
+    }
+    if (line.empty()) continue;
+    messages.push_back({{"role", "user"}, {"content", line}});
+    std::string text = mla::render_chat_template(tmpl, messages, true, template_extra(*s.tokenizer));
+    auto ids = s.tokenizer->encode(text, false);
+    s.params.sampling.seed = o.seed + turn++;  // reproducible, and not the same draws every turn
+    // The generator feeds only the tokens after the longest prefix it already holds.
+    auto r = s.generator->generate(ids, s.params, stream_to_stdout);
+    stream_to_stdout("\n");
+    if (r.reason == mla::StopReason::KvCacheFull || r.reason == mla::StopReason::ContextLength)
+      std::fprintf(stderr, "mla chat: %s; /reset starts a new conversation\n", r.message.c_str());
+    if (!o.quiet)
+      std::fprintf(stderr, "[prompt %lld new + %lld cached tokens, %.1f tokens/s | %zu generated, %.1f tokens/s | %s]\n",
+                   (long long)r.prompt_tokens, (long long)r.reused_tokens, r.prompt_tokens_per_second(),
+                   r.tokens.size(), r.generated_tokens_per_second(), mla::stop_reason_name(r.reason));
+    if (r.tokens.empty() && r.reason != mla::StopReason::Eos) {
+      messages.erase(messages.size() - 1);  // the turn did not happen
+      continue;
+    }
+    messages.push_back({{"role", "assistant"}, {"content", r.text}});
+  }
+  if (!o.quiet)
+    std::fprintf(stderr, "KV cache: %lld bytes per token (%s latent), %zu tokens cached   seed %llu\n",
+                 (long long)s.generator->kv_bytes_per_token(), s.kv_dtype.c_str(), s.generator->tokens().size(),
+                 (unsigned long long)o.seed);
+  return 0;
+}
+
+mla::cli::Command reg_run("run", "generate text from a prompt, streamed to stdout", run_cmd);
+mla::cli::Command reg_chat("chat", "chat through the model's chat template (stdin lines)", chat_cmd);
+
+}  // namespace
