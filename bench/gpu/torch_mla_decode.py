@@ -68,7 +68,7 @@ def make_inputs(batch, s_q, h_q, mean, varlen, fp8, gen):
 
 def torch_absorbed(q, cache, table, lengths_dev, max_len, scale):
     batch, s_q, h_q, _ = q.shape
-    keys = cache[table].view(batch, -1, DIM)[:, :max_len]          # gather the pages: [b, L, 576]
+    keys = cache[table.long()].view(batch, -1, DIM)[:, :max_len]   # gather the pages: [b, L, 576]
     scores = torch.bmm(q.view(batch, s_q * h_q, DIM), keys.transpose(1, 2)).float() * scale
     pos = torch.arange(max_len, device=q.device)
     row_i = torch.arange(s_q * h_q, device=q.device) // h_q
