@@ -12,6 +12,7 @@
 
 #include "backend/cpu/ops.h"
 #include "cli/command.h"
+#include "engine/analyze.h"
 #include "engine/generator.h"
 #include "engine/run_modes.h"
 #include "model/checkpoint_writer.h"
@@ -155,6 +156,18 @@ int demo(int argc, char** argv) {
               double(expanded) / double(latent_bf16));
   std::printf("  latent, fp8          %8s bytes   e4m3 c_kv + scales + bf16 k_pe   %5.1fx smaller\n",
               with_commas(latent_fp8).c_str(), double(expanded) / double(latent_fp8));
+  {
+    // The same arithmetic at the released DeepSeek-V3's shape, where the saving is the point.
+    const mla::ModelConfig v3 = mla::analyze_preset("deepseek-v3");
+    const int64_t v3_expanded = v3.num_attention_heads * (v3.qk_head_dim() + v3.v_head_dim) * 2 * v3.num_hidden_layers;
+    const int64_t v3_latent =
+        mla::LatentPool::row_bytes(v3.kv_lora_rank, v3.qk_rope_head_dim, mla::KvDType::BF16) * v3.num_hidden_layers;
+    std::printf("  DeepSeek-V3 itself (%lld layers, %lld heads, %lld + %lld latent): %s bytes latent (bf16) vs %s "
+                "expanded, %.1fx\n",
+                (long long)v3.num_hidden_layers, (long long)v3.num_attention_heads, (long long)v3.kv_lora_rank,
+                (long long)v3.qk_rope_head_dim, with_commas(v3_latent).c_str(), with_commas(v3_expanded).c_str(),
+                double(v3_expanded) / double(v3_latent));
+  }
 
   // 4. The two exact attention algorithms over the same latents (f32 cache, prefill of the prompt).
   mla::RunOptions ro;
@@ -174,7 +187,7 @@ int demo(int argc, char** argv) {
               (long long)c.vocab_size, max_diff, max_abs);
 
   // 5. Throughput of the run above.
-  std::printf("\nthroughput (%d threads):\n", mla::cpu::num_threads());
+  std::printf("\nthroughput (CPU threads: %d):\n", mla::cpu::num_threads());
   std::printf("  prompt     %4lld tokens  %8.1f tokens/s  (one pass, path chosen by shape)\n",
               (long long)r.prompt_tokens, r.prompt_tokens_per_second());
   std::printf("  generated  %4zu tokens  %8.1f tokens/s  (one pass per token on the latent cache)   stopped by: %s\n",

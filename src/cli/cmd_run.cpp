@@ -79,7 +79,7 @@ Session open_session(RunOptions& o) {
   go.kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
   go.kv_cache_bytes = o.kv_cache_gb * 1e9;
   s.kv_dtype = o.kv_dtype;
-  s.model = mla::Model::load(o.model_dir);
+  s.model = mla::Model::load(o.model_dir, ::isatty(STDERR_FILENO) && !o.quiet);  // progress on a terminal
   s.tokenizer = std::make_unique<mla::Tokenizer>(mla::Tokenizer::load(o.model_dir));
   auto gc = mla::GenerationConfig::load(o.model_dir, s.model->config());
 

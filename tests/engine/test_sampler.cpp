@@ -120,7 +120,9 @@ TEST(Sampler, TopKStaysInSet) {
     std::set<size_t> drawn;
     for (size_t i = 0; i < counts.size(); ++i) {
       if (counts[i]) drawn.insert(i);
-      if (!allowed.count(i)) EXPECT_EQ(counts[i], 0) << "top_k " << k << " drew token " << i;
+      if (!allowed.count(i)) {
+        EXPECT_EQ(counts[i], 0) << "top_k " << k << " drew token " << i;
+      }
     }
     EXPECT_EQ(drawn, allowed) << "every token of the top-k set is drawn";
     // Rates: softmax renormalised over the set.
@@ -153,11 +155,40 @@ TEST(Sampler, TopPStaysInNucleus) {
     for (size_t i : c.nucleus) mass += probs[i];
     std::vector<double> expected(probs.size(), 0.0);
     for (size_t i : c.nucleus) expected[i] = probs[i] / mass;
-    for (size_t i = 0; i < probs.size(); ++i)
-      if (!c.nucleus.count(i)) EXPECT_EQ(counts[i], 0) << "top_p " << c.top_p << " drew token " << i;
+    for (size_t i = 0; i < probs.size(); ++i) {
+      if (!c.nucleus.count(i)) {
+        EXPECT_EQ(counts[i], 0) << "top_p " << c.top_p << " drew token " << i;
+      }
+    }
     expect_rates(counts, expected, n);
     auto pr = s.probabilities(z);
     for (size_t i = 0; i < probs.size(); ++i) EXPECT_NEAR(pr[i], expected[i], 1e-6);
+  }
+}
+
+TEST(Sampler, TopPOnALargeVocabularyEqualsTheSortedDefinition) {
+  // Vocabularies over 1024 take a bucketed shortcut; the kept set must be the same.
+  for (uint64_t seed : {1, 2, 3}) {
+    for (float scale : {0.5f, 2.0f, 6.0f}) {
+      auto z = random_logits(20000, seed, scale);
+      for (float top_p : {0.1f, 0.5f, 0.9f, 0.99f}) {
+        SamplingParams p;
+        p.top_p = top_p;
+        auto pr = Sampler(p).probabilities(z);
+        // Reference: softmax, sort descending, keep while the mass before is below top_p.
+        std::vector<size_t> order(z.size());
+        std::iota(order.begin(), order.end(), 0);
+        std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return z[a] > z[b]; });
+        double sum = 0;
+        for (float v : z) sum += std::exp(double(v - z[order[0]]));
+        double mass = 0;
+        size_t keep = 0;
+        while (keep < order.size() && mass < top_p) mass += std::exp(double(z[order[keep++]] - z[order[0]])) / sum;
+        size_t kept = size_t(std::count_if(pr.begin(), pr.end(), [](float v) { return v > 0; }));
+        EXPECT_EQ(kept, keep) << "seed " << seed << " scale " << scale << " top_p " << top_p;
+        for (size_t i = 0; i < keep; ++i) EXPECT_GT(pr[order[i]], 0.0f);
+      }
+    }
   }
 }
 
