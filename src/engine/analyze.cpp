@@ -269,11 +269,13 @@ Figures figures(const ModelConfig& c) {
   // weighted sum of c_KV, i.e. pair_absorb = 2H(2 kv_lora + rope) FLOP per cached token and
   // layer, against one row of the cache in that format. DeepSeek-V3 in bf16:
   // 2*128*(1024+64) = 278528 FLOP / (576*2) = 1152 bytes = 241.8 FLOP/byte, the ~242 quoted for
-  // MLA decode (about 1.9 H for bf16, whatever the sequence length). The W_UK / W_UV
-  // projections of the query and output are per new token and weight reads, not cache reads,
-  // so they are not in this figure. FP8 here is the pool's FlashMLA layout (512 e4m3 values,
-  // 4 float scales, bf16 k_pe = 656 bytes): 424.6 FLOP/byte; counting 1 byte per element
-  // (576 bytes, as some papers do) would give 483.6.
+  // MLA decode: H (2 kv_lora + rope) / (kv_lora + rope) = 1.89 H for a bf16 cache, whatever the
+  // sequence length, so 128 heads sit near an H800's ridge (~990 TFLOP/s / 3.35 TB/s = 295)
+  // where MHA decode is 1 and GQA H / groups (e.g. 64 / 8 = 8) in bf16. Analyses that also charge the query's bytes at batch 1 land a
+  // little lower (~230). The W_UK / W_UV projections are per new token and read weights, not
+  // the cache, so they are not in this figure. FP8 here is the pool's FlashMLA layout (512
+  // e4m3 values, 4 float scales, bf16 k_pe = 656 bytes): 424.6 FLOP/byte; counting 1 byte per
+  // element (576 bytes, as some papers do) would give 483.6.
   f.intensity_bf16 = f.costs.pair_absorb / double(bf16_row);
   f.intensity_fp8 = f.costs.pair_absorb / double(fp8_row);
   return f;
