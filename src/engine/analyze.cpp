@@ -271,8 +271,8 @@ Figures figures(const ModelConfig& c) {
   // 2*128*(1024+64) = 278528 FLOP / (576*2) = 1152 bytes = 241.8 FLOP/byte, the ~242 quoted for
   // MLA decode: H (2 kv_lora + rope) / (kv_lora + rope) = 1.89 H for a bf16 cache, whatever the
   // sequence length, so 128 heads sit near an H800's ridge (~990 TFLOP/s / 3.35 TB/s = 295)
-  // where MHA decode is 1 and GQA H / groups (e.g. 64 / 8 = 8) in bf16. Analyses that also charge the query's bytes at batch 1 land a
-  // little lower (~230). The W_UK / W_UV projections are per new token and read weights, not
+  // where MHA decode is 1 and GQA H / groups (e.g. 64 / 8 = 8) in bf16. Analyses that also
+  // charge the query's bytes at batch 1 land a little lower (~230). The W_UK / W_UV projections are per new token and read weights, not
   // the cache, so they are not in this figure. FP8 here is the pool's FlashMLA layout (512
   // e4m3 values, 4 float scales, bf16 k_pe = 656 bytes): 424.6 FLOP/byte; counting 1 byte per
   // element (576 bytes, as some papers do) would give 483.6.
