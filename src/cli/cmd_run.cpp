@@ -8,6 +8,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <random>
 
 #include "backend/cpu/ops.h"

@@ -50,8 +50,11 @@ struct GenerationResult {
   int64_t prompt_tokens = 0;     // prompt tokens fed (after the reused cached prefix)
   int64_t reused_tokens = 0;     // prompt tokens found in the cache
   double prompt_seconds = 0;     // the prompt's forward pass
-  int64_t decode_steps = 0;      // forward passes of one generated token each
-  double decode_seconds = 0;     // from the end of the prompt pass to the end
+  // The first token comes from the prompt pass; each later one costs one forward pass of one
+  // token. Generated tokens/s = those passes / the time from the end of the prompt pass to the
+  // end (forward passes, sampling and detokenising together).
+  int64_t decode_steps = 0;
+  double decode_seconds = 0;
   double prompt_tokens_per_second() const { return prompt_seconds > 0 ? prompt_tokens / prompt_seconds : 0; }
   double generated_tokens_per_second() const { return decode_seconds > 0 ? decode_steps / decode_seconds : 0; }
 };

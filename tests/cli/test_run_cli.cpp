@@ -12,6 +12,7 @@
 #include <fstream>
 #include <regex>
 
+#include "backend/cpu/ops.h"
 #include "engine/generation_config.h"
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
@@ -49,6 +50,10 @@ std::string read_file(const fs::path& p) {
 class RunCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    // One thread: these tiny models gain nothing from two, and a busy machine makes OpenMP's
+    // waiting threads slow; restored afterwards for the other suites.
+    saved_threads_ = mla::cpu::num_threads();
+    mla::cpu::set_num_threads(1);
     dir_ = new fs::path(fs::temp_directory_path() / ("mla_run_cli_" + std::to_string(::getpid())));
     fs::remove_all(*dir_);
     fs::create_directories(*dir_ / "model");
@@ -59,6 +64,7 @@ class RunCli : public ::testing::Test {
   static void TearDownTestSuite() {
     fs::remove_all(*dir_);
     delete dir_;
+    mla::cpu::set_num_threads(saved_threads_);
   }
   static std::string model() { return (*dir_ / "model").string(); }
   static std::string mla(const std::string& args) {
@@ -90,6 +96,7 @@ class RunCli : public ::testing::Test {
   }
 
   static inline fs::path* dir_ = nullptr;
+  static inline int saved_threads_ = 0;
 };
 
 TEST_F(RunCli, GreedyIsDeterministicAndMatchesTheLibrary) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backend/cpu/ops.h"
 #include "engine/generation_config.h"
 #include "engine/generator.h"
 #include "engine/run_modes.h"
@@ -125,6 +126,10 @@ TEST(StopStrings, EarliestOfSeveral) {
 class GeneratorTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    // One thread: these tiny models gain nothing from two, and a busy machine makes OpenMP's
+    // waiting threads slow; restored afterwards for the other suites.
+    saved_threads_ = mla::cpu::num_threads();
+    mla::cpu::set_num_threads(1);
     dir_ = new fs::path(temp_dir("model"));
     fs::copy_file(kFixture + "/config.json", *dir_ / "config.json");
     fs::copy_file(kFixture + "/model.safetensors", *dir_ / "model.safetensors");
@@ -134,6 +139,7 @@ class GeneratorTest : public ::testing::Test {
   }
   static void TearDownTestSuite() {
     delete tok_;
+    mla::cpu::set_num_threads(saved_threads_);
     delete model_;
     fs::remove_all(*dir_);
     delete dir_;
@@ -159,6 +165,7 @@ class GeneratorTest : public ::testing::Test {
     return out;
   }
   static inline fs::path* dir_ = nullptr;
+  static inline int saved_threads_ = 0;
   static inline mla::Model* model_ = nullptr;
   static inline mla::Tokenizer* tok_ = nullptr;
 };
