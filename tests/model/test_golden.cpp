@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 
+#include "backend/cpu/ops.h"
 #include "engine/run_modes.h"
 #include "test_util.h"
 
@@ -80,6 +81,30 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Golden, ::testing::ValuesIn(test::model_fixtu
                              if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return s;
                          });
+
+}  // namespace
+}  // namespace mla
+
+namespace mla {
+namespace {
+
+// The kernels split rows across threads: two threads give the golden logits too (ctest runs
+// each test on one thread, so this test sets its own count).
+TEST(MultiThread, TwoThreadsReproduceTheGolden) {
+  int before = cpu::num_threads();
+  cpu::set_num_threads(2);
+  auto& l = load("deepseek-v3-fp8-tiny");
+  auto ids = test::read_ids(*l.golden->find("seq3_ids"));
+  auto want = test::read_f32(*l.golden->find("seq3_logits"));
+  for (const char* mode : {"prefill", "decode", "extend:40"})
+    for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
+      RunOptions opt;
+      opt.mode = RunMode::parse(mode);
+      opt.path = path;
+      EXPECT_LE(test::max_abs_diff(run_logits(*l.model, ids, opt), want), kLogitTol) << mode;
+    }
+  cpu::set_num_threads(before);
+}
 
 }  // namespace
 }  // namespace mla
