@@ -982,6 +982,21 @@ Tokenizer Tokenizer::load(const std::string& dir) {
     if (impl->add_eos && impl->eos < 0)
       throw std::runtime_error(config_path + ": add_eos_token is true but there is no eos_token");
   }
+  // Newer checkpoints keep the template beside the config: chat_template.jinja or chat_template.json.
+  if (impl->chat_template.empty()) {
+    std::string jinja = read_file(dir + "/chat_template.jinja", &exists);
+    if (exists) {
+      impl->chat_template = std::move(jinja);
+    } else {
+      std::string json_path = dir + "/chat_template.json";
+      std::string json_text = read_file(json_path, &exists);
+      if (exists) {
+        json t = parse_json_file(json_path, json_text);
+        if (t.is_object() && t.contains("chat_template") && t["chat_template"].is_string())
+          impl->chat_template = t["chat_template"].get<std::string>();
+      }
+    }
+  }
   return Tokenizer(std::move(impl));
 }
 

@@ -61,7 +61,8 @@ class Tokenizer {
   std::string token_text(int32_t id) const;
   size_t vocab_size() const;  // largest id + 1
 
-  const std::string& chat_template() const;  // empty if tokenizer_config.json has none
+  // From tokenizer_config.json, else chat_template.jinja or chat_template.json; empty if none.
+  const std::string& chat_template() const;
 
   struct Impl;
 

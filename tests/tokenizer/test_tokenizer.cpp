@@ -290,6 +290,16 @@ TEST(TokenizerWriter, WritesLoadableByteLevelTokenizerThatRoundTrips) {
     }
   }
   EXPECT_THROW(mla::Tokenizer::write_byte_level_tokenizer(dir.string(), 100), std::invalid_argument);
+
+  // Without a chat_template in tokenizer_config.json, chat_template.jinja beside it is used.
+  mla::Tokenizer::write_byte_level_tokenizer(dir.string(), 300);
+  json config;
+  std::ifstream(dir / "tokenizer_config.json") >> config;
+  config.erase("chat_template");
+  std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  EXPECT_EQ(mla::Tokenizer::load(dir.string()).chat_template(), "");
+  std::ofstream(dir / "chat_template.jinja") << "{{ bos_token }}";
+  EXPECT_EQ(mla::Tokenizer::load(dir.string()).chat_template(), "{{ bos_token }}");
   fs::remove_all(dir);
 }
 
