@@ -8,10 +8,15 @@
 // crossover_new_tokens (mla::MlaCosts).
 //
 //   bench/attention_paths [--quick] [--threads N] [--min-time SECONDS]
+//
+// On cores shared with other work, OpenMP's spinning barriers make the multi-threaded absorb
+// path (2H small matmuls per layer, each a parallel region) collapse; run with --threads 1 or
+// OMP_WAIT_POLICY=PASSIVE there. The header line prints the load average and the wait policy.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -241,10 +246,11 @@ int main(int argc, char** argv) {
   mla::LatentPool pool(1, cfg.kv_lora_rank, cfg.qk_rope_head_dim, (max_tokens + 63) / 64, 64, mla::KvDType::BF16);
 
   std::printf("MLA attention paths on the CPU: one DeepSeek-V2-Lite attention layer (H %lld, kv_lora %lld, rope %lld, "
-              "nope %lld, v %lld, hidden %lld), bf16 weights, bf16 latent pool, %d threads, load average %.2f\n",
+              "nope %lld, v %lld, hidden %lld), bf16 weights, bf16 latent pool, %d threads, load average %.2f, OMP_WAIT_POLICY %s\n",
               (long long)cfg.num_attention_heads, (long long)cfg.kv_lora_rank, (long long)cfg.qk_rope_head_dim,
               (long long)cfg.qk_nope_head_dim, (long long)cfg.v_head_dim, (long long)cfg.hidden_size,
-              mla::cpu::num_threads(), load_average());
+              mla::cpu::num_threads(), load_average(),
+              std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)");
   std::printf("tokens/s = new tokens / time of the whole layer (projections, pool, attention, o_proj); the ratios "
               "compare the attention part alone (gather + path), which is all that differs. chunked runs the cached "
               "prefix %lld tokens at a time.\n",
