@@ -1,5 +1,9 @@
 #include "backend/cpu/ops.h"
 
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/gemv.h"
+#include "backend/cpu/precision.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -36,38 +40,21 @@ constexpr int64_t kBlockRows = 64;
 // Below this many tokens the weight rows are streamed once and dotted with every token.
 constexpr int64_t kGemvMaxTokens = 4;
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  int64_t k = 0;
-  for (; k + 4 <= n; k += 4) {
-    s0 += a[k] * b[k];
-    s1 += a[k + 1] * b[k + 1];
-    s2 += a[k + 2] * b[k + 2];
-    s3 += a[k + 3] * b[k + 3];
-  }
-  for (; k < n; ++k) s0 += a[k] * b[k];
-  return (s0 + s1) + (s2 + s3);
-}
-
 }  // namespace
 
 void matmul(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
   const int64_t N = W.rows, K = W.cols;
   if (T <= 0 || N <= 0) return;
-  if (W.format == WeightFormat::F32 && T > kGemvMaxTokens) {
-    sgemm(false, true, T, N, K, 1.0f, x, ldx, static_cast<const float*>(W.data), K, 0.0f, y, ldy);
+  if (T <= kGemvMaxTokens) {
+    gemv(x, T, ldx, W, y, ldy);
     return;
   }
-  if (T <= kGemvMaxTokens) {
-#pragma omp parallel
-    {
-      std::vector<float> row(static_cast<size_t>(K));
-#pragma omp for schedule(static)
-      for (int64_t n = 0; n < N; ++n) {
-        W.dequant_row(n, row.data());
-        for (int64_t t = 0; t < T; ++t) y[t * ldy + n] = dot(x + t * ldx, row.data(), K);
-      }
-    }
+  if (precision() == Precision::Fast && (W.format != WeightFormat::INT4_GROUP || W.group_size % 32 == 0)) {
+    matmul_bf16(x, T, ldx, W, y, ldy);
+    return;
+  }
+  if (W.format == WeightFormat::F32) {
+    sgemm(false, true, T, N, K, 1.0f, x, ldx, static_cast<const float*>(W.data), K, 0.0f, y, ldy);
     return;
   }
   const int64_t nblocks = (N + kBlockRows - 1) / kBlockRows;

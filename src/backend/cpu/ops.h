@@ -8,7 +8,9 @@
 namespace mla::cpu {
 
 // y[t, :] = W x[t, :] for t < T.  x: [T, W.cols] with row stride ldx; y: [T, W.rows], stride ldy.
-// Small T streams each weight row once (GEMV); larger T dequantizes row blocks and runs GEMM.
+// Small T (decode) streams each weight row once through the fused AVX-512 kernels of gemv.h.
+// Larger T: in Precision::Fast (precision.h) a bf16 AMX GEMM (gemm.h); in Precision::Precise
+// row blocks dequantized to float32 and an sgemm.
 void matmul(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy);
 inline void matmul(const float* x, int64_t T, const MatrixView& W, float* y) { matmul(x, T, W.cols, W, y, W.rows); }
 

@@ -1,0 +1,188 @@
+// Throughput of cpu::matmul on decode- and prompt-sized products, per weight format, against the
+// limits measured in the same run: the AVX-512 read loop's bandwidth (for few tokens, where the
+// weights are read once per product) and oneDNN's bf16 matmul on the same shape (for many).
+// The weights (about 2 GB per format) are larger than the caches, so every product reads DRAM.
+//
+//   bench/matmul [--quick] [--threads N] [--huge 0|1]
+#include <omp.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/gemv.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/precision.h"
+#include "engine/bench.h"
+#include "tensor/dtype.h"
+#include "tensor/matrix.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Anonymous memory, huge pages when asked and allowed, filled by `threads` threads.
+uint8_t* alloc(size_t bytes, bool huge) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
+  madvise(p, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  return static_cast<uint8_t*>(p);
+}
+
+struct Set {
+  std::vector<mla::MatrixView> views;
+  size_t bytes = 0;  // weights + scales of all views
+};
+
+// `count` matrices of rows x cols in one format, random contents (valid codes).
+Set make_set(mla::WeightFormat f, int64_t rows, int64_t cols, int count, bool huge) {
+  mla::MatrixView v;
+  v.format = f;
+  v.rows = rows;
+  v.cols = cols;
+  if (f == mla::WeightFormat::FP8_BLOCK128) v.scale_cols = (cols + 127) / 128;
+  if (f == mla::WeightFormat::INT4_GROUP) {
+    v.group_size = 32;
+    v.scale_cols = cols / 32;
+  }
+  const size_t wb = v.bytes(), sb = v.scale_bytes();
+  Set s;
+  uint8_t* mem = alloc((wb + sb) * size_t(count), huge);
+#pragma omp parallel for
+  for (int i = 0; i < count; ++i) {
+    uint8_t* w = mem + (wb + sb) * size_t(i);
+    // Weights like a trained model's (normal, std 0.02 / codes of such values): no denormals.
+    std::mt19937 r{uint32_t(i)};
+    std::normal_distribution<float> nd(0.0f, 0.02f);
+    uint8_t pool[4096];
+    for (size_t k = 0; k < sizeof pool; k += 2) {
+      const float x = nd(r);
+      const uint16_t h = mla::f32_to_bf16(x);
+      if (f == mla::WeightFormat::FP8_BLOCK128) {
+        pool[k] = mla::f32_to_fp8e4m3(x * 5000.0f);
+        pool[k + 1] = mla::f32_to_fp8e4m3(nd(r) * 5000.0f);
+      } else if (f == mla::WeightFormat::INT4_GROUP) {
+        pool[k] = uint8_t(r());
+        pool[k + 1] = uint8_t(r());
+      } else {
+        std::memcpy(pool + k, &h, 2);
+      }
+    }
+    for (size_t k = 0; k < wb; k += 1024) {
+      const size_t off = (r() % 1536) * 2;
+      std::memcpy(w + k, pool + off, std::min<size_t>(1024, wb - k));
+    }
+    if (f == mla::WeightFormat::FP8_BLOCK128)
+      for (size_t k = 0; k < sb; k += 4) {
+        float one = 1e-2f;
+        std::memcpy(w + wb + k, &one, 4);
+      }
+    if (f == mla::WeightFormat::INT4_GROUP)
+      for (size_t k = 0; k < sb; k += 2) {
+        uint16_t h = mla::f32_to_bf16(1e-2f);
+        std::memcpy(w + wb + k, &h, 2);
+      }
+  }
+  for (int i = 0; i < count; ++i) {
+    v.data = mem + (wb + sb) * size_t(i);
+    v.scales = sb ? mem + (wb + sb) * size_t(i) + wb : nullptr;
+    s.views.push_back(v);
+  }
+  s.bytes = (wb + sb) * size_t(count);
+  return s;
+}
+
+// Best of `reps` passes of y = W x over every matrix of the set; returns seconds per pass.
+double time_pass(const Set& s, int64_t T, int reps) {
+  const int64_t K = s.views[0].cols, N = s.views[0].rows;
+  std::vector<float> x(size_t(T * K), 0.01f), y(size_t(T * N));
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    auto t = Clock::now();
+    for (const auto& v : s.views) mla::cpu::matmul(x.data(), T, v, y.data());
+    best = std::min(best, since(t));
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false, huge = true;
+  int threads = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
+    else if (a == "--huge" && i + 1 < argc) huge = std::atoi(argv[++i]) != 0;
+    else {
+      std::fprintf(stderr, "usage: matmul [--quick] [--threads N] [--huge 0|1]\n");
+      return 2;
+    }
+  }
+  if (threads > 0) mla::cpu::set_num_threads(threads);
+  const int reps = quick ? 2 : 5;
+  const size_t target = quick ? (size_t(1) << 30) : (size_t(2) << 30);
+  const double bw = mla::bench::read_bandwidth_gbps(target, reps);
+  std::printf("threads %d, huge pages %s; read loop over %.1f GiB: %.1f GB/s\n", mla::cpu::num_threads(),
+              huge ? "asked" : "off", double(target) / (1 << 30), bw);
+
+  // Decode: an MoE expert projection (1408 x 2048) and its transpose, T = 1 and 4.
+  std::printf("\n%-6s %-12s %3s %9s %9s %6s\n", "format", "shape", "T", "ms/pass", "GB/s", "ratio");
+  for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP}) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1408, 2048}, {2048, 1408}}) {
+      mla::MatrixView probe;
+      probe.format = f;
+      probe.rows = rows;
+      probe.cols = cols;
+      const size_t one = probe.bytes() + (f == mla::WeightFormat::INT4_GROUP ? size_t(rows * cols / 16) : 0);
+      const int count = int(std::max<size_t>(1, target / one));
+      Set s = make_set(f, rows, cols, count, huge);
+      for (int64_t T : {1, 4}) {
+        mla::cpu::set_precision(mla::cpu::Precision::Precise);
+        const double t = time_pass(s, T, reps);
+        const double gbs = double(s.bytes) / t / 1e9;
+        std::printf("%-6s %5lldx%-6lld %3lld %9.2f %9.1f %6.2f\n", mla::weight_format_name(f), (long long)rows,
+                    (long long)cols, (long long)T, t * 1e3, gbs, gbs / bw);
+      }
+      munmap(const_cast<void*>(s.views[0].data), s.bytes);
+    }
+  }
+
+  // Prompt: 512 tokens through a 2048 x 2048 bf16 matrix, fast (AMX) and precise.
+  {
+    const int64_t T = 512, N = 2048, K = 2048;
+    Set s = make_set(mla::WeightFormat::BF16, N, K, 8, huge);
+    std::vector<float> x(size_t(T * K), 0.01f), y(size_t(T * N));
+    for (auto p : {mla::cpu::Precision::Fast, mla::cpu::Precision::Precise}) {
+      mla::cpu::set_precision(p);
+      double best = 1e30;
+      for (int r = 0; r < reps + 1; ++r) {
+        auto t = Clock::now();
+        for (const auto& v : s.views) mla::cpu::matmul(x.data(), T, v, y.data());
+        best = std::min(best, since(t) / double(s.views.size()));
+      }
+      std::printf("\nprompt %lldx%lldx%lld bf16 weights, %s: %.2f ms, %.0f GFLOPS", (long long)T, (long long)N,
+                  (long long)K, mla::cpu::precision_name(p), best * 1e3, 2.0 * T * N * K / best / 1e9);
+    }
+    // oneDNN alone on bf16 operands of the same shape (the limit of the fast path).
+    std::vector<uint16_t> a(size_t(T * K), mla::f32_to_bf16(0.01f));
+    std::vector<float> c(size_t(T * N));
+    double best = 1e30;
+    for (int r = 0; r < reps + 1; ++r) {
+      auto t = Clock::now();
+      for (const auto& v : s.views)
+        mla::cpu::gemm_bf16_nt(a.data(), T, K, static_cast<const uint16_t*>(v.data), N, K, K, c.data(), N);
+      best = std::min(best, since(t) / double(s.views.size()));
+    }
+    std::printf("\noneDNN bf16 matmul alone: %.2f ms, %.0f GFLOPS\n", best * 1e3, 2.0 * T * N * K / best / 1e9);
+  }
+  return 0;
+}

@@ -1,0 +1,200 @@
+// bf16 GEMMs on oneDNN's matmul primitive (see gemm.h). The activations are converted once per
+// call into a zero-padded bf16 block of M_pad rows (M bucketed, so the number of distinct
+// primitive shapes stays small: creating one takes milliseconds, running a cached one does not),
+// the result lands in a float32 block and is copied to y.
+#include "backend/cpu/gemm.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/cpu/decode_avx512.h"
+
+namespace mla::cpu {
+
+namespace {
+
+using namespace avx512;
+
+// Output columns per GEMM call: bounds the float32 result block (M_pad x kBlockN).
+constexpr int64_t kBlockN = 8192;
+// Rows dequantized per block for non-bf16 weights (bf16 copy of 1024 x K stays in L3).
+constexpr int64_t kDequantRows = 1024;
+
+int64_t bucket_rows(int64_t M) {
+  if (M <= 64) return (M + 15) / 16 * 16;
+  if (M <= 512) return (M + 63) / 64 * 64;
+  return (M + 255) / 256 * 256;
+}
+
+struct Dnnl {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+  std::mutex mu;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<dnnl::matmul>> prims;
+};
+Dnnl& dnnl_state() {
+  static Dnnl d;
+  return d;
+}
+
+// The 32 source columns of a chunk in lane order, as permutex2var indices (bit 4 picks the
+// second vector of 16).
+struct ChunkPerm {
+  __m512i a, b;
+};
+ChunkPerm chunk_perm(Layout l) {
+  alignas(64) int32_t ia[16], ib[16];
+  for (int j = 0; j < 16; ++j) {
+    ia[j] = layout_col(l, j);
+    ib[j] = layout_col(l, 16 + j);
+  }
+  return {_mm512_load_si512(ia), _mm512_load_si512(ib)};
+}
+
+inline void store_bf16x32(uint16_t* dst, __m512 a, __m512 b) {
+  _mm512_storeu_si512(dst, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
+}
+
+struct Scratch {
+  std::vector<uint16_t> a, w;
+  std::vector<float> c;
+};
+
+}  // namespace
+
+void activations_bf16(const float* x, int64_t T, int64_t ldx, int64_t K, WeightFormat format, bool permute,
+                      uint16_t* dst, int64_t ld) {
+  const ChunkPerm p = chunk_perm(permute ? layout_of(format) : Layout::Natural);
+  const int64_t Kc = K / kChunk;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* src = x + t * ldx;
+    uint16_t* out = dst + t * ld;
+    for (int64_t c = 0; c < Kc; ++c) {
+      const __m512 lo = _mm512_loadu_ps(src + c * kChunk), hi = _mm512_loadu_ps(src + c * kChunk + 16);
+      store_bf16x32(out + c * kChunk, _mm512_permutex2var_ps(lo, p.a, hi), _mm512_permutex2var_ps(lo, p.b, hi));
+    }
+    for (int64_t k = Kc * kChunk; k < K; ++k) out[k] = f32_to_bf16(src[k]);
+  }
+}
+
+void dequant_rows_bf16(const MatrixView& W, int64_t n0, int64_t n1, uint16_t* dst, int64_t ld) {
+  const int64_t K = W.cols, Kc = K / kChunk;
+  thread_local std::vector<float> sbuf;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = static_cast<const uint8_t*>(W.data) + size_t(n) * W.row_bytes();
+    uint16_t* out = dst + (n - n0) * ld;
+    auto run = [&](const auto& dec, auto&& scale_of) {
+      for (int64_t c = 0; c < Kc; ++c) {
+        __m512 a, b;
+        dec.decode(c, a, b);
+        const __m512 s = scale_of(c);
+        store_bf16x32(out + c * kChunk, _mm512_mul_ps(a, s), _mm512_mul_ps(b, s));
+      }
+    };
+    auto run_fp8 = [&](const float* bs) {
+      // The decode is 2^-120 times the value: times 2^120 exactly first, then the block scale.
+      const __m512 up = _mm512_set1_ps(1329227995784915872903807060280344576.0f);  // 2^120
+      const DecFP8 dec{row};
+      for (int64_t c = 0; c < Kc; ++c) {
+        __m512 a, b;
+        dec.decode(c, a, b);
+        const __m512 s = _mm512_set1_ps(bs[(c * kChunk) / 128]);
+        store_bf16x32(out + c * kChunk, _mm512_mul_ps(_mm512_mul_ps(a, up), s), _mm512_mul_ps(_mm512_mul_ps(b, up), s));
+      }
+    };
+    const __m512 one = _mm512_set1_ps(1.0f);
+    auto unit = [&](int64_t) { return one; };
+    switch (W.format) {
+      case WeightFormat::F32: run(DecF32{reinterpret_cast<const float*>(row)}, unit); break;
+      case WeightFormat::F16: run(DecF16{reinterpret_cast<const uint16_t*>(row)}, unit); break;
+      case WeightFormat::BF16: run(DecBF16{reinterpret_cast<const uint16_t*>(row)}, unit); break;
+      case WeightFormat::FP8_BLOCK128: {
+        run_fp8(static_cast<const float*>(W.scales) + ((W.row0 + n) / 128) * W.scale_cols);
+        break;
+      }
+      case WeightFormat::INT4_GROUP: {
+        if (sbuf.size() < size_t(Kc)) sbuf.resize(size_t(Kc));
+        const uint16_t* src = static_cast<const uint16_t*>(W.scales) + (W.row0 + n) * W.scale_cols;
+        const int64_t per = W.group_size / kChunk;
+        for (int64_t c = 0; c < Kc; ++c) sbuf[size_t(c)] = bf16_to_f32(src[c / per]);
+        run(DecInt4{row, sbuf.data()}, unit);
+        break;
+      }
+    }
+    for (int64_t k = Kc * kChunk; k < K; ++k) out[k] = f32_to_bf16(element(W, n, k));
+  }
+}
+
+void gemm_bf16_nt(const uint16_t* A, int64_t M, int64_t lda, const uint16_t* B, int64_t N, int64_t ldb, int64_t K,
+                  float* C, int64_t ldc) {
+  using dnnl::memory;
+  using dt = memory::data_type;
+  Dnnl& d = dnnl_state();
+  const auto key = std::make_tuple(M, N, K, lda, ldb, ldc);
+  dnnl::matmul* prim;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto& slot = d.prims[key];
+    if (!slot) {
+      memory::desc a_md({M, K}, dt::bf16, {lda, 1});
+      memory::desc b_md({K, N}, dt::bf16, {1, ldb});
+      memory::desc c_md({M, N}, dt::f32, {ldc, 1});
+      try {
+        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), d.eng);
+        slot = std::make_unique<dnnl::matmul>(pd);
+      } catch (const dnnl::error& e) {
+        throw std::runtime_error("oneDNN bf16 matmul " + std::to_string(M) + "x" + std::to_string(N) + "x" +
+                                 std::to_string(K) + ": " + e.what());
+      }
+    }
+    prim = slot.get();
+  }
+  memory::desc a_md({M, K}, dt::bf16, {lda, 1});
+  memory::desc b_md({K, N}, dt::bf16, {1, ldb});
+  memory::desc c_md({M, N}, dt::f32, {ldc, 1});
+  memory am(a_md, d.eng, const_cast<uint16_t*>(A)), bm(b_md, d.eng, const_cast<uint16_t*>(B)), cm(c_md, d.eng, C);
+  prim->execute(d.strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  d.strm.wait();
+}
+
+void matmul_bf16(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
+  const int64_t N = W.rows, K = W.cols;
+  if (T <= 0 || N <= 0) return;
+  if (W.format == WeightFormat::INT4_GROUP && !fast_supported(W))
+    throw std::invalid_argument("matmul_bf16: INT4 group size " + std::to_string(W.group_size) +
+                                " is not a multiple of 32");
+  thread_local Scratch s;
+  const int64_t Mp = bucket_rows(T);
+  const bool direct = W.format == WeightFormat::BF16;  // used in place, natural column order
+  if (s.a.size() < size_t(Mp * K)) s.a.resize(size_t(Mp * K));
+  activations_bf16(x, T, ldx, K, W.format, !direct, s.a.data(), K);
+  std::fill(s.a.begin() + T * K, s.a.begin() + Mp * K, uint16_t(0));
+  const int64_t nb = direct ? kBlockN : std::min(kBlockN, kDequantRows);
+  if (s.c.size() < size_t(Mp * std::min(N, nb))) s.c.resize(size_t(Mp * std::min(N, nb)));
+  for (int64_t n0 = 0; n0 < N; n0 += nb) {
+    const int64_t bn = std::min(nb, N - n0);
+    const uint16_t* B;
+    if (direct) {
+      B = static_cast<const uint16_t*>(W.data) + n0 * K;
+    } else {
+      if (s.w.size() < size_t(bn * K)) s.w.resize(size_t(bn * K));
+      uint16_t* w = s.w.data();
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < bn; r += 16) dequant_rows_bf16(W, n0 + r, std::min(bn, r + 16) + n0, w + r * K, K);
+      B = w;
+    }
+    gemm_bf16_nt(s.a.data(), Mp, K, B, bn, K, K, s.c.data(), bn);
+    for (int64_t t = 0; t < T; ++t) std::copy(s.c.data() + t * bn, s.c.data() + (t + 1) * bn, y + t * ldy + n0);
+  }
+}
+
+}  // namespace mla::cpu

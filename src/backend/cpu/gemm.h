@@ -1,0 +1,29 @@
+// Prompt-sized matrix products in fast precision: bf16 x bf16 -> float32 GEMMs, run by oneDNN's
+// matmul primitive (AMX tiles on CPUs that have them). Weights in bf16 are used in place; other
+// formats are dequantized block by block into bf16 with the AVX-512 decoders.
+#pragma once
+#include <cstdint>
+
+#include "tensor/matrix.h"
+
+namespace mla::cpu {
+
+// y[t, :] = W x[t, :] for t < T, activations and weights rounded to bf16 (round to nearest even),
+// float32 accumulation. x: [T, W.cols] stride ldx; y: [T, W.rows] stride ldy.
+void matmul_bf16(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy);
+
+// C[M, N] (float32, stride ldc) = A[M, K] (bf16, stride lda) . B[N, K]^T (bf16, stride ldb).
+// oneDNN primitives are created once per shape and kept (callers bucket M to bound their number).
+void gemm_bf16_nt(const uint16_t* A, int64_t M, int64_t lda, const uint16_t* B, int64_t N, int64_t ldb, int64_t K,
+                  float* C, int64_t ldc);
+
+// Rows [n0, n1) of W as bf16 into dst (row stride ld), columns in the lane layout of W's format
+// (decode_avx512.h) for every full chunk of 32 and in natural order after. Single-threaded.
+void dequant_rows_bf16(const MatrixView& W, int64_t n0, int64_t n1, uint16_t* dst, int64_t ld);
+
+// Activations x [T, K] as bf16 into dst (row stride ld) in the same column order as
+// dequant_rows_bf16 uses for `format` (natural when `permute` is false).
+void activations_bf16(const float* x, int64_t T, int64_t ldx, int64_t K, WeightFormat format, bool permute,
+                      uint16_t* dst, int64_t ld);
+
+}  // namespace mla::cpu

@@ -1,0 +1,21 @@
+// Matrix-vector products for a few tokens (decode), y[t, n] = W.row(n) . x[t, :], with the
+// weights dequantized inside the kernel: each weight row is read from memory once per call,
+// converted in registers (AVX-512) and dotted with every token. Bound by memory bandwidth.
+// Output rows are split across the OpenMP threads. Every WeightFormat has a fast kernel (INT4
+// when its group size is a multiple of 32; other group sizes use the reference).
+#pragma once
+#include <cstdint>
+
+#include "tensor/matrix.h"
+
+namespace mla::cpu {
+
+// x: [T, W.cols], row stride ldx; y: [T, W.rows], row stride ldy. Any T; costs grow with T
+// (the conversion is shared by up to 4 tokens at a time), so matmul uses it for small T.
+// FP8 note: e4m3 NaN codes (0x7f, 0xff) read as +-480 here, not NaN.
+void gemv(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy);
+
+// The plain reference: MatrixView::dequant_row then a float dot product, one row at a time.
+void gemv_reference(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy);
+
+}  // namespace mla::cpu

@@ -1,0 +1,38 @@
+// `mla bench`: decode, prompt-processing and batched-decode throughput on a random-weight
+// checkpoint of DeepSeek-V2-Lite's shape, against the memory bandwidth measured in the same run.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "cli/command.h"
+#include "engine/bench.h"
+
+namespace {
+
+int run(int argc, char** argv) {
+  CLI::App app{"CPU throughput on a random-weight checkpoint of DeepSeek-V2-Lite's shape (written on first use)",
+               "mla bench"};
+  mla::bench::Options o;
+  app.add_option("--dir", o.dir, "checkpoint folder (default: <tmp>/mla-bench-v2lite-<L>L-<weights>); reused when present");
+  app.add_option("--layers", o.layers, "layers (the first dense, the rest MoE)");
+  app.add_option("--weights", o.weights, "bf16 | fp8 (block-128 FP8 projections) | int4 (INT4 routed experts)");
+  app.add_option("--threads", o.threads, "CPU threads (default: all)");
+  app.add_option("--runs", o.runs, "timed runs per figure, after one warm-up run");
+  app.add_option("--decode-tokens", o.decode_tokens, "tokens per decode run");
+  app.add_option("--prompt-tokens", o.prompt_tokens, "tokens of the prompt-processing run");
+  app.add_option("--batches", o.batches, "batch sizes of the batched decode")->delimiter(',');
+  app.add_option("--batch-steps", o.batch_steps, "decode steps per batched run");
+  app.add_option("--precision", o.precision,
+                 "fast (bf16 AMX GEMMs for prompt-sized products) | precise (float32 everywhere)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  auto rep = mla::bench::run(o);
+  std::fputs(mla::bench::format_report(rep).c_str(), stdout);
+  return 0;
+}
+
+mla::cli::Command reg("bench", "CPU decode / prompt / batched throughput against the memory-bandwidth limit", run);
+
+}  // namespace

@@ -1,0 +1,336 @@
+// The CPU benchmark behind `mla bench` (see bench.h).
+#include "engine/bench.h"
+
+#include <immintrin.h>
+#include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+
+#include "backend/cpu/ops.h"
+#include "backend/cpu/precision.h"
+#include "model/checkpoint_writer.h"
+#include "model/model.h"
+
+namespace mla::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+size_t rss_bytes() {
+  std::ifstream f("/proc/self/statm");
+  size_t size = 0, resident = 0;
+  f >> size >> resident;
+  return resident * size_t(sysconf(_SC_PAGESIZE));
+}
+
+double view_bytes(const MatrixView& m) { return double(m.bytes() + m.scale_bytes()); }
+double view_params(const MatrixView& m) { return double(m.rows) * double(m.cols); }
+
+// Faults in every page of a weight view so timed runs do not pay for first touches.
+uint64_t touch(const MatrixView& m) {
+  uint64_t s = 0;
+  const volatile uint8_t* p = static_cast<const uint8_t*>(m.data);
+  for (size_t i = 0; i < m.bytes(); i += 4096) s += p[i];
+  if (m.scales) {
+    const volatile uint8_t* q = static_cast<const uint8_t*>(m.scales);
+    for (size_t i = 0; i < m.scale_bytes(); i += 4096) s += q[i];
+  }
+  return s;
+}
+
+uint64_t touch_all(const ModelWeights& w) {
+  uint64_t s = touch(w.embed) + touch(w.lm_head);
+  for (const auto& L : w.layers) {
+    for (const MatrixView* m : {&L.q_a, &L.q_b, &L.q, &L.kv_a, &L.kv_b, &L.o, &L.router})
+      if (m->data) s += touch(*m);
+    for (const auto& m : L.w_uk_t) s += touch(m);
+    auto mlp = [&](const Mlp& p) {
+      if (p.gate.data) s += touch(p.gate) + touch(p.up) + touch(p.down);
+    };
+    mlp(L.dense);
+    mlp(L.shared);
+    for (const auto& e : L.experts) mlp(e);
+  }
+  return s;
+}
+
+std::string gb(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f GB", bytes / 1e9);
+  return buf;
+}
+
+}  // namespace
+
+double read_bandwidth_gbps(size_t bytes, int runs) {
+  bytes = std::max<size_t>(bytes / 4096 * 4096, 4096);
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) throw std::runtime_error("read_bandwidth: cannot map " + std::to_string(bytes) + " bytes");
+  madvise(mem, bytes, MADV_HUGEPAGE);  // best effort
+  const int nt = std::max(1, omp_get_max_threads());
+  const size_t per = bytes / size_t(nt) / 256 * 256;
+  // First touch by the thread that reads it.
+#pragma omp parallel num_threads(nt)
+  std::memset(static_cast<uint8_t*>(mem) + per * size_t(omp_get_thread_num()), 1, per);
+  double best = 0;
+  float sink = 0;
+  for (int r = 0; r < std::max(1, runs); ++r) {
+    auto t0 = Clock::now();
+    float total = 0;
+#pragma omp parallel num_threads(nt) reduction(+ : total)
+    {
+      const uint8_t* b = static_cast<const uint8_t*>(mem) + per * size_t(omp_get_thread_num());
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (size_t i = 0; i < per; i += 256) {
+        a0 = _mm512_add_ps(a0, _mm512_load_ps(reinterpret_cast<const float*>(b + i)));
+        a1 = _mm512_add_ps(a1, _mm512_load_ps(reinterpret_cast<const float*>(b + i + 64)));
+        a2 = _mm512_add_ps(a2, _mm512_load_ps(reinterpret_cast<const float*>(b + i + 128)));
+        a3 = _mm512_add_ps(a3, _mm512_load_ps(reinterpret_cast<const float*>(b + i + 192)));
+      }
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+      total += lanes[0];
+    }
+    const double s = seconds_since(t0);
+    best = std::max(best, double(per) * nt / s / 1e9);
+    sink += total;
+  }
+  munmap(mem, bytes);
+  if (sink == 12345.0f) std::fprintf(stderr, " ");  // keeps the loads
+  return best;
+}
+
+Summary summarize(std::vector<double> v) {
+  Summary s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  s.min = v.front();
+  s.max = v.back();
+  s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  return s;
+}
+
+ActiveWeights active_weights(const ModelWeights& w, const ModelConfig& c) {
+  ActiveWeights a;
+  auto add = [&](const std::string& part, const MatrixView& m, double times = 1) {
+    if (!m.data) return;
+    a.bytes += times * view_bytes(m);
+    a.params += times * view_params(m);
+    a.bytes_by_part[part] += times * view_bytes(m);
+  };
+  auto add_mlp = [&](const std::string& part, const Mlp& p, double times = 1) {
+    add(part, p.gate, times);
+    add(part, p.up, times);
+    add(part, p.down, times);
+  };
+  for (const auto& L : w.layers) {
+    for (const MatrixView* m : {&L.q_a, &L.q_b, &L.q, &L.kv_a, &L.kv_b, &L.o}) add("attention", *m);
+    if (L.moe) {
+      add("router", L.router);
+      if (L.has_shared) add_mlp("shared experts", L.shared);
+      if (!L.experts.empty()) add_mlp("routed experts", L.experts[0], double(c.num_experts_per_tok));
+    } else {
+      add_mlp("dense mlp", L.dense);
+    }
+  }
+  add("lm_head", w.lm_head);
+  a.bytes += double(w.embed.row_bytes());
+  a.params += double(w.embed.cols);
+  a.bytes_by_part["embedding row"] += double(w.embed.row_bytes());
+  return a;
+}
+
+Report run(const Options& opt) {
+  Report rep;
+  rep.weights = opt.weights;
+  rep.precision = opt.precision;
+  RandomWeights kind;
+  if (opt.weights == "bf16") kind = RandomWeights::BF16;
+  else if (opt.weights == "fp8") kind = RandomWeights::FP8;
+  else if (opt.weights == "int4") kind = RandomWeights::INT4_EXPERTS;
+  else throw std::invalid_argument("--weights: unknown '" + opt.weights + "' (bf16, fp8, int4)");
+  if (opt.layers < 2) throw std::invalid_argument("--layers must be at least 2 (a dense layer, then MoE)");
+  if (opt.runs < 1) throw std::invalid_argument("--runs must be at least 1");
+  auto say = [&](const std::string& s) {
+    if (!opt.quiet) std::fprintf(stderr, "%s\n", s.c_str());
+  };
+  if (opt.threads > 0) cpu::set_num_threads(opt.threads);
+  cpu::set_precision(cpu::parse_precision(opt.precision));
+  rep.threads = cpu::num_threads();
+
+  rep.dir = opt.dir.empty() ? (std::filesystem::temp_directory_path() /
+                               ("mla-bench-v2lite-" + std::to_string(opt.layers) + "L-" + opt.weights))
+                                  .string()
+                            : opt.dir;
+  const std::string stamp = rep.dir + "/mla-bench.json";
+  const nlohmann::json want = {{"config", "v2_lite"}, {"layers", opt.layers}, {"weights", opt.weights}, {"seed", 1}};
+  if (std::filesystem::exists(rep.dir + "/config.json")) {
+    nlohmann::json have;
+    if (std::ifstream f(stamp); f) f >> have;
+    if (have != want)
+      throw std::runtime_error(rep.dir + " holds a checkpoint that is not the benchmark's " + want.dump() +
+                               " (mla-bench.json says " + have.dump() + "); choose another --dir");
+    say("reusing the checkpoint in " + rep.dir);
+  } else {
+    say("writing a random " + opt.weights + " checkpoint of DeepSeek-V2-Lite's shape with " +
+        std::to_string(opt.layers) + " layers to " + rep.dir + " ...");
+    auto t0 = Clock::now();
+    RandomCheckpointOptions ro;
+    ro.weights = kind;
+    ro.seed = 1;
+    ro.shards = 4;
+    write_random_checkpoint(rep.dir, v2_lite_config(opt.layers), ro);
+    std::ofstream(stamp) << want.dump() << "\n";
+    rep.write_seconds = seconds_since(t0);
+  }
+
+  auto t0 = Clock::now();
+  auto model = Model::load(rep.dir);
+  volatile uint64_t sink = touch_all(model->weights());
+  (void)sink;
+  rep.load_seconds = seconds_since(t0);
+  const ModelConfig& c = model->config();
+  rep.active = active_weights(model->weights(), c);
+  rep.bytes_by_format = model->weights().bytes_by_format;
+
+  std::mt19937 rng(42);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(c.vocab_size - 1));
+  auto ids = [&](int64_t n) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (auto& x : v) x = tok(rng);
+    return v;
+  };
+  std::vector<float> logits;
+  ForwardOptions fo;
+  fo.last_logits_only = true;
+
+  // Decode, batch 1: a short prompt, then runs of decode_tokens single-token steps.
+  {
+    say("decode (batch 1) ...");
+    const int64_t total = 8 + (opt.runs + 1) * opt.decode_tokens;
+    LatentPool pool = model->make_pool((total + 63) / 64 + 1, 64);
+    PageTable seq;
+    auto prompt = ids(8);
+    SeqSlice s{&seq, prompt};
+    model->forward(std::span<SeqSlice>(&s, 1), pool, fo, logits);
+    std::vector<double> tps;
+    for (int r = 0; r <= opt.runs; ++r) {
+      auto t = Clock::now();
+      for (int64_t i = 0; i < opt.decode_tokens; ++i) {
+        auto one = ids(1);
+        SeqSlice d{&seq, one};
+        model->forward(std::span<SeqSlice>(&d, 1), pool, fo, logits);
+      }
+      if (r > 0) tps.push_back(double(opt.decode_tokens) / seconds_since(t));  // run 0 warms up
+    }
+    rep.decode_tps = summarize(tps);
+  }
+
+  // Prompt processing: a fresh sequence of prompt_tokens per run, logits of the last token.
+  {
+    say("prompt processing (" + std::to_string(opt.prompt_tokens) + " tokens) ...");
+    std::vector<double> tps;
+    for (int r = 0; r <= opt.runs; ++r) {
+      LatentPool pool = model->make_pool((opt.prompt_tokens + 63) / 64, 64);
+      PageTable seq;
+      auto prompt = ids(opt.prompt_tokens);
+      SeqSlice s{&seq, prompt};
+      auto t = Clock::now();
+      model->forward(std::span<SeqSlice>(&s, 1), pool, fo, logits);
+      if (r > 0) tps.push_back(double(opt.prompt_tokens) / seconds_since(t));
+    }
+    rep.prompt_tps = summarize(tps);
+  }
+
+  // Batched decode: B sequences (8 cached tokens each), batch_steps steps of one token each.
+  for (int64_t B : opt.batches) {
+    if (B <= 0) throw std::invalid_argument("batch sizes must be positive");
+    say("batched decode, batch " + std::to_string(B) + " ...");
+    const int64_t per_seq = 8 + (opt.runs + 1) * opt.batch_steps;
+    LatentPool pool = model->make_pool(B * ((per_seq + 63) / 64), 64);
+    std::vector<PageTable> seqs(static_cast<size_t>(B));
+    std::vector<std::vector<int32_t>> toks(static_cast<size_t>(B));
+    std::vector<SeqSlice> batch(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) {
+      toks[size_t(b)] = ids(8);
+      batch[size_t(b)] = {&seqs[size_t(b)], toks[size_t(b)]};
+    }
+    model->forward(batch, pool, fo, logits);
+    std::vector<double> tps;
+    for (int r = 0; r <= opt.runs; ++r) {
+      auto t = Clock::now();
+      for (int64_t i = 0; i < opt.batch_steps; ++i) {
+        for (int64_t b = 0; b < B; ++b) {
+          toks[size_t(b)] = ids(1);
+          batch[size_t(b)] = {&seqs[size_t(b)], toks[size_t(b)]};
+        }
+        model->forward(batch, pool, fo, logits);
+      }
+      if (r > 0) tps.push_back(double(B * opt.batch_steps) / seconds_since(t));
+    }
+    rep.batched_tps.push_back({B, summarize(tps)});
+  }
+
+  rep.rss_bytes = rss_bytes();
+  say("read bandwidth ...");
+  rep.bandwidth_gbps = read_bandwidth_gbps(opt.bandwidth_bytes, opt.runs);
+  return rep;
+}
+
+std::string format_report(const Report& r) {
+  std::ostringstream o;
+  char buf[256];
+  o << "mla bench: DeepSeek-V2-Lite shape, random " << r.weights << " weights, precision " << r.precision << ", "
+    << r.threads << " threads\n";
+  o << "checkpoint: " << r.dir;
+  if (r.write_seconds > 0) {
+    std::snprintf(buf, sizeof buf, " (written in %.1f s)", r.write_seconds);
+    o << buf;
+  }
+  std::snprintf(buf, sizeof buf, ", loaded and paged in in %.1f s\n", r.load_seconds);
+  o << buf;
+  std::snprintf(buf, sizeof buf, "resident memory: %.2f GiB RSS; weights by format:", double(r.rss_bytes) / (1 << 30));
+  o << buf;
+  for (auto& [k, v] : r.bytes_by_format) o << " " << k << " " << gb(double(v)) << ";";
+  o << "\n";
+  std::snprintf(buf, sizeof buf, "read bandwidth (AVX-512 read loop, %d threads): %.1f GB/s\n", r.threads, r.bandwidth_gbps);
+  o << buf;
+  std::snprintf(buf, sizeof buf, "active weights per token: %.1f M parameters, %s (", r.active.params / 1e6,
+                gb(r.active.bytes).c_str());
+  o << buf;
+  bool first = true;
+  for (auto& [k, v] : r.active.bytes_by_part) {
+    o << (first ? "" : ", ") << k << " " << gb(v);
+    first = false;
+  }
+  o << ")\n";
+  std::snprintf(buf, sizeof buf, "decode, batch 1: %.2f tokens/s (median, range %.2f-%.2f); bandwidth limit %.2f tokens/s; ratio %.2f\n",
+                r.decode_tps.median, r.decode_tps.min, r.decode_tps.max, r.limit_tps(),
+                r.limit_tps() > 0 ? r.decode_tps.median / r.limit_tps() : 0.0);
+  o << buf;
+  std::snprintf(buf, sizeof buf, "prompt processing: %.1f tokens/s (median, range %.1f-%.1f)\n", r.prompt_tps.median,
+                r.prompt_tps.min, r.prompt_tps.max);
+  o << buf;
+  o << "batched decode (tokens/s over all sequences):";
+  for (auto& [b, s] : r.batched_tps) {
+    std::snprintf(buf, sizeof buf, " batch %lld: %.1f (%.1f-%.1f);", (long long)b, s.median, s.min, s.max);
+    o << buf;
+  }
+  o << "\n";
+  return o.str();
+}
+
+}  // namespace mla::bench

@@ -1,0 +1,69 @@
+// What `mla bench` and the bench programs measure, and the limits they compare against: the
+// machine's memory read bandwidth (an AVX-512 read loop over a buffer far larger than the
+// caches), the weight bytes a decoded token must read, and the model benchmark itself (decode,
+// prompt processing, batched decode on a random-weight checkpoint).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace mla::bench {
+
+// Best-of-`runs` read bandwidth in GB/s (1e9 bytes/s) of a loop of 64-byte AVX-512 loads over a
+// `bytes` buffer (huge pages where the system allows), split over all OpenMP threads.
+double read_bandwidth_gbps(size_t bytes = size_t(2) << 30, int runs = 5);
+
+struct Summary {
+  double median = 0, min = 0, max = 0;
+};
+Summary summarize(std::vector<double> v);
+
+// The weights one decoded token reads (one sequence, batch 1): every attention projection,
+// the dense MLP or the shared experts, the router, num_experts_per_tok routed experts, lm_head
+// and one embedding row. Bytes as stored (scales included), parameters as counted.
+struct ActiveWeights {
+  double bytes = 0;
+  double params = 0;
+  std::map<std::string, double> bytes_by_part;  // attention, dense, shared, routed, router, lm_head, embed
+};
+ActiveWeights active_weights(const ModelWeights& w, const ModelConfig& c);
+
+struct Options {
+  std::string dir;                // checkpoint folder: written when it holds no config.json
+  int64_t layers = 6;
+  std::string weights = "bf16";   // bf16 | fp8 | int4
+  int threads = 0;                // 0: all
+  int runs = 5;
+  int64_t decode_tokens = 16;     // tokens per decode run
+  int64_t prompt_tokens = 512;
+  std::vector<int64_t> batches = {1, 4, 16, 64};
+  int64_t batch_steps = 4;        // decode steps per batched run
+  std::string precision = "fast";
+  size_t bandwidth_bytes = size_t(2) << 30;
+  bool quiet = false;
+};
+
+struct Report {
+  std::string dir, weights, precision;
+  int threads = 0;
+  double bandwidth_gbps = 0;
+  ActiveWeights active;
+  std::map<std::string, size_t> bytes_by_format;
+  size_t rss_bytes = 0;
+  Summary decode_tps, prompt_tps;
+  std::vector<std::pair<int64_t, Summary>> batched_tps;  // batch size, tokens/s over all sequences
+  double load_seconds = 0, write_seconds = 0;
+  // decode tokens/s at the bandwidth limit: bandwidth / active bytes.
+  double limit_tps() const { return active.bytes > 0 ? bandwidth_gbps * 1e9 / active.bytes : 0; }
+};
+
+// Writes the checkpoint if needed (mla::write_random_checkpoint of v2_lite_config(layers)),
+// loads it and measures. Progress lines go to stderr unless quiet.
+Report run(const Options& opt);
+std::string format_report(const Report& r);
+
+}  // namespace mla::bench

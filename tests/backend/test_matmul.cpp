@@ -1,0 +1,257 @@
+// The fast matrix products against the plain reference (MatrixView::dequant_row + dot) over
+// many shapes, odd sizes and every weight format; INT4 and FP8 unpacking against hand-packed
+// values; cpu::matmul on both of its paths and in both precisions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/gemv.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/precision.h"
+#include "tensor/dtype.h"
+#include "tensor/matrix.h"
+
+namespace {
+
+using mla::MatrixView;
+using mla::WeightFormat;
+
+// A weight matrix with its own storage.
+struct Owned {
+  std::vector<uint8_t> data, scales;
+  MatrixView view;
+};
+
+Owned random_matrix(WeightFormat f, int64_t rows, int64_t cols, std::mt19937& rng, int64_t group = 32) {
+  Owned m;
+  MatrixView& v = m.view;
+  v.format = f;
+  v.rows = rows;
+  v.cols = cols;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  m.data.resize(v.row_bytes() * size_t(rows));
+  switch (f) {
+    case WeightFormat::F32:
+      for (size_t i = 0; i < m.data.size() / 4; ++i) {
+        float x = nd(rng);
+        std::memcpy(&m.data[4 * i], &x, 4);
+      }
+      break;
+    case WeightFormat::BF16:
+    case WeightFormat::F16:
+      for (size_t i = 0; i < m.data.size() / 2; ++i) {
+        float x = nd(rng);
+        uint16_t h = mla::f32_to_bf16(x);
+        if (f == WeightFormat::F16) {  // a finite half: sign, exponent 5..25, any mantissa
+          h = uint16_t((byte(rng) & 0x80) << 8 | (5 + byte(rng) % 21) << 10 | (byte(rng) << 2 & 0x3ff));
+        }
+        std::memcpy(&m.data[2 * i], &h, 2);
+      }
+      break;
+    case WeightFormat::FP8_BLOCK128: {
+      for (auto& b : m.data) {
+        do b = uint8_t(byte(rng));
+        while ((b & 0x7f) == 0x7f);  // NaN codes are not weights
+      }
+      v.scale_cols = (cols + 127) / 128;
+      const int64_t srows = (rows + 127) / 128;
+      m.scales.resize(size_t(srows * v.scale_cols) * 4);
+      std::uniform_real_distribution<float> u(0.5f, 2.0f);
+      for (int64_t i = 0; i < srows * v.scale_cols; ++i) {
+        float s = u(rng) * 1e-3f;
+        std::memcpy(&m.scales[size_t(4 * i)], &s, 4);
+      }
+      break;
+    }
+    case WeightFormat::INT4_GROUP: {
+      for (auto& b : m.data) b = uint8_t(byte(rng));
+      v.group_size = group;
+      v.scale_cols = cols / group;
+      m.scales.resize(size_t(rows * v.scale_cols) * 2);
+      for (int64_t i = 0; i < rows * v.scale_cols; ++i) {
+        uint16_t h = mla::f32_to_bf16(nd(rng) * 0.01f);
+        std::memcpy(&m.scales[size_t(2 * i)], &h, 2);
+      }
+      break;
+    }
+  }
+  v.data = m.data.data();
+  v.scales = m.scales.empty() ? nullptr : m.scales.data();
+  return m;
+}
+
+std::vector<float> random_vec(size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
+
+// |y_i - ref_i| <= tol * sum_k |w_ik x_k| + 1e-30: a bound relative to the size of the terms,
+// since the kernels sum in another order (and, in fast mode, round activations to bf16).
+void expect_close(const MatrixView& W, const float* x, int64_t T, int64_t ldx, const std::vector<float>& y,
+                  const std::vector<float>& ref, int64_t ldy, double tol, const std::string& what) {
+  std::vector<float> row(static_cast<size_t>(W.cols));
+  int bad = 0;
+  for (int64_t n = 0; n < W.rows; ++n) {
+    W.dequant_row(n, row.data());
+    for (int64_t t = 0; t < T; ++t) {
+      double mag = 0;
+      for (int64_t k = 0; k < W.cols; ++k) mag += std::fabs(double(row[size_t(k)]) * x[t * ldx + k]);
+      const float a = y[size_t(t * ldy + n)], b = ref[size_t(t * ldy + n)];
+      if (!(std::fabs(double(a) - b) <= tol * mag + 1e-30) && bad++ < 5)
+        ADD_FAILURE() << what << " row " << n << " token " << t << ": " << a << " vs reference " << b
+                      << " (terms " << mag << ")";
+    }
+  }
+}
+
+const WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16, WeightFormat::FP8_BLOCK128,
+                                 WeightFormat::INT4_GROUP};
+
+TEST(Gemv, MatchesReferenceOverShapesAndFormats) {
+  std::mt19937 rng(7);
+  const int64_t rows_list[] = {1, 3, 4, 7, 9, 130, 300};
+  const int64_t cols_list[] = {1, 17, 31, 32, 33, 96, 129, 160, 256, 300};
+  const int64_t tokens[] = {1, 2, 3, 4, 5, 9};
+  for (WeightFormat f : kFormats)
+    for (int64_t rows : rows_list)
+      for (int64_t cols : cols_list) {
+        if (f == WeightFormat::INT4_GROUP && cols % 32) continue;
+        Owned m = random_matrix(f, rows, cols, rng);
+        for (int64_t T : tokens) {
+          const int64_t ldx = cols + 3, ldy = rows + 5;
+          auto x = random_vec(size_t(T * ldx), rng);
+          std::vector<float> y(size_t(T * ldy), -1.0f), ref(size_t(T * ldy), -1.0f);
+          mla::cpu::gemv(x.data(), T, ldx, m.view, y.data(), ldy);
+          mla::cpu::gemv_reference(x.data(), T, ldx, m.view, ref.data(), ldy);
+          expect_close(m.view, x.data(), T, ldx, y, ref, ldy, 1e-5,
+                       std::string(mla::weight_format_name(f)) + " " + std::to_string(rows) + "x" +
+                           std::to_string(cols) + " T=" + std::to_string(T));
+          // Padding between rows of y is left alone.
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t n = rows; n < ldy; ++n) ASSERT_EQ(y[size_t(t * ldy + n)], -1.0f);
+        }
+      }
+}
+
+TEST(Gemv, RowSlicesAcrossBlocksAndThreads) {
+  // Views that start inside an FP8 128-row block or deep in an INT4 tensor, large enough to run
+  // on several threads, and INT4 groups of 64 and 128.
+  std::mt19937 rng(11);
+  for (WeightFormat f : kFormats)
+    for (int64_t group : {32, 64, 128}) {
+      if (group != 32 && f != WeightFormat::INT4_GROUP) continue;
+      Owned m = random_matrix(f, 700, 512, rng, group);
+      for (auto [first, count] : {std::pair<int64_t, int64_t>{0, 700}, {77, 500}, {129, 300}, {200, 1}}) {
+        MatrixView v = m.view.slice_rows(first, count);
+        for (int64_t T : {1, 4, 6}) {
+          auto x = random_vec(size_t(T * 512), rng);
+          std::vector<float> y(size_t(T * count)), ref(size_t(T * count));
+          mla::cpu::gemv(x.data(), T, 512, v, y.data(), count);
+          mla::cpu::gemv_reference(x.data(), T, 512, v, ref.data(), count);
+          expect_close(v, x.data(), T, 512, y, ref, count, 1e-5,
+                       std::string(mla::weight_format_name(f)) + " slice " + std::to_string(first) + "+" +
+                           std::to_string(count) + " group " + std::to_string(group));
+        }
+      }
+    }
+}
+
+// Reads W[n, k] through the fast kernel (x = the unit vector e_k).
+float fast_element(const MatrixView& W, int64_t n, int64_t k) {
+  std::vector<float> x(static_cast<size_t>(W.cols), 0.0f), y(static_cast<size_t>(W.rows));
+  x[size_t(k)] = 1.0f;
+  mla::cpu::gemv(x.data(), 1, W.cols, W, y.data(), W.rows);
+  return y[size_t(n)];
+}
+
+TEST(Int4, UnpacksHandPackedWords) {
+  // One row of 64 values = 8 words; group 32, scales 0.5 and 2. Word w holds values 8w..8w+7,
+  // low nibble first, each stored as q + 8.
+  std::vector<int> q(64);
+  for (int k = 0; k < 64; ++k) q[size_t(k)] = (k * 5) % 16 - 8;  // every code from -8 to 7
+  q[7] = 7;    // highest nibble of word 0: the largest positive code
+  q[15] = -8;  // highest nibble of word 1: the most negative code (stored 0)
+  q[63] = -1;  // highest nibble of the last word
+  std::vector<uint32_t> words(8, 0);
+  for (int k = 0; k < 64; ++k) words[size_t(k / 8)] |= uint32_t(q[size_t(k)] + 8) << (4 * (k % 8));
+  EXPECT_EQ(words[0] >> 28, 15u);
+  EXPECT_EQ(words[1] >> 28, 0u);
+  std::vector<uint16_t> scales = {mla::f32_to_bf16(0.5f), mla::f32_to_bf16(2.0f)};
+  MatrixView v;
+  v.format = WeightFormat::INT4_GROUP;
+  v.rows = 1;
+  v.cols = 64;
+  v.data = words.data();
+  v.scales = scales.data();
+  v.group_size = 32;
+  v.scale_cols = 2;
+  std::vector<float> row(64);
+  v.dequant_row(0, row.data());
+  for (int k = 0; k < 64; ++k) {
+    const float want = float(q[size_t(k)]) * (k < 32 ? 0.5f : 2.0f);
+    EXPECT_EQ(row[size_t(k)], want) << "reference, value " << k;
+    EXPECT_EQ(fast_element(v, 0, k), want) << "fast kernel, value " << k;
+  }
+}
+
+TEST(Fp8, DecodesEveryCode) {
+  // One row of 256 codes (all but the two NaNs mapped to 0), scale 1 then 3 per 128 columns.
+  std::vector<uint8_t> codes(256);
+  for (int k = 0; k < 256; ++k) codes[size_t(k)] = ((k & 0x7f) == 0x7f) ? 0 : uint8_t(k);
+  std::vector<float> scales = {1.0f, 3.0f};
+  MatrixView v;
+  v.format = WeightFormat::FP8_BLOCK128;
+  v.rows = 1;
+  v.cols = 256;
+  v.data = codes.data();
+  v.scales = scales.data();
+  v.scale_cols = 2;
+  for (int k = 0; k < 256; ++k) {
+    const float want = mla::fp8e4m3_to_f32(codes[size_t(k)]) * (k < 128 ? 1.0f : 3.0f);
+    EXPECT_EQ(fast_element(v, 0, k), want) << "code " << int(codes[size_t(k)]);
+  }
+  EXPECT_EQ(mla::fp8e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_EQ(mla::fp8e4m3_to_f32(0xfe), -448.0f);
+}
+
+TEST(Matmul, BothPathsBothPrecisions) {
+  std::mt19937 rng(3);
+  const auto saved = mla::cpu::precision();
+  for (auto p : {mla::cpu::Precision::Precise, mla::cpu::Precision::Fast}) {
+    mla::cpu::set_precision(p);
+    // Fast mode rounds activations (and f32/f16 weights) to bf16: relative error 2^-8 each.
+    const double tol = p == mla::cpu::Precision::Fast ? 1.6e-2 : 1e-5;
+    for (WeightFormat f : kFormats)
+      for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 64}, {130, 96}, {257, 160}, {64, 33}}) {
+        if (f == WeightFormat::INT4_GROUP && cols % 32) continue;
+        Owned m = random_matrix(f, rows, cols, rng);
+        for (int64_t T : {1, 3, 8, 9, 17, 70}) {
+          const int64_t ldx = cols + 1, ldy = rows + 2;
+          auto x = random_vec(size_t(T * ldx), rng);
+          std::vector<float> y(size_t(T * ldy), -1.0f), ref(size_t(T * ldy), -1.0f);
+          mla::cpu::matmul(x.data(), T, ldx, m.view, y.data(), ldy);
+          mla::cpu::gemv_reference(x.data(), T, ldx, m.view, ref.data(), ldy);
+          expect_close(m.view, x.data(), T, ldx, y, ref, ldy, tol,
+                       std::string(mla::cpu::precision_name(p)) + " " + mla::weight_format_name(f) + " " +
+                           std::to_string(rows) + "x" + std::to_string(cols) + " T=" + std::to_string(T));
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t n = rows; n < ldy; ++n) ASSERT_EQ(y[size_t(t * ldy + n)], -1.0f);
+        }
+      }
+  }
+  mla::cpu::set_precision(saved);
+}
+
+TEST(Precision, ParsesNames) {
+  EXPECT_EQ(mla::cpu::parse_precision("fast"), mla::cpu::Precision::Fast);
+  EXPECT_EQ(mla::cpu::parse_precision("precise"), mla::cpu::Precision::Precise);
+  EXPECT_THROW(mla::cpu::parse_precision("bf16"), std::invalid_argument);
+}
+
+}  // namespace
