@@ -125,13 +125,23 @@ void Scheduler::cancel(int64_t id) {
   cv_.notify_all();
 }
 
+void Scheduler::cancel_all() {
+  {
+    std::lock_guard lk(mu_);
+    cancel_all_ = true;
+  }
+  cv_.notify_all();
+}
+
 void Scheduler::drain_incoming() {
   std::vector<std::unique_ptr<Sequence>> incoming;
   std::vector<int64_t> cancels;
+  bool all = false;
   {
     std::lock_guard lk(mu_);
     incoming.swap(incoming_);
     cancels.swap(cancels_);
+    std::swap(all, cancel_all_);
   }
   for (auto& s : incoming) {
     if (s->req.max_new_tokens == 0) {
@@ -146,6 +156,12 @@ void Scheduler::drain_incoming() {
       if (s->id == id && !s->done) finish(*s, FinishReason::Cancelled);
     for (auto& s : waiting_)
       if (s->id == id && !s->done) finish(*s, FinishReason::Cancelled);
+  }
+  if (all) {
+    for (auto& s : running_)
+      if (!s->done) finish(*s, FinishReason::Cancelled, "all requests were cancelled");
+    for (auto& s : waiting_)
+      if (!s->done) finish(*s, FinishReason::Cancelled, "all requests were cancelled");
   }
   std::erase_if(waiting_, [](const std::unique_ptr<Sequence>& s) { return s->done; });
 }
@@ -481,7 +497,7 @@ void Scheduler::engine_loop() {
     }
     if (!worked) {
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !incoming_.empty() || !cancels_.empty(); });
+      cv_.wait(lk, [&] { return stop_ || cancel_all_ || !incoming_.empty() || !cancels_.empty(); });
     }
   }
   // Whatever is left is cancelled, so that nobody waits for it.

@@ -124,6 +124,7 @@ class Scheduler {
   int64_t submit(ScheduledRequest req, Callback on_event);
   // Ends a request (its last event has reason Cancelled). Thread-safe; unknown ids are ignored.
   void cancel(int64_t id);
+  void cancel_all();  // every queued and running request; thread-safe
 
   // One engine step; false when there was nothing to do. Only one thread may step: either call
   // step() / run_until_idle() yourself or start() the engine thread.
@@ -182,6 +183,7 @@ class Scheduler {
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Sequence>> incoming_;
   std::vector<int64_t> cancels_;
+  bool cancel_all_ = false;
   int64_t next_id_ = 1;
   int64_t submitted_ = 0;
   bool stop_ = false;

@@ -1,0 +1,142 @@
+// `mla serve`: the OpenAI-compatible HTTP server over the continuous-batching scheduler.
+// Loads the checkpoint and its tokenizer, sizes one latent page pool, runs the engine thread
+// and serves /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics.
+// SIGINT / SIGTERM: stop accepting, answer the requests in flight, exit; a second signal
+// cancels what is still generating.
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "backend/cpu/ops.h"
+#include "cli/command.h"
+#include "engine/generation_config.h"
+#include "engine/scheduler.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+struct ServeOptions {
+  std::string model_dir, host = "127.0.0.1", kv_dtype = "bf16", served_model_name;
+  int port = 8080;
+  double kv_cache_gb = 0;
+  int64_t max_batch_tokens = 512, max_num_seqs = 64, page_size = 64;
+  int threads = 0;
+  bool no_prefix_cache = false;
+};
+
+std::string default_model_name(const std::string& dir) {
+  std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  std::string name = p.filename().string();
+  return name.empty() ? "mla" : name;
+}
+
+int serve_cmd(int argc, char** argv) {
+  CLI::App app{"Serve the model over an OpenAI-compatible HTTP API with continuous batching", "mla serve"};
+  ServeOptions o;
+  app.add_option("-m,--model", o.model_dir, "checkpoint folder (config.json, *.safetensors, tokenizer.json)")->required();
+  app.add_option("--host", o.host, "address to listen on (default 127.0.0.1)");
+  app.add_option("--port", o.port, "TCP port (default 8080; 0: any free port, printed)");
+  app.add_option("--kv-cache-gb", o.kv_cache_gb,
+                 "KV cache budget in GB (default: max-num-seqs full contexts, at most 1 GiB)");
+  app.add_option("--kv-dtype", o.kv_dtype, "latent cache storage: bf16 | fp8 | f32");
+  app.add_option("--max-batch-tokens", o.max_batch_tokens, "new tokens per forward pass: decode tokens + prefill chunks");
+  app.add_option("--max-num-seqs", o.max_num_seqs, "sequences running at once");
+  app.add_option("--page-size", o.page_size, "tokens per KV cache page");
+  app.add_option("--threads", o.threads, "CPU threads (default: all)");
+  app.add_option("--served-model-name", o.served_model_name, "the model name of the API (default: the folder's name)");
+  app.add_flag("--no-prefix-cache", o.no_prefix_cache, "do not share cached prompt prefixes between requests");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (o.kv_cache_gb < 0) throw std::invalid_argument("--kv-cache-gb must not be negative");
+  if (o.page_size <= 0) throw std::invalid_argument("--page-size must be positive");
+  if (o.port < 0 || o.port > 65535) throw std::invalid_argument("--port must be in [0, 65535]");
+  if (o.threads > 0) mla::cpu::set_num_threads(o.threads);
+  const mla::KvDType kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
+
+  // Every thread started from here on inherits the blocked signals; one thread waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto model = mla::Model::load(o.model_dir, ::isatty(STDERR_FILENO));
+  auto tokenizer = mla::Tokenizer::load(o.model_dir);
+  auto generation = mla::GenerationConfig::load(o.model_dir, model->config());
+  const mla::ModelConfig& c = model->config();
+
+  int64_t pages;
+  if (o.kv_cache_gb > 0) {
+    pages = mla::LatentPool::pages_for_budget(o.kv_cache_gb * 1e9, c.num_hidden_layers, c.kv_lora_rank,
+                                              c.qk_rope_head_dim, o.page_size, kv_dtype);
+  } else {
+    const int64_t context = c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096;
+    const int64_t cap = mla::LatentPool::pages_for_budget(double(1ull << 30), c.num_hidden_layers, c.kv_lora_rank,
+                                                          c.qk_rope_head_dim, o.page_size, kv_dtype);
+    pages = std::min((context + o.page_size - 1) / o.page_size * std::max<int64_t>(o.max_num_seqs, 1), cap);
+  }
+  if (pages < 1) throw std::invalid_argument("--kv-cache-gb is too small for one page of the KV cache");
+
+  mla::SchedulerOptions so;
+  so.max_batch_tokens = o.max_batch_tokens;
+  so.max_running = o.max_num_seqs;
+  so.prefix_cache = !o.no_prefix_cache;
+  mla::Scheduler scheduler(*model, model->make_pool(pages, o.page_size, kv_dtype), &tokenizer, so);
+
+  mla::server::ServerOptions sopt;
+  sopt.host = o.host;
+  sopt.port = o.port;
+  sopt.model_name = o.served_model_name.empty() ? default_model_name(o.model_dir) : o.served_model_name;
+  mla::server::Server server(scheduler, tokenizer, generation, c, sopt);
+  const int port = server.bind();
+  scheduler.start();
+
+  std::atomic<bool> done{false};
+  std::thread signal_thread([&] {
+    int received = 0;
+    timespec tick{0, 200 * 1000 * 1000};
+    while (!done) {
+      int sig = sigtimedwait(&signals, nullptr, &tick);
+      if (sig < 0) continue;
+      if (++received == 1) {
+        std::fprintf(stderr, "mla serve: %s: finishing the requests in flight (again to cancel them)\n",
+                     sig == SIGINT ? "SIGINT" : "SIGTERM");
+        server.stop();
+      } else {
+        std::fprintf(stderr, "mla serve: cancelling the requests in flight\n");
+        scheduler.cancel_all();
+      }
+    }
+  });
+
+  std::fprintf(stderr,
+               "mla serve: %s on http://%s:%d  (KV cache %lld pages x %lld tokens, %s, %lld bytes per token; "
+               "batches of up to %lld tokens, %lld sequences)\n",
+               sopt.model_name.c_str(), o.host.c_str(), port, (long long)pages, (long long)o.page_size,
+               o.kv_dtype.c_str(), (long long)scheduler.pool().bytes_per_token(), (long long)so.max_batch_tokens,
+               (long long)so.max_running);
+  std::fflush(stderr);
+  server.listen();
+  scheduler.stop();
+  done = true;
+  signal_thread.join();
+  auto st = scheduler.stats();
+  std::fprintf(stderr, "mla serve: stopped after %lld requests, %lld tokens generated\n",
+               (long long)st.requests_finished, (long long)st.generation_tokens);
+  return 0;
+}
+
+mla::cli::Command reg_serve("serve", "OpenAI-compatible HTTP server with continuous batching", serve_cmd);
+
+}  // namespace
