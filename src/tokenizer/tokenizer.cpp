@@ -6,6 +6,8 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <array>
+#include <map>
 #include <bit>
 #include <fstream>
 #include <functional>
@@ -15,6 +17,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "tokenizer/tiktoken.h"
 #include "tokenizer/unicode_util.h"
 
 namespace mla {
@@ -463,6 +466,9 @@ struct Tokenizer::Impl {
   bool use_config_flags = false;
   std::string chat_template;
 
+  // tiktoken.model (Kimi): the text is cut into Kimi's chunks before added tokens are matched.
+  bool kimi_chunks = false;
+
   // Word cache: piece bytes -> ids.
   mutable std::mutex cache_mutex;
   mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache;
@@ -472,6 +478,10 @@ struct Tokenizer::Impl {
   }
   const Merge* find_merge(int32_t a, int32_t b) const { return merges.find(pair_key(a, b)); }
 
+  void load_tokenizer_json(const std::string& path, std::string text);
+  void load_tiktoken(const std::string& path, std::string_view text, const json& config,
+                     const std::string& config_path);
+  void apply_config(const json& config, const std::string& config_path);
   void load_model(const json& model, TokenizerJsonReader& reader);
   void load_pre_tokenizer(const json& node);
   void check_normalizer(const json& node) const;
@@ -488,6 +498,7 @@ struct Tokenizer::Impl {
     std::string prefixed;
   };
 
+  void encode_span(std::string_view text, std::vector<int32_t>& out) const;
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;
   void pre_tokenize(EncodeState& state, const char* base, size_t level, size_t begin, size_t end) const;
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
@@ -906,13 +917,8 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
-Tokenizer Tokenizer::load(const std::string& dir) {
-  auto impl = std::make_unique<Impl>();
-  std::string path = dir + "/tokenizer.json";
-  impl->source = path;
-  bool exists = false;
-  std::string text = read_file(path, &exists);
-  if (!exists) throw std::runtime_error(path + ": cannot open file");
+void Tokenizer::Impl::load_tokenizer_json(const std::string& path, std::string text) {
+  source = path;
   TokenizerJsonReader reader(path);
   json::sax_parse(text, &reader);
   text.clear();
@@ -922,76 +928,178 @@ Tokenizer Tokenizer::load(const std::string& dir) {
 
   try {
     if (!root.contains("model")) throw std::runtime_error(path + ": no 'model' section");
-    impl->load_model(root["model"], reader);
-    impl->check_normalizer(root.value("normalizer", json()));
-    impl->load_pre_tokenizer(root.value("pre_tokenizer", json()));
-    impl->check_decoder(root.value("decoder", json()));
-    impl->load_post_processor(root.value("post_processor", json()));
+    load_model(root["model"], reader);
+    check_normalizer(root.value("normalizer", json()));
+    load_pre_tokenizer(root.value("pre_tokenizer", json()));
+    check_decoder(root.value("decoder", json()));
+    load_post_processor(root.value("post_processor", json()));
 
     if (root.contains("added_tokens") && root["added_tokens"].is_array()) {
       for (const json& t : root["added_tokens"]) {
         AddedToken token{t.at("id").get<int32_t>(), t.at("content").get<std::string>(), t.value("special", false),
                          t.value("lstrip", false), t.value("rstrip", false), t.value("single_word", false)};
-        impl->set_token(token.id, token.content);
-        impl->id_special[token.id] = token.special ? 1 : 0;
-        impl->text_to_id.insert_or_assign(token.content, token.id);
-        impl->added_tokens.push_back(std::move(token));
+        set_token(token.id, token.content);
+        id_special[token.id] = token.special ? 1 : 0;
+        text_to_id.insert_or_assign(token.content, token.id);
+        added_tokens.push_back(std::move(token));
       }
     }
   } catch (const json::exception& e) {
     throw std::runtime_error(path + ": unexpected structure: " + e.what());
   }
-  impl->build_trie();
+}
 
-  std::string config_path = dir + "/tokenizer_config.json";
-  std::string config_text = read_file(config_path, &exists);
-  if (exists) {
-    json config = parse_json_file(config_path, config_text);
-    if (!config.is_object()) throw std::runtime_error(config_path + ": top level is not a JSON object");
-    try {
-      if (config.contains("bos_token")) impl->bos_text = token_content(config["bos_token"]);
-      if (config.contains("eos_token")) impl->eos_text = token_content(config["eos_token"]);
-      if (config.contains("add_bos_token") || config.contains("add_eos_token")) {
-        impl->use_config_flags = true;
-        impl->add_bos = config.value("add_bos_token", false);
-        impl->add_eos = config.value("add_eos_token", false);
-      }
-      if (config.contains("chat_template")) {
-        const json& t = config["chat_template"];
-        if (t.is_string()) {
-          impl->chat_template = t.get<std::string>();
-        } else if (t.is_array() && !t.empty()) {  // [{"name": ..., "template": ...}]
-          impl->chat_template = t[0].at("template").get<std::string>();
-          for (const json& named : t)
-            if (named.value("name", "") == "default") impl->chat_template = named.at("template").get<std::string>();
-        }
-      }
-    } catch (const json::exception& e) {
-      throw std::runtime_error(config_path + ": unexpected structure: " + e.what());
-    }
-    auto resolve = [&](const std::string& name, const char* what) -> int32_t {
-      if (name.empty()) return -1;
-      int32_t id = impl->text_to_id.find(name);
-      if (id < 0) throw std::runtime_error(config_path + ": " + what + " '" + name + "' is not in the vocabulary");
-      return id;
-    };
-    impl->bos = resolve(impl->bos_text, "bos_token");
-    impl->eos = resolve(impl->eos_text, "eos_token");
-    if (impl->add_bos && impl->bos < 0)
-      throw std::runtime_error(config_path + ": add_bos_token is true but there is no bos_token");
-    if (impl->add_eos && impl->eos < 0)
-      throw std::runtime_error(config_path + ": add_eos_token is true but there is no eos_token");
+// tiktoken.model: the id of a token is its rank, and BPE merges the adjacent pair whose
+// concatenation has the lowest rank. That is the merge-table BPE of tokenizer.json with one merge
+// (left, right) -> concatenation for every way of cutting a token into two tokens, ranked by the
+// concatenation's rank. A piece that is itself a token is taken whole (tiktoken looks pieces up
+// before merging), as tokenizer.json's ignore_merges does. Special tokens come from
+// tokenizer_config.json's added_tokens_decoder; as in Kimi's tokenization_kimi.py, the 256 ids
+// after the last rank are special tokens, named <|reserved_token_ID|> unless the config names them.
+void Tokenizer::Impl::load_tiktoken(const std::string& path, std::string_view text, const json& config,
+                                    const std::string& config_path) {
+  source = path;
+  std::vector<tiktoken::RankedToken> tokens = tiktoken::parse_model(path, text);
+  int32_t max_rank = 0;
+  for (const auto& t : tokens) max_rank = std::max(max_rank, t.rank);
+  id_to_text.reserve(static_cast<size_t>(max_rank) + 257);
+  text_to_id.reserve(tokens.size() + 512);
+  bytes_to_id.reserve(tokens.size());
+  const auto& alphabet = utf8::byte_to_char();
+  for (const auto& t : tokens) {
+    std::string shown;  // the byte-level form tokenizer.json would use, e.g. "Ġthe"
+    for (unsigned char b : t.bytes) utf8::append(shown, alphabet[b]);
+    set_token(t.rank, shown);
+    text_to_id.insert_or_assign(shown, t.rank);
+    bytes_to_id.emplace(t.bytes, t.rank);
   }
+  ignore_merges = true;
+  for (int b = 0; b < 256; ++b) {
+    auto it = bytes_to_id.find(std::string(1, static_cast<char>(b)));
+    if (it == bytes_to_id.end())
+      throw std::runtime_error(path + ": no token for the single byte " + std::to_string(b));
+    byte_id[b] = it->second;
+  }
+
+  std::vector<std::array<int32_t, 3>> cuts;  // (left id, right id, rank of the whole)
+  for (const auto& t : tokens) {
+    std::string_view whole = t.bytes;
+    for (size_t k = 1; k < whole.size(); ++k) {
+      auto left = bytes_to_id.find(whole.substr(0, k));
+      if (left == bytes_to_id.end()) continue;
+      auto right = bytes_to_id.find(whole.substr(k));
+      if (right == bytes_to_id.end()) continue;
+      cuts.push_back({left->second, right->second, t.rank});
+    }
+  }
+  merges.reserve(cuts.size());
+  for (const auto& [l, r, rank] : cuts) merges.insert(pair_key(l, r), rank, rank);
+
+  // Special tokens by id.
+  std::map<int32_t, std::pair<std::string, bool>> specials;
+  if (config.is_object() && config.contains("added_tokens_decoder")) {
+    const json& decoder = config["added_tokens_decoder"];
+    if (!decoder.is_object()) throw std::runtime_error(config_path + ": added_tokens_decoder is not an object");
+    for (const auto& [key, value] : decoder.items()) {
+      int64_t id = -1;
+      if (!key.empty() && key.size() <= 9 && key.find_first_not_of("0123456789") == std::string::npos)
+        id = std::stoll(key);
+      if (id < 0 || id >= (1 << 26))
+        throw std::runtime_error(config_path + ": added_tokens_decoder key '" + key + "' is not a token id");
+      if (!value.is_object() || !value.contains("content") || !value["content"].is_string() ||
+          value["content"].get<std::string>().empty())
+        throw std::runtime_error(config_path + ": added_tokens_decoder entry " + key + " has no content string");
+      bool special = value.contains("special") && value["special"].is_boolean() ? value["special"].get<bool>() : true;
+      specials[static_cast<int32_t>(id)] = {value["content"].get<std::string>(), special};
+    }
+  }
+  const int32_t first_reserved = static_cast<int32_t>(tokens.size());
+  for (int32_t id = first_reserved; id < first_reserved + 256; ++id)
+    if (!specials.count(id)) specials[id] = {"<|reserved_token_" + std::to_string(id) + "|>", true};
+  for (const auto& [id, entry] : specials) {
+    const auto& [content, special] = entry;
+    if (static_cast<size_t>(id) < id_present.size() && id_present[id])
+      throw std::runtime_error(config_path + ": added token '" + content + "' has id " + std::to_string(id) +
+                               ", which " + path + " already gives to a token");
+    set_token(id, content);
+    id_to_bytes[id] = content;
+    id_special[id] = special ? 1 : 0;
+    text_to_id.insert_or_assign(content, id);
+    added_tokens.push_back(AddedToken{id, content, special, false, false, false});
+  }
+
+  PreTokenizerStep step;
+  step.regex = std::make_unique<Regex>(tiktoken::kKimiPattern, false, path + ": Kimi pre-tokenizer pattern");
+  steps.push_back(std::move(step));
+  kimi_chunks = true;
+}
+
+void Tokenizer::Impl::apply_config(const json& config, const std::string& config_path) {
+  if (!config.is_object()) throw std::runtime_error(config_path + ": top level is not a JSON object");
+  try {
+    if (config.contains("bos_token")) bos_text = token_content(config["bos_token"]);
+    if (config.contains("eos_token")) eos_text = token_content(config["eos_token"]);
+    if (config.contains("add_bos_token") || config.contains("add_eos_token")) {
+      use_config_flags = true;
+      add_bos = config.value("add_bos_token", false);
+      add_eos = config.value("add_eos_token", false);
+    }
+    if (config.contains("chat_template")) {
+      const json& t = config["chat_template"];
+      if (t.is_string()) {
+        chat_template = t.get<std::string>();
+      } else if (t.is_array() && !t.empty()) {  // [{"name": ..., "template": ...}]
+        chat_template = t[0].at("template").get<std::string>();
+        for (const json& named : t)
+          if (named.value("name", "") == "default") chat_template = named.at("template").get<std::string>();
+      }
+    }
+  } catch (const json::exception& e) {
+    throw std::runtime_error(config_path + ": unexpected structure: " + e.what());
+  }
+  auto resolve = [&](const std::string& name, const char* what) -> int32_t {
+    if (name.empty()) return -1;
+    int32_t id = text_to_id.find(name);
+    if (id < 0) throw std::runtime_error(config_path + ": " + what + " '" + name + "' is not in the vocabulary");
+    return id;
+  };
+  bos = resolve(bos_text, "bos_token");
+  eos = resolve(eos_text, "eos_token");
+  if (add_bos && bos < 0) throw std::runtime_error(config_path + ": add_bos_token is true but there is no bos_token");
+  if (add_eos && eos < 0) throw std::runtime_error(config_path + ": add_eos_token is true but there is no eos_token");
+}
+
+Tokenizer Tokenizer::load(const std::string& dir) {
+  auto impl = std::make_unique<Impl>();
+  const std::string json_path = dir + "/tokenizer.json";
+  const std::string config_path = dir + "/tokenizer_config.json";
+  bool exists = false, has_config = false;
+  std::string config_text = read_file(config_path, &has_config);
+  json config = has_config ? parse_json_file(config_path, config_text) : json();
+
+  std::string text = read_file(json_path, &exists);
+  if (exists) {
+    impl->load_tokenizer_json(json_path, std::move(text));
+  } else {
+    // Kimi K2 / K2.5 ship tiktoken.model (with tokenization_kimi.py) instead of tokenizer.json.
+    const std::string tiktoken_path = dir + "/tiktoken.model";
+    text = read_file(tiktoken_path, &exists);
+    if (!exists) throw std::runtime_error(json_path + ": cannot open file (nor " + tiktoken_path + ")");
+    impl->load_tiktoken(tiktoken_path, text, config, config_path);
+  }
+  impl->build_trie();
+  if (has_config) impl->apply_config(config, config_path);
+
   // Newer checkpoints keep the template beside the config: chat_template.jinja or chat_template.json.
   if (impl->chat_template.empty()) {
     std::string jinja = read_file(dir + "/chat_template.jinja", &exists);
     if (exists) {
       impl->chat_template = std::move(jinja);
     } else {
-      std::string json_path = dir + "/chat_template.json";
-      std::string json_text = read_file(json_path, &exists);
+      std::string template_path = dir + "/chat_template.json";
+      std::string template_text = read_file(template_path, &exists);
       if (exists) {
-        json t = parse_json_file(json_path, json_text);
+        json t = parse_json_file(template_path, template_text);
         if (t.is_object() && t.contains("chat_template") && t["chat_template"].is_string())
           impl->chat_template = t["chat_template"].get<std::string>();
       }
@@ -1018,12 +1126,30 @@ std::vector<int32_t> Tokenizer::encode(std::string_view input, bool add_special_
     }
   }
 
+  if (im.kimi_chunks) {
+    tiktoken::for_each_kimi_chunk(text, [&](std::string_view chunk) { im.encode_span(chunk, out); });
+  } else {
+    im.encode_span(text, out);
+  }
+
+  if (add_special_tokens) {
+    if (im.use_config_flags) {
+      if (im.add_eos) out.push_back(im.eos);
+    } else {
+      out.insert(out.end(), im.suffix_ids.begin(), im.suffix_ids.end());
+    }
+  }
+  return out;
+}
+
+// Matches added tokens in text (leftmost, longest) and encodes the text between them.
+void Tokenizer::Impl::encode_span(std::string_view text, std::vector<int32_t>& out) const {
   // Leftmost-longest scan for added tokens; the text between matches goes through BPE.
   size_t plain_begin = 0, i = 0;
   const size_t n = text.size();
   while (i < n) {
     uint8_t first = static_cast<uint8_t>(text[i]);
-    if (!im.trie_first[first]) {
+    if (!trie_first[first]) {
       ++i;
       continue;
     }
@@ -1031,17 +1157,17 @@ std::vector<int32_t> Tokenizer::encode(std::string_view input, bool add_special_
     size_t found_end = 0;
     for (size_t k = i; k < n; ++k) {
       uint8_t b = static_cast<uint8_t>(text[k]);
-      const auto& kids = im.trie[node].children;
+      const auto& kids = trie[node].children;
       auto it = std::lower_bound(kids.begin(), kids.end(), std::make_pair(b, int32_t{-1}));
       if (it == kids.end() || it->first != b) break;
       node = it->second;
-      if (im.trie[node].token >= 0) {
-        found = im.trie[node].token;
+      if (trie[node].token >= 0) {
+        found = trie[node].token;
         found_end = k + 1;
       }
     }
     if (found >= 0) {
-      const AddedToken& token = im.added_tokens[found];
+      const AddedToken& token = added_tokens[found];
       if (token.single_word) {
         bool left_ok = i == 0 || !is_ascii_word_char(static_cast<uint8_t>(text[i - 1]));
         bool right_ok = found_end == n || !is_ascii_word_char(static_cast<uint8_t>(text[found_end]));
@@ -1052,27 +1178,18 @@ std::vector<int32_t> Tokenizer::encode(std::string_view input, bool add_special_
       ++i;
       continue;
     }
-    const AddedToken& token = im.added_tokens[found];
+    const AddedToken& token = added_tokens[found];
     size_t plain_end = i;
     if (token.lstrip)
       while (plain_end > plain_begin && is_space(static_cast<uint8_t>(text[plain_end - 1]))) --plain_end;
-    im.encode_text(text.substr(plain_begin, plain_end - plain_begin), out);
+    encode_text(text.substr(plain_begin, plain_end - plain_begin), out);
     out.push_back(token.id);
     i = found_end;
     if (token.rstrip)
       while (i < n && is_space(static_cast<uint8_t>(text[i]))) ++i;
     plain_begin = i;
   }
-  im.encode_text(text.substr(plain_begin), out);
-
-  if (add_special_tokens) {
-    if (im.use_config_flags) {
-      if (im.add_eos) out.push_back(im.eos);
-    } else {
-      out.insert(out.end(), im.suffix_ids.begin(), im.suffix_ids.end());
-    }
-  }
-  return out;
+  encode_text(text.substr(plain_begin), out);
 }
 
 const std::string& Tokenizer::token_bytes(int32_t id) const {
