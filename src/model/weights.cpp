@@ -16,7 +16,7 @@ class Loader {
   ModelWeights load() {
     const auto& c = cfg_;
     const std::string p = c.weight_prefix;
-    w_.embed = matrix(p + "model.embed_tokens", c.vocab_size, c.hidden_size);
+    w_.embed = matrix(p + "model.embed_tokens", c.vocab_size, c.hidden_size, /*linear=*/false);
     w_.final_norm = vec(p + "model.norm.weight", c.hidden_size);
     if (ckpt_.find(p + "lm_head.weight") || !c.tie_word_embeddings)
       w_.lm_head = matrix(p + "lm_head", c.vocab_size, c.hidden_size);
@@ -43,7 +43,7 @@ class Loader {
       absorb(L);
       L.moe = c.is_moe_layer(l);
       if (L.moe) {
-        L.router = matrix(lp + "mlp.gate", c.n_routed_experts, c.hidden_size);
+        L.router = matrix(lp + "mlp.gate", c.n_routed_experts, c.hidden_size, /*linear=*/false);
         if (ckpt_.find(lp + "mlp.gate.e_score_correction_bias"))
           L.router_bias = vec(lp + "mlp.gate.e_score_correction_bias", c.n_routed_experts);
         else if (c.topk_method == TopkMethod::NoauxTc)
@@ -103,13 +103,40 @@ class Loader {
     }
   }
 
-  MatrixView matrix(const std::string& base, int64_t rows, int64_t cols) {
+  // Whether compressed-tensors quantizes this Linear layer: every Linear unless a name or a
+  // "re:" pattern of the ignore list matches it (re.match semantics: anchored at the start).
+  // Names are tried with and without the checkpoint's "language_model." prefix.
+  bool int4_quantized(const std::string& base) const {
+    if (!cfg_.int4.enabled) return false;
+    const std::string plain = base.substr(cfg_.weight_prefix.size());
+    for (const auto& ig : cfg_.int4.ignore) {
+      for (const std::string& name : {plain, base}) {
+        if (ig.rfind("re:", 0) == 0) {
+          if (std::regex_search(name, std::regex(ig.substr(3)), std::regex_constants::match_continuous)) return false;
+        } else if (ig == name) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  // `linear`: an nn.Linear of the model (embeddings and the MoE router are not), so the INT4
+  // quantization config applies to it.
+  MatrixView matrix(const std::string& base, int64_t rows, int64_t cols, bool linear = true) {
     MatrixView m;
     m.rows = rows;
     m.cols = cols;
-    if (const TensorInfo* packed = ckpt_.find(base + ".weight_packed")) {
+    const bool want_int4 = linear && int4_quantized(base);
+    const TensorInfo* packed = ckpt_.find(base + ".weight_packed");
+    if (want_int4 && !packed)
+      format_error(ckpt_.dir(), base + ".weight_packed",
+                   "missing: quantization_config quantizes this layer (it matches no entry of its ignore list)");
+    if (packed) {
       if (!cfg_.int4.enabled)
         format_error(packed->file, packed->name, "is INT4 pack-quantized but config.json has no compressed-tensors quantization_config");
+      if (!want_int4)
+        format_error(packed->file, packed->name, "is INT4 pack-quantized but quantization_config's ignore list keeps this layer unquantized");
       const int64_t gs = cfg_.int4.group_size;
       const TensorInfo& scale = ckpt_.get(base + ".weight_scale");
       const TensorInfo& shape = ckpt_.get(base + ".weight_shape");

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "format/error.h"
@@ -210,6 +211,59 @@ TEST(BadCheckpoint, IndexNamesWrongShard) {
                                                                                     : "model-00001-of-00002.safetensors";
   std::ofstream(dir + "/model.safetensors.index.json") << idx.dump();
   expect_error([&] { Model::load(dir); }, {"model.norm.weight", "not in that shard"});
+}
+
+// Kimi K2.5's INT4 experts: the quantization config and the tensors must agree.
+void edit_quant(json& cfg, const std::function<void(json&)>& f) {
+  f(cfg["quantization_config"]);
+  f(cfg["text_config"]["quantization_config"]);
+}
+
+TEST(BadCheckpoint, Int4IgnoreListDisagreesWithTensors) {
+  {
+    Mutated m("kimi-k2.5-int4-tiny");  // attention no longer ignored: it should be packed, and is not
+    edit_quant(m.config, [](json& q) {
+      json keep = json::array();
+      for (auto& e : q["ignore"])
+        if (e != "re:.*self_attn.*") keep.push_back(e);
+      q["ignore"] = keep;
+    });
+    auto dir = m.write();
+    expect_error([&] { Model::load(dir); }, {"self_attn", "weight_packed", "quantizes this layer"});
+  }
+  {
+    Mutated m("kimi-k2.5-int4-tiny");  // experts ignored, yet packed
+    edit_quant(m.config, [](json& q) { q["ignore"].push_back("re:.*experts.*"); });
+    auto dir = m.write();
+    expect_error([&] { Model::load(dir); }, {"experts", "weight_packed", "ignore list keeps this layer unquantized"});
+  }
+}
+
+TEST(BadCheckpoint, Int4UnsupportedSchemes) {
+  for (auto [key, value, fragment] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"num_bits", 8, "num_bits = 8"},
+           {"symmetric", false, "symmetric = false"},
+           {"strategy", "channel", "strategy = \"channel\""},
+           {"type", "float", "type = \"float\""},
+           {"group_size", 0, "group_size"},
+       }) {
+    Mutated m("kimi-k2.5-int4-tiny");
+    edit_quant(m.config, [&, key = key, value = value](json& q) { q["config_groups"]["group_0"]["weights"][key] = value; });
+    auto dir = m.write();
+    expect_error([&] { Model::load(dir); }, {"config.json", "quantization_config", fragment, "not supported"});
+  }
+}
+
+TEST(BadCheckpoint, Int4ShapeDisagreesWithConfig) {
+  Mutated m("kimi-k2.5-int4-tiny");
+  auto* s = m.find("language_model.model.layers.1.mlp.experts.3.up_proj.weight_shape");
+  ASSERT_TRUE(s);
+  s->fill = [](uint8_t* out) {
+    int32_t v[2] = {33, 128};
+    std::memcpy(out, v, 8);
+  };
+  auto dir = m.write();
+  expect_error([&] { Model::load(dir); }, {"experts.3.up_proj.weight_shape", "says [33, 128]", "config needs"});
 }
 
 TEST(BadInput, TokenOutsideVocabulary) {
