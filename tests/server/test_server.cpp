@@ -1,0 +1,417 @@
+// End-to-end tests of the OpenAI-compatible server on the deepseek-v3-tiny fixture with a
+// byte-level tokenizer: the server runs in-process on 127.0.0.1 (a free port) and httplib's
+// client sends completions, chat completions, streamed requests (checking the SSE framing),
+// concurrent requests and bad requests (OpenAI's error object). A last test runs the
+// `mla serve` binary and stops it with SIGTERM.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "engine/generation_config.h"
+#include "engine/scheduler.h"
+#include "server/openai.h"
+#include "server/server.h"
+#include "test_util.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+extern char** environ;
+
+namespace mla {
+namespace {
+
+using nlohmann::json;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  struct Shared {
+    std::unique_ptr<Model> model;
+    std::unique_ptr<test::TempDir> dir;
+    std::unique_ptr<Tokenizer> tokenizer;
+    GenerationConfig generation;
+    std::unique_ptr<Scheduler> scheduler;
+    std::unique_ptr<server::Server> server;
+    std::thread thread;
+    int port = 0;
+  };
+  static inline Shared* s = nullptr;
+
+  static void SetUpTestSuite() {
+    s = new Shared;
+    s->model = Model::load(test::fixture("deepseek-v3-tiny"));
+    s->dir = std::make_unique<test::TempDir>("server-tok");
+    Tokenizer::write_byte_level_tokenizer(s->dir->str(), 512);
+    s->tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(s->dir->str()));
+    s->generation = GenerationConfig::load(test::fixture("deepseek-v3-tiny"), s->model->config());
+    SchedulerOptions so;
+    so.max_batch_tokens = 64;
+    s->scheduler = std::make_unique<Scheduler>(*s->model, s->model->make_pool(48, 16, KvDType::F32),
+                                               s->tokenizer.get(), so);
+    s->scheduler->start();
+    server::ServerOptions opt;
+    opt.host = "127.0.0.1";
+    opt.port = 0;
+    opt.model_name = "tiny";
+    s->server = std::make_unique<server::Server>(*s->scheduler, *s->tokenizer, s->generation, s->model->config(), opt);
+    s->port = s->server->bind();
+    s->thread = std::thread([] { s->server->listen(); });
+  }
+  static void TearDownTestSuite() {
+    s->server->stop();
+    s->thread.join();
+    s->scheduler->stop();
+    delete s;
+    s = nullptr;
+  }
+
+  static httplib::Client client() {
+    httplib::Client c("127.0.0.1", s->port);
+    c.set_read_timeout(120, 0);
+    return c;
+  }
+  static httplib::Result post(const std::string& path, const json& body) {
+    return client().Post(path.c_str(), body.dump(), "application/json");
+  }
+  // The events of an SSE body; checks the framing: "data: ...\n\n" blocks, the last [DONE].
+  static std::vector<json> sse_events(const std::string& body) {
+    std::vector<json> out;
+    size_t pos = 0;
+    bool done = false;
+    while (pos < body.size()) {
+      size_t end = body.find("\n\n", pos);
+      EXPECT_NE(end, std::string::npos) << "an event without its blank line";
+      if (end == std::string::npos) break;
+      std::string ev = body.substr(pos, end - pos);
+      pos = end + 2;
+      EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+      EXPECT_FALSE(done) << "an event after [DONE]";
+      std::string data = ev.substr(6);
+      if (data == "[DONE]") {
+        done = true;
+        continue;
+      }
+      out.push_back(json::parse(data));
+    }
+    EXPECT_TRUE(done) << "no data: [DONE]";
+    return out;
+  }
+  static void expect_error(const httplib::Result& r, int status, const std::string& param = {}) {
+    ASSERT_TRUE(r) << "no response";
+    EXPECT_EQ(r->status, status) << r->body;
+    json j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    EXPECT_FALSE(j["error"]["message"].get<std::string>().empty());
+    EXPECT_TRUE(j["error"]["type"].is_string());
+    EXPECT_TRUE(j["error"].contains("param") && j["error"].contains("code"));
+    if (!param.empty()) {
+      EXPECT_EQ(j["error"]["param"], param) << r->body;
+    }
+  }
+  // The reference: the scheduler's own greedy output for these prompt tokens.
+  static ScheduledResult direct(const std::vector<int32_t>& prompt, int64_t max_new, std::vector<std::string> stop = {}) {
+    ScheduledRequest r;
+    r.prompt = prompt;
+    r.sampling.temperature = 0;
+    r.max_new_tokens = max_new;
+    r.stop = std::move(stop);
+    r.eos_token_ids = s->generation.eos_token_ids;
+    if (s->tokenizer->eos_id() >= 0) r.eos_token_ids.push_back(s->tokenizer->eos_id());
+    return s->scheduler->generate(r);
+  }
+};
+
+TEST_F(ServerTest, CompletionMatchesScheduler) {
+  auto r = post("/v1/completions", {{"model", "tiny"}, {"prompt", "The cat sat"}, {"max_tokens", 10}, {"temperature", 0}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_NE(r->get_header_value("Content-Type").find("application/json"), std::string::npos);
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "tiny");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  ASSERT_EQ(j["choices"].size(), 1u);
+  auto ref = direct(s->tokenizer->encode("The cat sat", true), 10);
+  EXPECT_EQ(j["choices"][0]["text"], ref.text);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], ref.reason == FinishReason::MaxTokens ? "length" : "stop");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], int64_t(s->tokenizer->encode("The cat sat", true).size()));
+  EXPECT_EQ(j["usage"]["completion_tokens"], int64_t(ref.tokens.size()));
+  EXPECT_EQ(j["usage"]["total_tokens"], j["usage"]["prompt_tokens"].get<int64_t>() + int64_t(ref.tokens.size()));
+
+  // Token ids as the prompt give the same completion.
+  json ids = s->tokenizer->encode("The cat sat", true);
+  auto r2 = post("/v1/completions", {{"prompt", ids}, {"max_tokens", 10}, {"temperature", 0}});
+  ASSERT_TRUE(r2);
+  ASSERT_EQ(r2->status, 200) << r2->body;
+  EXPECT_EQ(json::parse(r2->body)["choices"][0]["text"], ref.text);
+}
+
+TEST_F(ServerTest, SeededSamplingRepeats) {
+  json body = {{"prompt", "Once upon"}, {"max_tokens", 12}, {"temperature", 0.9}, {"top_p", 0.95},
+               {"top_k", 50},         {"min_p", 0.01},     {"seed", 1234},      {"presence_penalty", 0.3},
+               {"frequency_penalty", 0.2}, {"repetition_penalty", 1.1}};
+  auto a = post("/v1/completions", body), b = post("/v1/completions", body);
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(a->status, 200) << a->body;
+  EXPECT_EQ(json::parse(a->body)["choices"][0]["text"], json::parse(b->body)["choices"][0]["text"]);
+}
+
+TEST_F(ServerTest, StopStringEndsWithStop) {
+  auto prompt = s->tokenizer->encode("Hello world", true);
+  auto ref = direct(prompt, 24);
+  ASSERT_GE(ref.text.size(), 6u);
+  // Three ASCII bytes from the second half (a cut through a UTF-8 character would not be JSON).
+  std::string stop;
+  for (size_t i = ref.text.size() / 2; i + 3 <= ref.text.size() && stop.empty(); ++i)
+    if ((ref.text[i] & 0x80) == 0 && (ref.text[i + 1] & 0x80) == 0 && (ref.text[i + 2] & 0x80) == 0)
+      stop = ref.text.substr(i, 3);
+  ASSERT_FALSE(stop.empty()) << "no ASCII run in " << ref.text;
+  auto r = post("/v1/completions", {{"prompt", "Hello world"}, {"max_tokens", 24}, {"temperature", 0}, {"stop", stop}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][0]["text"], ref.text.substr(0, ref.text.find(stop)));
+}
+
+TEST_F(ServerTest, ChatCompletionUsesTheTemplate) {
+  json messages = json::array({{{"role", "system"}, {"content", "Be brief."}},
+                               {{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "Hi there"}}})}}});
+  auto r = post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  json plain = json::array({{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi there"}}});
+  std::string text = render_chat_template(s->tokenizer->chat_template(), plain, true,
+                                          {{"bos_token", s->tokenizer->bos_token()}, {"eos_token", s->tokenizer->eos_token()}});
+  auto ids = s->tokenizer->encode(text, false);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], int64_t(ids.size()));
+  auto ref = direct(ids, 8);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], ref.text);
+  EXPECT_EQ(j["usage"]["completion_tokens"], int64_t(ref.tokens.size()));
+}
+
+TEST_F(ServerTest, StreamedCompletionFraming) {
+  auto ref_r = post("/v1/completions", {{"prompt", "Streaming text"}, {"max_tokens", 12}, {"temperature", 0}});
+  ASSERT_TRUE(ref_r);
+  json ref = json::parse(ref_r->body);
+  auto r = post("/v1/completions", {{"prompt", "Streaming text"}, {"max_tokens", 12}, {"temperature", 0},
+                                    {"stream", true}, {"stream_options", {{"include_usage", true}}}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_NE(r->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  auto events = sse_events(r->body);
+  ASSERT_GE(events.size(), 3u);
+  std::string text;
+  std::string finish;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json& e = events[i];
+    EXPECT_EQ(e["object"], "text_completion");
+    EXPECT_EQ(e["id"], events[0]["id"]);
+    ASSERT_EQ(e["choices"].size(), 1u);
+    text += e["choices"][0]["text"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) {
+      EXPECT_TRUE(finish.empty()) << "one chunk carries the finish reason";
+      finish = e["choices"][0]["finish_reason"];
+    }
+  }
+  EXPECT_EQ(text, ref["choices"][0]["text"]);
+  EXPECT_EQ(finish, ref["choices"][0]["finish_reason"]);
+  const json& usage = events.back();
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], ref["usage"]["completion_tokens"]);
+  EXPECT_EQ(usage["usage"]["prompt_tokens"], ref["usage"]["prompt_tokens"]);
+}
+
+TEST_F(ServerTest, StreamedChatStartsWithTheRole) {
+  json messages = json::array({{{"role", "user"}, {"content", "Tell me"}}});
+  auto ref_r = post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 9}, {"temperature", 0}});
+  ASSERT_TRUE(ref_r);
+  json ref = json::parse(ref_r->body);
+  auto r = post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 9}, {"temperature", 0}, {"stream", true}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  auto events = sse_events(r->body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(events[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (auto& e : events) {
+    EXPECT_FALSE(e.contains("usage")) << "no usage chunk unless asked for";
+    const json& d = e["choices"][0]["delta"];
+    if (d.contains("content")) text += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(text, ref["choices"][0]["message"]["content"]);
+  EXPECT_EQ(events.back()["choices"][0]["finish_reason"], ref["choices"][0]["finish_reason"]);
+  EXPECT_EQ(events.back()["choices"][0]["delta"], json::object());
+}
+
+TEST_F(ServerTest, ConcurrentRequestsEqualSequential) {
+  const std::vector<std::string> prompts = {"alpha beta", "a much longer prompt that spans several pages of the cache",
+                                            "x", "numbers 12345 67890", "the same prefix for two", "the same prefix for one"};
+  std::vector<std::string> seq, par(prompts.size());
+  for (auto& p : prompts) {
+    auto r = post("/v1/completions", {{"prompt", p}, {"max_tokens", 15}, {"temperature", 0}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    seq.push_back(json::parse(r->body)["choices"][0]["text"]);
+  }
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    threads.emplace_back([&, i] {
+      bool stream = i % 2 == 1;
+      auto r = post("/v1/completions", {{"prompt", prompts[i]}, {"max_tokens", 15}, {"temperature", 0}, {"stream", stream}});
+      if (!r || r->status != 200) return;
+      if (!stream) {
+        par[i] = json::parse(r->body)["choices"][0]["text"];
+      } else {
+        for (auto& e : sse_events(r->body)) par[i] += e["choices"][0]["text"].get<std::string>();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(par[i], seq[i]) << prompts[i];
+}
+
+TEST_F(ServerTest, BadRequestsGetOpenAIErrors) {
+  auto c = client();
+  expect_error(c.Post("/v1/completions", "{not json", "application/json"), 400);
+  expect_error(c.Post("/v1/completions", "[1, 2]", "application/json"), 400);
+  expect_error(post("/v1/completions", {{"max_tokens", 4}}), 400, "prompt");
+  expect_error(post("/v1/completions", {{"prompt", ""}}), 400, "prompt");
+  expect_error(post("/v1/completions", {{"prompt", json::array()}}), 400, "prompt");
+  expect_error(post("/v1/completions", {{"prompt", {"one", "two"}}}), 400, "prompt");
+  expect_error(post("/v1/completions", {{"prompt", {1, 2, 9999}}}), 400, "prompt");
+  expect_error(post("/v1/completions", {{"prompt", 42}}), 400, "prompt");
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"n", 2}}), 400, "n");
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"temperature", "hot"}}), 400, "temperature");
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"temperature", -1}}), 400, "temperature");
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"top_p", 0}}), 400, "top_p");
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 0}}), 400, "max_tokens");
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2.5}}), 400, "max_tokens");
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"stream", "yes"}}), 400, "stream");
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"stop", {1, 2}}}), 400, "stop");
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"seed", "s"}}), 400, "seed");
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"model", "gpt-4"}}), 404, "model");
+  // Longer than the model's context of 256 tokens (the cache holds 768).
+  std::vector<int32_t> long_ids(300, 65);
+  expect_error(post("/v1/completions", {{"prompt", long_ids}}), 400, "prompt");
+  expect_error(post("/v1/completions", {{"prompt", long_ids}, {"stream", true}}), 400, "prompt");
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 300}}), 400, "max_tokens");
+  expect_error(post("/v1/chat/completions", {{"prompt", "hi"}}), 400, "messages");
+  expect_error(post("/v1/chat/completions", {{"messages", json::array()}}), 400, "messages");
+  expect_error(post("/v1/chat/completions", {{"messages", {{{"content", "no role"}}}}}), 400, "messages");
+  expect_error(post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", 5}}}}}), 400, "messages");
+  expect_error(c.Get("/v1/nothing"), 404);
+  // The server still answers after all of that.
+  auto ok = post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"unknown_field", {1, 2}}});
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+TEST_F(ServerTest, ModelsHealthMetrics) {
+  auto c = client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->status, 200);
+  json j = json::parse(m->body);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_EQ(j["data"][0]["id"], "tiny");
+  EXPECT_EQ(j["data"][0]["object"], "model");
+
+  ASSERT_EQ(post("/v1/completions", {{"prompt", "count me"}, {"max_tokens", 3}})->status, 200);
+  auto t = c.Get("/metrics");
+  ASSERT_TRUE(t);
+  ASSERT_EQ(t->status, 200);
+  const std::string& body = t->body;
+  auto value = [&](const std::string& name) -> int64_t {
+    std::smatch sm;
+    std::regex re("\n" + std::regex_replace(name, std::regex(R"([{}"\[\]])"), R"(\$&)") + " (-?[0-9]+)\n");
+    if (!std::regex_search(body, sm, re)) {
+      ADD_FAILURE() << "no metric " << name << " in\n" << body;
+      return -1;
+    }
+    return std::stoll(sm[1]);
+  };
+  EXPECT_GE(value("mla_requests_finished_total"), 1);
+  EXPECT_GE(value("mla_generation_tokens_total"), 3);
+  EXPECT_EQ(value("mla_kv_pages_total"), 48);
+  EXPECT_EQ(value("mla_kv_pages_used") + value("mla_kv_pages_free"), 48);
+  EXPECT_EQ(value("mla_kv_bytes_per_token"), s->scheduler->pool().bytes_per_token());
+  EXPECT_GE(value("mla_batches_total{path=\"absorb\"}") + value("mla_batches_total{path=\"expand\"}") +
+                value("mla_batches_total{path=\"chunked\"}"),
+            1);
+  EXPECT_GE(value("mla_http_requests_total{endpoint=\"completions\"}"), 1);
+}
+
+// `mla serve` as a program: a temporary model folder (the fixture and a tokenizer), a free
+// port printed on stderr, a request, then SIGTERM ends it with status 0.
+TEST(ServeBinary, ServesAndStopsOnSigterm) {
+  namespace fs = std::filesystem;
+  test::TempDir dir("serve-bin");
+  for (auto& e : fs::directory_iterator(test::fixture("deepseek-v3-tiny")))
+    if (e.path().filename() != "golden.safetensors") fs::copy(e.path(), dir.path / e.path().filename());
+  Tokenizer::write_byte_level_tokenizer(dir.str(), 512);
+  const std::string log = dir / "serve.log";
+  std::vector<std::string> args = {MLA_BINARY, "serve", "-m", dir.str(), "--port", "0", "--threads", "1",
+                                   "--kv-cache-gb", "0.001", "--served-model-name", "bin-model"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, MLA_BINARY, &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+
+  int port = 0;
+  std::regex re(R"(http://127\.0\.0\.1:([0-9]+))");
+  for (int i = 0; i < 600 && port == 0; ++i) {  // up to a minute for the load
+    std::ifstream in(log);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::smatch m;
+    if (std::regex_search(text, m, re)) port = std::stoi(m[1]);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    int st;
+    if (port == 0 && waitpid(pid, &st, WNOHANG) == pid) FAIL() << "mla serve exited early:\n" << text;
+  }
+  if (port == 0) {
+    ::kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    FAIL() << "mla serve printed no address";
+  }
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(120, 0);
+  auto r = c.Post("/v1/completions", json({{"model", "bin-model"}, {"prompt", "hi"}, {"max_tokens", 4}}).dump(),
+                  "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["model"], "bin-model");
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status)) << "ended by a signal";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("stopped after 1 requests"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace mla
