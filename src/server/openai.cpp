@@ -249,7 +249,8 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingCo
     bad("max_tokens", "this model's maximum context length is " + std::to_string(ctx.context_length) +
                           " tokens; the request asks for " + std::to_string(n + *max_tokens) + " (" +
                           std::to_string(n) + " in the prompt, " + std::to_string(*max_tokens) + " to generate)");
-  r.max_new_tokens = max_tokens.value_or(-1);  // default: until EOS, the context or the cache ends it
+  // Default: generation_config.json's max_new_tokens, else until EOS, the context or the cache.
+  r.max_new_tokens = max_tokens.value_or(ctx.generation ? ctx.generation->max_new_tokens.value_or(-1) : -1);
 
   if (!get_bool(body, "ignore_eos").value_or(false)) {
     if (ctx.generation) r.eos_token_ids = ctx.generation->eos_token_ids;
