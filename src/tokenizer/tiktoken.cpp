@@ -2,8 +2,8 @@
 // and Kimi's input chunking (400,000 code points; whitespace / non-whitespace runs of 25,000).
 #include "tokenizer/tiktoken.h"
 
+#include <algorithm>
 #include <stdexcept>
-#include <unordered_set>
 
 #include "tokenizer/unicode_util.h"
 
@@ -60,8 +60,6 @@ bool is_field_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == 
 
 std::vector<RankedToken> parse_model(const std::string& path, std::string_view text) {
   std::vector<RankedToken> tokens;
-  std::unordered_set<int32_t> ranks;
-  std::unordered_set<std::string> seen;
   size_t line_number = 0, pos = 0;
   while (pos < text.size()) {
     size_t eol = text.find('\n', pos);
@@ -92,11 +90,29 @@ std::vector<RankedToken> parse_model(const std::string& path, std::string_view t
       if (rank >= (1 << 26)) fail("rank " + quoted(fields[1]) + " is out of range");
     }
     token.rank = static_cast<int32_t>(rank);
-    if (!ranks.insert(token.rank).second) fail("rank " + std::to_string(rank) + " appears twice");
-    if (!seen.insert(token.bytes).second) fail("token " + quoted(fields[0]) + " appears twice");
+    token.line = line_number;
     tokens.push_back(std::move(token));
   }
   if (tokens.empty()) throw std::runtime_error(path + ": no tokens");
+
+  // Duplicates: sort by the key, then report the later line of the first equal neighbours.
+  std::vector<uint32_t> order(tokens.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto check = [&](auto less, auto equal, const char* what) {
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      const RankedToken &x = tokens[a], &y = tokens[b];
+      return less(x, y) || (equal(x, y) && x.line < y.line);
+    });
+    size_t worst = 0;
+    for (size_t i = 1; i < order.size(); ++i)
+      if (equal(tokens[order[i - 1]], tokens[order[i]]) && (worst == 0 || tokens[order[i]].line < worst))
+        worst = tokens[order[i]].line;
+    if (worst) throw std::runtime_error(path + ": line " + std::to_string(worst) + ": " + what);
+  };
+  check([](const RankedToken& x, const RankedToken& y) { return x.rank < y.rank; },
+        [](const RankedToken& x, const RankedToken& y) { return x.rank == y.rank; }, "this rank appears twice");
+  check([](const RankedToken& x, const RankedToken& y) { return x.bytes < y.bytes; },
+        [](const RankedToken& x, const RankedToken& y) { return x.bytes == y.bytes; }, "this token appears twice");
   return tokens;
 }
 

@@ -14,6 +14,7 @@ namespace mla::tiktoken {
 struct RankedToken {
   std::string bytes;
   int32_t rank;
+  size_t line;  // 1-based line in tiktoken.model
 };
 
 // Parses tiktoken.model text: one "<base64 of the token's bytes> <rank>" per line; empty lines are

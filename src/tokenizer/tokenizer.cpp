@@ -441,7 +441,7 @@ struct Tokenizer::Impl {
   std::vector<uint8_t> id_present;
   std::vector<uint8_t> id_special;
   std::array<int32_t, 256> byte_id{};  // id of the single-byte token
-  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> bytes_to_id;  // for ignore_merges
+  TokenIndex bytes_to_id;  // token bytes -> id, for ignore_merges
   bool ignore_merges = false;
   int32_t unk_id = -1;
 
@@ -579,7 +579,12 @@ void Tokenizer::Impl::load_model(const json& model, TokenizerJsonReader& reader)
                                std::to_string(b) + " and has no unk_token");
     }
   }
-  if (ignore_merges) text_to_id.for_each([&](std::string_view, int32_t id) { bytes_to_id.emplace(id_to_bytes[id], id); });
+  if (ignore_merges) {
+    bytes_to_id.reserve(reader.vocab.size());
+    text_to_id.for_each([&](std::string_view, int32_t id) {
+      if (bytes_to_id.find(id_to_bytes[id]) < 0) bytes_to_id.insert_or_assign(id_to_bytes[id], id);
+    });
+  }
 
   if (!reader.has_merges) throw std::runtime_error(source + ": model.merges missing or not an array");
   merges.reserve(reader.merges.size());
@@ -727,9 +732,9 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) con
 
 void Tokenizer::Impl::bpe_uncached(std::string_view piece, std::vector<int32_t>& out) const {
   if (ignore_merges) {
-    auto it = bytes_to_id.find(piece);
-    if (it != bytes_to_id.end()) {
-      out.push_back(it->second);
+    int32_t id = bytes_to_id.find(piece);
+    if (id >= 0) {
+      out.push_back(id);
       return;
     }
   }
@@ -971,25 +976,24 @@ void Tokenizer::Impl::load_tiktoken(const std::string& path, std::string_view te
     for (unsigned char b : t.bytes) utf8::append(shown, alphabet[b]);
     set_token(t.rank, shown);
     text_to_id.insert_or_assign(shown, t.rank);
-    bytes_to_id.emplace(t.bytes, t.rank);
+    bytes_to_id.insert_or_assign(t.bytes, t.rank);
   }
   ignore_merges = true;
   for (int b = 0; b < 256; ++b) {
-    auto it = bytes_to_id.find(std::string(1, static_cast<char>(b)));
-    if (it == bytes_to_id.end())
-      throw std::runtime_error(path + ": no token for the single byte " + std::to_string(b));
-    byte_id[b] = it->second;
+    const char byte = static_cast<char>(b);
+    byte_id[b] = bytes_to_id.find(std::string_view(&byte, 1));
+    if (byte_id[b] < 0) throw std::runtime_error(path + ": no token for the single byte " + std::to_string(b));
   }
 
   std::vector<std::array<int32_t, 3>> cuts;  // (left id, right id, rank of the whole)
   for (const auto& t : tokens) {
     std::string_view whole = t.bytes;
     for (size_t k = 1; k < whole.size(); ++k) {
-      auto left = bytes_to_id.find(whole.substr(0, k));
-      if (left == bytes_to_id.end()) continue;
-      auto right = bytes_to_id.find(whole.substr(k));
-      if (right == bytes_to_id.end()) continue;
-      cuts.push_back({left->second, right->second, t.rank});
+      int32_t left = bytes_to_id.find(whole.substr(0, k));
+      if (left < 0) continue;
+      int32_t right = bytes_to_id.find(whole.substr(k));
+      if (right < 0) continue;
+      cuts.push_back({left, right, t.rank});
     }
   }
   merges.reserve(cuts.size());

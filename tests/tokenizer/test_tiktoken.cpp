@@ -283,7 +283,7 @@ TEST(TiktokenLoad, ErrorsNameTheFileAndLine) {
   expect_error("!!!! 0\n", "", "tiktoken.model: line 1", "base64");
   expect_error(base64("a") + " x1\n", "", "tiktoken.model: line 1", "rank");
   expect_error(good + base64("zz") + " 5\n", "", "tiktoken.model: line " + std::to_string(256 + kMerged.size() + 1),
-               "rank 5 appears twice");
+               "rank appears twice");
   expect_error(good + base64("ab") + " 999\n", "", "line " + std::to_string(256 + kMerged.size() + 1), "twice");
   // A missing single byte.
   std::string no_ff = good;
