@@ -181,7 +181,7 @@ void Scheduler::finish(Sequence& s, FinishReason reason, std::string message, in
     e.prompt_tokens = s.prompt_len;
     e.cached_tokens = s.cached_tokens;
     e.completion_tokens = s.generated;
-    s.on_event(e);
+    events_.push_back({s.on_event, std::move(e)});
   }
 }
 
@@ -330,11 +330,11 @@ void Scheduler::handle_token(Sequence& s, int32_t id) {
     e.prompt_tokens = s.prompt_len;
     e.cached_tokens = s.cached_tokens;
     e.completion_tokens = s.generated;
-    s.on_event(e);
+    events_.push_back({s.on_event, std::move(e)});
   }
 }
 
-bool Scheduler::step() {
+bool Scheduler::step_inner() {
   drain_incoming();
   bool worked = false;
   auto sweep = [&]() {
@@ -343,7 +343,6 @@ bool Scheduler::step() {
   };
   sweep();
   if (running_.empty() && waiting_.empty()) {
-    update_stats();
     return worked;
   }
 
@@ -398,7 +397,6 @@ bool Scheduler::step() {
     running_.push_back(std::move(owned));
   }
   if (parts.empty()) {
-    update_stats();
     return worked;
   }
 
@@ -416,7 +414,6 @@ bool Scheduler::step() {
     // Nothing was written (pages were checked first); the batch's requests end with the error.
     for (auto& [s, n] : parts) finish(*s, FinishReason::Error, std::string("forward pass failed: ") + e.what());
     sweep();
-    update_stats();
     return true;
   }
   ++counters_.steps;
@@ -434,8 +431,20 @@ bool Scheduler::step() {
     handle_token(s, id);
   }
   sweep();
-  update_stats();
   return true;
+}
+
+bool Scheduler::step() {
+  bool worked = step_inner();
+  publish();
+  return worked;
+}
+
+void Scheduler::publish() {
+  update_stats();  // first, so that whoever hears of a token sees it counted
+  std::vector<std::pair<Callback, TokenEvent>> events;
+  events.swap(events_);
+  for (auto& [cb, e] : events) cb(e);
 }
 
 void Scheduler::run_until_idle() {
@@ -493,6 +502,7 @@ void Scheduler::engine_loop() {
       for (auto& s : running_)
         if (!s->done) finish(*s, FinishReason::Error, std::string("scheduler step failed: ") + e.what());
       for (size_t i = running_.size(); i-- > 0;) retire(i);
+      publish();
       worked = true;
     }
     if (!worked) {
@@ -508,7 +518,7 @@ void Scheduler::engine_loop() {
     if (!s->done) finish(*s, FinishReason::Cancelled, "the server is shutting down");
   for (size_t i = running_.size(); i-- > 0;) retire(i);
   waiting_.clear();
-  update_stats();
+  publish();
 }
 
 void Scheduler::start() {

@@ -71,7 +71,8 @@ const char* finish_reason_name(FinishReason r);
 // cache limits; "cancelled" / "error" otherwise.
 const char* openai_finish_reason(FinishReason r);
 
-// One update of a request, delivered on the engine thread. Every sampled token gives one event
+// One update of a request, delivered on the engine thread at the end of the step that made it
+// (after stats() counts it). Every sampled token gives one event
 // (token >= 0, text now safe to emit, possibly empty); the last event has finished set.
 struct TokenEvent {
   int64_t request_id = 0;
@@ -153,6 +154,8 @@ class Scheduler {
     uint64_t last_used = 0;
   };
 
+  bool step_inner();
+  void publish();  // updates the stats, then delivers the step's events
   void drain_incoming();
   void finish(Sequence& s, FinishReason reason, std::string message = {}, int32_t token = -1, std::string text = {});
   void retire(size_t running_index);
@@ -177,6 +180,7 @@ class Scheduler {
   uint64_t clock_ = 0;
   std::vector<float> logits_;
   SchedulerStats counters_;  // cumulative counters kept by the engine
+  std::vector<std::pair<Callback, TokenEvent>> events_;  // of the current step, delivered at its end
 
   // Shared with submitting threads.
   mutable std::mutex mu_;
