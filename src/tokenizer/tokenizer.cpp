@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "tokenizer/normalizer.h"
 #include "tokenizer/tiktoken.h"
 #include "tokenizer/unicode_util.h"
 
@@ -454,7 +455,8 @@ struct Tokenizer::Impl {
   std::vector<TrieNode> trie;
   std::array<bool, 256> trie_first{};
 
-  // Pre-tokenization.
+  // Normalizers (applied in order to the text between added tokens), then pre-tokenization.
+  std::vector<NormalForm> normal_forms;
   std::vector<PreTokenizerStep> steps;
   bool add_prefix_space = false;
 
@@ -484,7 +486,7 @@ struct Tokenizer::Impl {
   void apply_config(const json& config, const std::string& config_path);
   void load_model(const json& model, TokenizerJsonReader& reader);
   void load_pre_tokenizer(const json& node);
-  void check_normalizer(const json& node) const;
+  void load_normalizer(const json& node);
   void check_decoder(const json& node) const;
   void load_post_processor(const json& node);
   void build_trie();
@@ -635,13 +637,17 @@ void Tokenizer::Impl::load_pre_tokenizer(const json& node) {
   steps.push_back(std::move(step));
 }
 
-void Tokenizer::Impl::check_normalizer(const json& node) const {
+void Tokenizer::Impl::load_normalizer(const json& node) {
   if (node.is_null()) return;
   std::string type = node.value("type", "");
   if (type == "Sequence") {
-    for (const json& n : node.at("normalizers")) check_normalizer(n);
+    for (const json& n : node.at("normalizers")) load_normalizer(n);
     return;
   }
+  if (type == "NFC") return normal_forms.push_back(NormalForm::NFC);
+  if (type == "NFD") return normal_forms.push_back(NormalForm::NFD);
+  if (type == "NFKC") return normal_forms.push_back(NormalForm::NFKC);
+  if (type == "NFKD") return normal_forms.push_back(NormalForm::NFKD);
   throw std::runtime_error(source + ": unsupported normalizer type '" + type + "'");
 }
 
@@ -823,6 +829,12 @@ void Tokenizer::Impl::bpe_uncached(std::string_view piece, std::vector<int32_t>&
 // Pre-tokenizes one stretch of text without added tokens and runs BPE on every piece.
 void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& out) const {
   if (text.empty()) return;
+  std::string normalized;
+  if (!normal_forms.empty()) {
+    normalized.assign(text);
+    for (NormalForm form : normal_forms) normalized = normalize_unicode(normalized, form);
+    text = normalized;
+  }
   EncodeState state;
   state.out = &out;
   state.matchers.reserve(steps.size());
@@ -934,7 +946,7 @@ void Tokenizer::Impl::load_tokenizer_json(const std::string& path, std::string t
   try {
     if (!root.contains("model")) throw std::runtime_error(path + ": no 'model' section");
     load_model(root["model"], reader);
-    check_normalizer(root.value("normalizer", json()));
+    load_normalizer(root.value("normalizer", json()));
     load_pre_tokenizer(root.value("pre_tokenizer", json()));
     check_decoder(root.value("decoder", json()));
     load_post_processor(root.value("post_processor", json()));

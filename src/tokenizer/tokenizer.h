@@ -1,9 +1,12 @@
-// Byte-level BPE tokenizer read from a HuggingFace tokenizer.json (the format DeepSeek-V2/V3,
-// Kimi and GLM ship), plus a streaming detokenizer and a writer for a small demo tokenizer.
+// Byte-level BPE tokenizer read from a HuggingFace tokenizer.json (the format DeepSeek-V2/V3 and
+// GLM ship) or from a tiktoken.model (Kimi K2 / K2.5), plus a streaming detokenizer and a writer
+// for a small demo tokenizer.
 //
 // Pipeline of encode(): added tokens are matched first (leftmost, longest) and become single ids;
-// each stretch of text between them is normalized, pre-tokenized (Split / Digits / ByteLevel,
-// regexes run with PCRE2 in UTF + UCP mode) and every piece is merged by BPE in merge-rank order.
+// each stretch of text between them is normalized (NFC / NFD / NFKC / NFKD, via ICU),
+// pre-tokenized (Split / Digits / ByteLevel, regexes run with PCRE2 in UTF + UCP mode) and every
+// piece is merged by BPE in merge-rank order. For tiktoken.model the ranks are the merge order
+// (lowest-rank concatenation first) and Kimi's pre-tokenizer pattern is used.
 //
 // Invalid UTF-8 input: encode() never throws on bad bytes. Each maximal ill-formed subsequence
 // (the Unicode "maximal subpart" rule, as Python's errors="replace" and Rust's from_utf8_lossy)
@@ -23,8 +26,10 @@ namespace mla {
 
 class Tokenizer {
  public:
-  // Reads dir/tokenizer.json and (optional) dir/tokenizer_config.json. Throws std::runtime_error
-  // naming the file and the problem (missing file, bad JSON, unsupported construct).
+  // Reads dir/tokenizer.json and (optional) dir/tokenizer_config.json. Without tokenizer.json,
+  // reads dir/tiktoken.model, with special tokens from tokenizer_config.json's
+  // added_tokens_decoder. Throws std::runtime_error naming the file and the problem (missing file,
+  // bad JSON, malformed line, unsupported construct).
   static Tokenizer load(const std::string& dir);
 
   // Writes a small, valid byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json with

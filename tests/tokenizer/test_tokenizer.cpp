@@ -201,8 +201,8 @@ TEST(TokenizerLoad, UnsupportedConstructsAreNamed) {
     }
   };
   json v = tj;
-  v["normalizer"] = {{"type", "NFKC"}};
-  expect_named(v, "NFKC");
+  v["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", ""}};
+  expect_named(v, "Precompiled");
   v = tj;
   v["pre_tokenizer"] = {{"type", "Metaspace"}};
   expect_named(v, "Metaspace");
