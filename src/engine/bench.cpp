@@ -237,6 +237,7 @@ Report run(const Options& opt) {
       if (r > 0) tps.push_back(double(opt.decode_tokens) / seconds_since(t));  // run 0 warms up
     }
     rep.decode_tps = summarize(tps);
+    say("  " + std::to_string(rep.decode_tps.median) + " tokens/s");
   }
 
   // Prompt processing: a fresh sequence of prompt_tokens per run, logits of the last token.
@@ -253,6 +254,7 @@ Report run(const Options& opt) {
       if (r > 0) tps.push_back(double(opt.prompt_tokens) / seconds_since(t));
     }
     rep.prompt_tps = summarize(tps);
+    say("  " + std::to_string(rep.prompt_tps.median) + " tokens/s");
   }
 
   // Batched decode: B sequences (8 cached tokens each), batch_steps steps of one token each.
@@ -282,6 +284,7 @@ Report run(const Options& opt) {
       if (r > 0) tps.push_back(double(B * opt.batch_steps) / seconds_since(t));
     }
     rep.batched_tps.push_back({B, summarize(tps)});
+    say("  " + std::to_string(rep.batched_tps.back().second.median) + " tokens/s");
   }
 
   rep.rss_bytes = rss_bytes();

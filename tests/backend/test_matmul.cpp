@@ -248,6 +248,45 @@ TEST(Matmul, BothPathsBothPrecisions) {
   mla::cpu::set_precision(saved);
 }
 
+TEST(Matmul, BatchOfJobsEqualsEachAlone) {
+  // Mixed formats, shapes and token counts (few-token jobs share one parallel region; the others
+  // run alone), two jobs reading the same x, large enough to be split across threads.
+  std::mt19937 rng(5);
+  struct Case {
+    WeightFormat f;
+    int64_t rows, cols, T;
+  };
+  const Case cases[] = {{WeightFormat::BF16, 700, 256, 1},         {WeightFormat::INT4_GROUP, 333, 512, 1},
+                        {WeightFormat::FP8_BLOCK128, 300, 200, 3}, {WeightFormat::F32, 5, 64, 4},
+                        {WeightFormat::BF16, 64, 96, 12},          {WeightFormat::F16, 1000, 130, 2}};
+  std::vector<Owned> mats;
+  std::vector<std::vector<float>> xs, ys, refs;
+  std::vector<mla::cpu::MatmulJob> jobs;
+  for (const auto& c : cases) {
+    mats.push_back(random_matrix(c.f, c.rows, c.cols, rng));
+    xs.push_back(random_vec(size_t(c.T * c.cols), rng));
+  }
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    const auto& c = cases[i];
+    ys.emplace_back(size_t(c.T * c.rows), -1.0f);
+    refs.emplace_back(size_t(c.T * c.rows), -1.0f);
+    jobs.push_back({xs[i].data(), c.T, c.cols, mats[i].view, ys[i].data(), c.rows});
+  }
+  // One more job on job 0's activations: a shared x.
+  std::vector<float> y_shared(size_t(700), -1.0f), ref_shared(size_t(700));
+  Owned m2 = random_matrix(WeightFormat::BF16, 700, 256, rng);
+  jobs.push_back({xs[0].data(), 1, 256, m2.view, y_shared.data(), 700});
+  mla::cpu::matmul_batch(jobs);
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    const auto& c = cases[i];
+    mla::cpu::gemv_reference(xs[i].data(), c.T, c.cols, mats[i].view, refs[i].data(), c.rows);
+    expect_close(mats[i].view, xs[i].data(), c.T, c.cols, ys[i], refs[i], c.rows, 1e-5,
+                 "batch job " + std::to_string(i));
+  }
+  mla::cpu::gemv_reference(xs[0].data(), 1, 256, m2.view, ref_shared.data(), 700);
+  expect_close(m2.view, xs[0].data(), 1, 256, y_shared, ref_shared, 700, 1e-5, "batch job sharing x");
+}
+
 TEST(Precision, ParsesNames) {
   EXPECT_EQ(mla::cpu::parse_precision("fast"), mla::cpu::Precision::Fast);
   EXPECT_EQ(mla::cpu::parse_precision("precise"), mla::cpu::Precision::Precise);

@@ -35,11 +35,17 @@ int64_t bucket_rows(int64_t M) {
   return (M + 255) / 256 * 256;
 }
 
+// Primitives by shape, with the scratchpad each needs: user-managed and reused (left to oneDNN,
+// the packed copy of B would be allocated and page-faulted in again on every call).
+struct Prim {
+  dnnl::matmul prim;
+  size_t scratch_bytes = 0;
+};
 struct Dnnl {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
   std::mutex mu;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<dnnl::matmul>> prims;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<Prim>> prims;
 };
 Dnnl& dnnl_state() {
   static Dnnl d;
@@ -140,7 +146,7 @@ void gemm_bf16_nt(const uint16_t* A, int64_t M, int64_t lda, const uint16_t* B, 
   using dt = memory::data_type;
   Dnnl& d = dnnl_state();
   const auto key = std::make_tuple(M, N, K, lda, ldb, ldc);
-  dnnl::matmul* prim;
+  Prim* prim;
   {
     std::lock_guard<std::mutex> lock(d.mu);
     auto& slot = d.prims[key];
@@ -149,8 +155,10 @@ void gemm_bf16_nt(const uint16_t* A, int64_t M, int64_t lda, const uint16_t* B, 
       memory::desc b_md({K, N}, dt::bf16, {1, ldb});
       memory::desc c_md({M, N}, dt::f32, {ldc, 1});
       try {
-        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), d.eng);
-        slot = std::make_unique<dnnl::matmul>(pd);
+        dnnl::primitive_attr attr;
+        attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, d.eng);
+        slot = std::make_unique<Prim>(Prim{dnnl::matmul(pd), pd.scratchpad_desc().get_size()});
       } catch (const dnnl::error& e) {
         throw std::runtime_error("oneDNN bf16 matmul " + std::to_string(M) + "x" + std::to_string(N) + "x" +
                                  std::to_string(K) + ": " + e.what());
@@ -162,7 +170,10 @@ void gemm_bf16_nt(const uint16_t* A, int64_t M, int64_t lda, const uint16_t* B, 
   memory::desc b_md({K, N}, dt::bf16, {1, ldb});
   memory::desc c_md({M, N}, dt::f32, {ldc, 1});
   memory am(a_md, d.eng, const_cast<uint16_t*>(A)), bm(b_md, d.eng, const_cast<uint16_t*>(B)), cm(c_md, d.eng, C);
-  prim->execute(d.strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  thread_local std::vector<uint8_t> scratch;
+  if (scratch.size() < prim->scratch_bytes) scratch.resize(prim->scratch_bytes);
+  memory sm(memory::desc({int64_t(prim->scratch_bytes)}, dt::u8, {1}), d.eng, scratch.data());
+  prim->prim.execute(d.strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
   d.strm.wait();
 }
 

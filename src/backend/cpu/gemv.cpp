@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -22,7 +23,10 @@ namespace {
 using namespace avx512;
 
 constexpr int kMaxTT = 4;            // tokens sharing one decode of a chunk
-constexpr int64_t kSerialWork = int64_t(1) << 16;  // below this many weights, one thread
+// Below this many weights a product runs on the calling thread alone: a parallel region costs a
+// few microseconds of fork and barrier (far more when the cores are shared), which is what
+// streaming 256K weights takes.
+constexpr int64_t kSerialWork = int64_t(1) << 18;
 constexpr float kFp8XScale = 18446744073709551616.0f;  // 2^64
 constexpr float kFp8YScale = 72057594037927936.0f;     // 2^56 (2^64 * 2^56 = 2^120)
 
@@ -190,40 +194,82 @@ void gemv_reference(const float* x, int64_t T, int64_t ldx, const MatrixView& W,
   }
 }
 
-void gemv(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
-  const int64_t N = W.rows, K = W.cols;
-  if (T <= 0 || N <= 0) return;
-  if (!fast_supported(W)) {
-    gemv_reference(x, T, ldx, W, y, ldy);
-    return;
-  }
-  // Prepare the activations in the format's lane layout (the caller's thread; read by all).
-  const int64_t Kc = K / kChunk, width = Kc * kChunk;
+void gemv_batch(std::span<const GemvJob> jobs) {
+  // Jobs without a fast kernel run on the reference; the rest are prepared (activations permuted
+  // into the format's lane layout, on this thread) and split across the threads by weight bytes.
   thread_local std::vector<float> prepared;
-  if (prepared.size() < size_t(T * width)) prepared.resize(size_t(T * width));
-  const Layout layout = layout_of(W.format);
-  int perm[kChunk];
-  for (int l = 0; l < kChunk; ++l) perm[l] = layout_col(layout, l);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < Kc; ++c) {
-      const float* src = x + t * ldx + c * kChunk;
-      float* dst = prepared.data() + t * width + c * kChunk;
-      for (int l = 0; l < kChunk; ++l) dst[l] = src[perm[l]];
+  thread_local std::vector<Rows> rows;
+  thread_local std::vector<double> cum;  // weight bytes before each fast job
+  size_t need = 0;
+  for (const auto& j : jobs)
+    if (j.T > 0 && j.W.rows > 0 && fast_supported(j.W)) need += size_t(j.T * (j.W.cols / kChunk) * kChunk);
+  if (prepared.size() < need) prepared.resize(need);
+  rows.clear();
+  cum.clear();
+  double total = 0;
+  int64_t weights = 0;
+  size_t off = 0;
+  for (const auto& j : jobs) {
+    if (j.T <= 0 || j.W.rows <= 0) continue;
+    if (!fast_supported(j.W)) {
+      gemv_reference(j.x, j.T, j.ldx, j.W, j.y, j.ldy);
+      continue;
     }
-  const Rows rows{W, x, ldx, prepared.data(), T, Kc, y, ldy};
-  const bool serial = N * K < kSerialWork || omp_in_parallel() || omp_get_max_threads() == 1;
+    const int64_t Kc = j.W.cols / kChunk, width = Kc * kChunk;
+    float* xp = prepared.data() + off;
+    off += size_t(j.T * width);
+    const Layout layout = layout_of(j.W.format);
+    alignas(64) int32_t ia[16], ib[16];
+    for (int l = 0; l < 16; ++l) {
+      ia[l] = layout_col(layout, l);
+      ib[l] = layout_col(layout, 16 + l);
+    }
+    const __m512i pa = _mm512_load_si512(ia), pb = _mm512_load_si512(ib);
+    for (int64_t t = 0; t < j.T; ++t)
+      for (int64_t c = 0; c < Kc; ++c) {
+        const float* src = j.x + t * j.ldx + c * kChunk;
+        const __m512 lo = _mm512_loadu_ps(src), hi = _mm512_loadu_ps(src + 16);
+        _mm512_storeu_ps(xp + t * width + c * kChunk, _mm512_permutex2var_ps(lo, pa, hi));
+        _mm512_storeu_ps(xp + t * width + c * kChunk + 16, _mm512_permutex2var_ps(lo, pb, hi));
+      }
+    rows.push_back(Rows{j.W, j.x, j.ldx, xp, j.T, Kc, j.y, j.ldy});
+    cum.push_back(total);
+    total += double(j.W.rows) * double(j.W.row_bytes() + (j.W.scale_bytes() + j.W.rows - 1) / j.W.rows);
+    weights += j.W.rows * j.W.cols;
+  }
+  if (rows.empty()) return;
+  cum.push_back(total);
+  const bool serial = weights < kSerialWork || omp_in_parallel() || omp_get_max_threads() == 1;
   if (serial) {
-    rows.run(0, N);
+    for (const auto& r : rows) r.run(0, r.W.rows);
     return;
   }
+  // The workers read this thread's lists (thread_local names would be their own).
+  const std::vector<Rows>& all = rows;
+  const std::vector<double>& bounds = cum;
 #pragma omp parallel
   {
-    // Contiguous row ranges, a multiple of 8 rows each.
-    const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int64_t per = ((N + nt - 1) / nt + 7) / 8 * 8;
-    const int64_t n0 = std::min(N, id * per), n1 = std::min(N, n0 + per);
-    rows.run(n0, n1);
+    // Thread i takes the weight bytes [i, i+1) * total / nt of the jobs laid end to end, cut at
+    // multiples of 8 rows.
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const double b0 = total * id / nt, b1 = total * (id + 1) / nt;
+    for (size_t k = 0; k < all.size(); ++k) {
+      const double j0 = bounds[k], j1 = bounds[k + 1];
+      if (j1 <= b0 || j0 >= b1) continue;
+      const int64_t N = all[k].W.rows;
+      auto cut = [&](double b) -> int64_t {
+        if (b <= j0) return 0;
+        if (b >= j1) return N;
+        return std::min(N, (int64_t((b - j0) / (j1 - j0) * double(N)) + 4) / 8 * 8);
+      };
+      all[k].run(id == 0 ? 0 : cut(b0), id == nt - 1 ? N : cut(b1));
+    }
   }
+}
+
+void gemv(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
+  const GemvJob job{x, T, ldx, W, y, ldy};
+  gemv_batch(std::span<const GemvJob>(&job, 1));
 }
 
 }  // namespace mla::cpu

@@ -5,6 +5,7 @@
 // when its group size is a multiple of 32; other group sizes use the reference).
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "tensor/matrix.h"
 
@@ -14,6 +15,17 @@ namespace mla::cpu {
 // (the conversion is shared by up to 4 tokens at a time), so matmul uses it for small T.
 // FP8 note: e4m3 NaN codes (0x7f, 0xff) read as +-480 here, not NaN.
 void gemv(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy);
+
+// Several products in one parallel region: the weight rows of all jobs, laid end to end, are
+// split across the threads by bytes. Jobs may share x; their outputs must not overlap.
+struct GemvJob {
+  const float* x;
+  int64_t T, ldx;
+  MatrixView W;
+  float* y;
+  int64_t ldy;
+};
+void gemv_batch(std::span<const GemvJob> jobs);
 
 // The plain reference: MatrixView::dequant_row then a float dot product, one row at a time.
 void gemv_reference(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy);

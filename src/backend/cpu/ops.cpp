@@ -70,6 +70,17 @@ void matmul(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* 
   }
 }
 
+void matmul_batch(std::span<const MatmulJob> jobs) {
+  thread_local std::vector<GemvJob> small;
+  small.clear();
+  for (const auto& j : jobs) {
+    if (j.T <= 0 || j.W.rows <= 0) continue;
+    if (j.T <= kGemvMaxTokens) small.push_back(GemvJob{j.x, j.T, j.ldx, j.W, j.y, j.ldy});
+    else matmul(j.x, j.T, j.ldx, j.W, j.y, j.ldy);
+  }
+  gemv_batch(small);
+}
+
 void rmsnorm(const float* x, int64_t T, int64_t n, int64_t ldx, const float* w, float eps, float* out, int64_t ldo) {
   for (int64_t t = 0; t < T; ++t) {
     const float* xr = x + t * ldx;

@@ -2,6 +2,7 @@
 // caller sees and own nothing. float32 activations, float32 accumulation.
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "tensor/matrix.h"
 
@@ -13,6 +14,18 @@ namespace mla::cpu {
 // row blocks dequantized to float32 and an sgemm.
 void matmul(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy);
 inline void matmul(const float* x, int64_t T, const MatrixView& W, float* y) { matmul(x, T, W.cols, W, y, W.rows); }
+
+// Several products y = W x, each computed as matmul computes it; the few-token ones (decode)
+// run together in one parallel region (rows of all their weights split across the threads).
+// Jobs may share x; outputs must not overlap.
+struct MatmulJob {
+  const float* x;
+  int64_t T, ldx;
+  MatrixView W;
+  float* y;
+  int64_t ldy;
+};
+void matmul_batch(std::span<const MatmulJob> jobs);
 
 // Row-major float32 GEMM, C[M,N] = alpha * op(A) op(B) + beta * C (oneDNN sgemm).
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
