@@ -90,16 +90,19 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& W = w_.layers[size_t(l)];
     cpu::rmsnorm(h.data(), T, D, D, W.input_norm.data(), float(c.rms_norm_eps), x.data(), D);
+    // q (or q_a) and kv_a read the same x: one batch of products.
     if (c.q_lora_rank > 0) {
       qa.resize(size_t(T * c.q_lora_rank));
-      matmul(x.data(), T, W.q_a, qa.data());
+      const cpu::MatmulJob jobs[] = {{x.data(), T, D, W.q_a, qa.data(), c.q_lora_rank},
+                                     {x.data(), T, D, W.kv_a, kv.data(), c.latent_dim()}};
+      cpu::matmul_batch(jobs);
       cpu::rmsnorm(qa.data(), T, c.q_lora_rank, c.q_lora_rank, W.q_a_norm.data(), float(c.rms_norm_eps), qa.data(),
                    c.q_lora_rank);
       matmul(qa.data(), T, W.q_b, q.data());
     } else {
-      matmul(x.data(), T, W.q, q.data());
+      const cpu::MatmulJob jobs[] = {{x.data(), T, D, W.q, q.data(), H * qk}, {x.data(), T, D, W.kv_a, kv.data(), c.latent_dim()}};
+      cpu::matmul_batch(jobs);
     }
-    matmul(x.data(), T, W.kv_a, kv.data());
     for (int64_t t = 0; t < T; ++t) {
       float* row = kv.data() + t * c.latent_dim();
       cpu::rmsnorm(row, 1, kvr, kvr, W.kv_a_norm.data(), float(c.rms_norm_eps), row, kvr);
@@ -166,10 +169,16 @@ void Model::attention(int64_t layer, std::span<SeqSlice> batch, const std::vecto
       // q_lat[t, h] = W_UK[h]^T q_nope[t, h]; attention in latent space; then W_UV[h].
       q_lat.resize(size_t(n * H * kvr));
       o_lat.resize(size_t(n * H * kvr));
-      for (int64_t h = 0; h < H; ++h) matmul(qb + h * qk, n, H * qk, W.w_uk_t[size_t(h)], q_lat.data() + h * kvr, H * kvr);
+      std::vector<cpu::MatmulJob> jobs;
+      for (int64_t h = 0; h < H; ++h)
+        jobs.push_back({qb + h * qk, n, H * qk, W.w_uk_t[size_t(h)], q_lat.data() + h * kvr, H * kvr});
+      cpu::matmul_batch(jobs);
       cpu::AbsorbArgs a{q_lat.data(), qb + nope, H * qk, qk, latent.data(), n, S, H, kvr, rope, cached, 0, scale};
       cpu::attention_absorb(a, o_lat.data(), lse.data());
-      for (int64_t h = 0; h < H; ++h) matmul(o_lat.data() + h * kvr, n, H * kvr, W.w_uv[size_t(h)], ob + h * vd, H * vd);
+      jobs.clear();
+      for (int64_t h = 0; h < H; ++h)
+        jobs.push_back({o_lat.data() + h * kvr, n, H * kvr, W.w_uv[size_t(h)], ob + h * vd, H * vd});
+      cpu::matmul_batch(jobs);
       continue;
     }
 
@@ -206,8 +215,8 @@ void Model::attention(int64_t layer, std::span<SeqSlice> batch, const std::vecto
 void Model::mlp(const Mlp& m, const float* x, int64_t T, float* out, bool accumulate, const float* row_weights) {
   const int64_t I = m.gate.rows, D = cfg_.hidden_size;
   std::vector<float> gu(static_cast<size_t>(T * 2 * I)), act(static_cast<size_t>(T * I)), y(static_cast<size_t>(T * D));
-  matmul(x, T, D, m.gate, gu.data(), 2 * I);
-  matmul(x, T, D, m.up, gu.data() + I, 2 * I);
+  const cpu::MatmulJob jobs[] = {{x, T, D, m.gate, gu.data(), 2 * I}, {x, T, D, m.up, gu.data() + I, 2 * I}};
+  cpu::matmul_batch(jobs);
   cpu::silu_mul(gu.data(), T, I, act.data());
   matmul(act.data(), T, m.down, y.data());
   for (int64_t t = 0; t < T; ++t) {
@@ -277,18 +286,40 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   }
   if (W.has_shared) mlp(W.shared, x, T, out, false);
   else std::fill(out, out + T * D, 0.0f);
-  // Tokens grouped by expert: each selected expert's weights are read once for the batch.
-  std::vector<float> xe, ye;
+  // Tokens grouped by expert: each selected expert's weights are read once for the batch. The
+  // experts' products run as two batches (gate/up of every expert, then down), so a decode step
+  // forks the thread pool twice per layer instead of three times per expert.
+  const int64_t I = c.moe_intermediate_size;
+  std::vector<int64_t> row0(static_cast<size_t>(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) row0[size_t(e + 1)] = row0[size_t(e)] + int64_t(tokens_of[size_t(e)].size());
+  const int64_t R = row0[size_t(E)];
+  std::vector<float> xe(static_cast<size_t>(R * D)), gu(static_cast<size_t>(R * 2 * I)), act(static_cast<size_t>(R * I)),
+      ye(static_cast<size_t>(R * D));
+  std::vector<cpu::MatmulJob> jobs;
   for (int64_t e = 0; e < E; ++e) {
     const auto& toks = tokens_of[size_t(e)];
     if (toks.empty()) continue;
-    const int64_t n = int64_t(toks.size());
-    xe.resize(size_t(n * D));
-    ye.assign(size_t(n * D), 0.0f);
-    for (int64_t i = 0; i < n; ++i) std::copy(x + toks[size_t(i)] * D, x + (toks[size_t(i)] + 1) * D, xe.data() + i * D);
-    mlp(W.experts[size_t(e)], xe.data(), n, ye.data(), false, weights_of[size_t(e)].data());
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t d = 0; d < D; ++d) out[toks[size_t(i)] * D + d] += ye[size_t(i * D + d)];
+    const int64_t r0 = row0[size_t(e)], n = int64_t(toks.size());
+    for (int64_t i = 0; i < n; ++i) std::copy(x + toks[size_t(i)] * D, x + (toks[size_t(i)] + 1) * D, xe.data() + (r0 + i) * D);
+    const Mlp& m = W.experts[size_t(e)];
+    jobs.push_back({xe.data() + r0 * D, n, D, m.gate, gu.data() + r0 * 2 * I, 2 * I});
+    jobs.push_back({xe.data() + r0 * D, n, D, m.up, gu.data() + r0 * 2 * I + I, 2 * I});
+  }
+  cpu::matmul_batch(jobs);
+  cpu::silu_mul(gu.data(), R, I, act.data());
+  jobs.clear();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = row0[size_t(e)], n = row0[size_t(e + 1)] - r0;
+    if (n > 0) jobs.push_back({act.data() + r0 * I, n, I, W.experts[size_t(e)].down, ye.data() + r0 * D, D});
+  }
+  cpu::matmul_batch(jobs);
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& toks = tokens_of[size_t(e)];
+    for (size_t i = 0; i < toks.size(); ++i) {
+      const float w = weights_of[size_t(e)][i];
+      const float* y = ye.data() + (row0[size_t(e)] + int64_t(i)) * D;
+      for (int64_t d = 0; d < D; ++d) out[toks[i] * D + d] += w * y[d];
+    }
   }
 }
 
