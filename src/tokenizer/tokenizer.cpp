@@ -1030,8 +1030,10 @@ void Tokenizer::Impl::load_tiktoken(const std::string& path, std::string_view te
     }
   }
   const int32_t first_reserved = static_cast<int32_t>(tokens.size());
-  for (int32_t id = first_reserved; id < first_reserved + 256; ++id)
-    if (!specials.count(id)) specials[id] = {"<|reserved_token_" + std::to_string(id) + "|>", true};
+  for (int32_t id = first_reserved; id < first_reserved + 256; ++id) {
+    bool is_rank = static_cast<size_t>(id) < id_present.size() && id_present[id];  // ranks with gaps
+    if (!is_rank && !specials.count(id)) specials[id] = {"<|reserved_token_" + std::to_string(id) + "|>", true};
+  }
   for (const auto& [id, entry] : specials) {
     const auto& [content, special] = entry;
     if (static_cast<size_t>(id) < id_present.size() && id_present[id])

@@ -317,4 +317,22 @@ TEST(TiktokenLoad, TokenizerJsonWinsWhenBothArePresent) {
   fs::remove_all(dir);
 }
 
+TEST(TiktokenLoad, RanksWithGapsKeepTheirIds) {
+  // 256 byte ranks and "ab" at rank 300: 257 ranks, so ids 257..512 are reserved special tokens,
+  // except 300, which stays "ab".
+  auto dir = temp_dir("gaps");
+  std::ostringstream model;
+  for (int b = 0; b < 256; ++b) model << base64(std::string(1, static_cast<char>(b))) << ' ' << b << '\n';
+  model << base64("ab") << " 300\n";
+  write_folder(dir, model.str(), "");
+  auto tok = mla::Tokenizer::load(dir.string());
+  EXPECT_EQ(tok.vocab_size(), 513u);
+  EXPECT_EQ(tok.encode("abab", false), (Ids{300, 300}));
+  EXPECT_EQ(tok.token_bytes(300), "ab");
+  EXPECT_FALSE(tok.is_special(300));
+  EXPECT_EQ(tok.token_text(257), "<|reserved_token_257|>");
+  EXPECT_EQ(tok.token_text(512), "<|reserved_token_512|>");
+  fs::remove_all(dir);
+}
+
 }  // namespace
