@@ -17,17 +17,21 @@ int run(int argc, char** argv) {
   app.add_option("--weights", o.weights, "bf16 | fp8 (block-128 FP8 projections) | int4 (INT4 routed experts)");
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
   app.add_option("--runs", o.runs, "timed runs per figure, after one warm-up run");
-  app.add_option("--decode-tokens", o.decode_tokens, "tokens per decode run");
-  app.add_option("--prompt-tokens", o.prompt_tokens, "tokens of the prompt-processing run");
-  app.add_option("--batches", o.batches, "batch sizes of the batched decode")->delimiter(',');
+  app.add_option("--decode-tokens", o.decode_tokens, "tokens per decode run (0: skip)");
+  app.add_option("--prompt-tokens", o.prompt_tokens, "tokens of the prompt-processing run (0: skip)");
+  app.add_option("--batches", o.batches, "batch sizes of the batched decode (0: skip)")->delimiter(',');
   app.add_option("--batch-steps", o.batch_steps, "decode steps per batched run");
   app.add_option("--precision", o.precision,
                  "fast (bf16 AMX GEMMs for prompt-sized products) | precise (float32 everywhere)");
+  app.add_option("--huge-pages", o.huge_pages,
+                 "auto | on | off: copy the weights onto transparent huge pages at load (auto: when they take "
+                 "under half the available memory)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  std::erase(o.batches, 0);
   auto rep = mla::bench::run(o);
   std::fputs(mla::bench::format_report(rep).c_str(), stdout);
   return 0;

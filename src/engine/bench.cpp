@@ -4,7 +4,6 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,6 +18,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
+#include "backend/cpu/weight_memory.h"
 #include "model/checkpoint_writer.h"
 #include "model/model.h"
 
@@ -29,11 +29,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-size_t rss_bytes() {
-  std::ifstream f("/proc/self/statm");
-  size_t size = 0, resident = 0;
-  f >> size >> resident;
-  return resident * size_t(sysconf(_SC_PAGESIZE));
+// A field of /proc/self/status in bytes ("VmRSS", "RssAnon", "RssFile").
+size_t status_bytes(const std::string& field) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(field + ":", 0) == 0) return size_t(std::stoull(line.substr(field.size() + 1))) * 1024;
+  return 0;
 }
 
 double view_bytes(const MatrixView& m) { return double(m.bytes() + m.scale_bytes()); }
@@ -168,6 +170,10 @@ Report run(const Options& opt) {
     if (!opt.quiet) std::fprintf(stderr, "%s\n", s.c_str());
   };
   if (opt.threads > 0) cpu::set_num_threads(opt.threads);
+  if (opt.huge_pages == "auto") cpu::set_weight_placement(cpu::WeightPlacement::Auto);
+  else if (opt.huge_pages == "on") cpu::set_weight_placement(cpu::WeightPlacement::HugePages);
+  else if (opt.huge_pages == "off") cpu::set_weight_placement(cpu::WeightPlacement::Mapped);
+  else throw std::invalid_argument("--huge-pages: unknown '" + opt.huge_pages + "' (auto, on, off)");
   cpu::set_precision(cpu::parse_precision(opt.precision));
   rep.threads = cpu::num_threads();
 
@@ -218,7 +224,7 @@ Report run(const Options& opt) {
   fo.last_logits_only = true;
 
   // Decode, batch 1: a short prompt, then runs of decode_tokens single-token steps.
-  {
+  if (opt.decode_tokens > 0) {
     say("decode (batch 1) ...");
     const int64_t total = 8 + (opt.runs + 1) * opt.decode_tokens;
     LatentPool pool = model->make_pool((total + 63) / 64 + 1, 64);
@@ -241,7 +247,7 @@ Report run(const Options& opt) {
   }
 
   // Prompt processing: a fresh sequence of prompt_tokens per run, logits of the last token.
-  {
+  if (opt.prompt_tokens > 0) {
     say("prompt processing (" + std::to_string(opt.prompt_tokens) + " tokens) ...");
     std::vector<double> tps;
     for (int r = 0; r <= opt.runs; ++r) {
@@ -287,7 +293,13 @@ Report run(const Options& opt) {
     say("  " + std::to_string(rep.batched_tps.back().second.median) + " tokens/s");
   }
 
-  rep.rss_bytes = rss_bytes();
+  rep.rss_bytes = status_bytes("VmRSS");
+  rep.rss_anon_bytes = status_bytes("RssAnon");
+  rep.rss_file_bytes = status_bytes("RssFile");
+  if (model->weights().arena) {
+    rep.arena_bytes = model->weights().arena->bytes();
+    rep.arena_huge_bytes = model->weights().arena->huge_bytes();
+  }
   say("read bandwidth ...");
   rep.bandwidth_gbps = read_bandwidth_gbps(opt.bandwidth_bytes, opt.runs);
   return rep;
@@ -305,8 +317,17 @@ std::string format_report(const Report& r) {
   }
   std::snprintf(buf, sizeof buf, ", loaded and paged in in %.1f s\n", r.load_seconds);
   o << buf;
-  std::snprintf(buf, sizeof buf, "resident memory: %.2f GiB RSS; weights by format:", double(r.rss_bytes) / (1 << 30));
+  std::snprintf(buf, sizeof buf, "resident memory: %.2f GiB RSS (%.2f GiB anonymous, %.2f GiB file-mapped)",
+                double(r.rss_bytes) / (1 << 30), double(r.rss_anon_bytes) / (1 << 30), double(r.rss_file_bytes) / (1 << 30));
   o << buf;
+  if (r.arena_bytes) {
+    std::snprintf(buf, sizeof buf, "; weights copied at load: %s, %s of them on huge pages", gb(double(r.arena_bytes)).c_str(),
+                  gb(double(r.arena_huge_bytes)).c_str());
+    o << buf;
+  } else {
+    o << "; weights memory-mapped from the checkpoint";
+  }
+  o << "\nweights by format:";
   for (auto& [k, v] : r.bytes_by_format) o << " " << k << " " << gb(double(v)) << ";";
   o << "\n";
   std::snprintf(buf, sizeof buf, "read bandwidth (AVX-512 read loop, %d threads): %.1f GB/s\n", r.threads, r.bandwidth_gbps);

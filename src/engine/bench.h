@@ -43,6 +43,7 @@ struct Options {
   std::vector<int64_t> batches = {1, 4, 16, 64};
   int64_t batch_steps = 4;        // decode steps per batched run
   std::string precision = "fast";
+  std::string huge_pages = "auto";  // auto | on | off: weights copied onto huge pages at load
   size_t bandwidth_bytes = size_t(2) << 30;
   bool quiet = false;
 };
@@ -53,7 +54,8 @@ struct Report {
   double bandwidth_gbps = 0;
   ActiveWeights active;
   std::map<std::string, size_t> bytes_by_format;
-  size_t rss_bytes = 0;
+  size_t rss_bytes = 0, rss_anon_bytes = 0, rss_file_bytes = 0;
+  size_t arena_bytes = 0, arena_huge_bytes = 0;  // weights copied at load, of which on huge pages
   Summary decode_tps, prompt_tps;
   std::vector<std::pair<int64_t, Summary>> batched_tps;  // batch size, tokens/s over all sequences
   double load_seconds = 0, write_seconds = 0;

@@ -27,6 +27,12 @@ constexpr int kMaxTT = 4;            // tokens sharing one decode of a chunk
 // few microseconds of fork and barrier (far more when the cores are shared), which is what
 // streaming 256K weights takes.
 constexpr int64_t kSerialWork = int64_t(1) << 18;
+constexpr double kUnitBytes = 192 * 1024;  // weight bytes per dynamically scheduled work unit
+
+struct Unit {
+  size_t job;
+  int64_t n0, n1;
+};
 constexpr float kFp8XScale = 18446744073709551616.0f;  // 2^64
 constexpr float kFp8YScale = 72057594037927936.0f;     // 2^56 (2^64 * 2^56 = 2^120)
 
@@ -200,6 +206,7 @@ void gemv_batch(std::span<const GemvJob> jobs) {
   thread_local std::vector<float> prepared;
   thread_local std::vector<Rows> rows;
   thread_local std::vector<double> cum;  // weight bytes before each fast job
+  thread_local std::vector<Unit> units;
   size_t need = 0;
   for (const auto& j : jobs)
     if (j.T > 0 && j.W.rows > 0 && fast_supported(j.W)) need += size_t(j.T * (j.W.cols / kChunk) * kChunk);
@@ -244,27 +251,22 @@ void gemv_batch(std::span<const GemvJob> jobs) {
     for (const auto& r : rows) r.run(0, r.W.rows);
     return;
   }
+  // Work units of about kUnitBytes of weights (whole multiples of 8 rows), handed out
+  // dynamically: a thread that is descheduled for a while (shared cores) holds up one unit, not
+  // half of the product.
+  units.clear();
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const int64_t N = rows[k].W.rows;
+    const double row_bytes = (cum[k + 1] - cum[k]) / double(N);
+    const int64_t step = std::max<int64_t>(8, int64_t(kUnitBytes / std::max(1.0, row_bytes)) / 8 * 8);
+    for (int64_t n = 0; n < N; n += step) units.push_back({k, n, std::min(N, n + step)});
+  }
   // The workers read this thread's lists (thread_local names would be their own).
   const std::vector<Rows>& all = rows;
-  const std::vector<double>& bounds = cum;
-#pragma omp parallel
-  {
-    // Thread i takes the weight bytes [i, i+1) * total / nt of the jobs laid end to end, cut at
-    // multiples of 8 rows.
-    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const double b0 = total * id / nt, b1 = total * (id + 1) / nt;
-    for (size_t k = 0; k < all.size(); ++k) {
-      const double j0 = bounds[k], j1 = bounds[k + 1];
-      if (j1 <= b0 || j0 >= b1) continue;
-      const int64_t N = all[k].W.rows;
-      auto cut = [&](double b) -> int64_t {
-        if (b <= j0) return 0;
-        if (b >= j1) return N;
-        return std::min(N, (int64_t((b - j0) / (j1 - j0) * double(N)) + 4) / 8 * 8);
-      };
-      all[k].run(id == 0 ? 0 : cut(b0), id == nt - 1 ? N : cut(b1));
-    }
-  }
+  const std::vector<Unit>& work = units;
+  const int64_t nunits = int64_t(work.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t u = 0; u < nunits; ++u) all[work[size_t(u)].job].run(work[size_t(u)].n0, work[size_t(u)].n1);
 }
 
 void gemv(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
