@@ -9,10 +9,30 @@
 
 #include "backend/cpu/attention.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/weight_memory.h"
 
 namespace mla {
 
 using cpu::matmul;
+
+namespace {
+
+// Every weight view of the model, for copying the weights onto huge pages.
+std::vector<MatrixView*> weight_views(ModelWeights& w) {
+  std::vector<MatrixView*> v{&w.embed, &w.lm_head};
+  auto mlp = [&](Mlp& m) { v.insert(v.end(), {&m.gate, &m.up, &m.down}); };
+  for (auto& L : w.layers) {
+    v.insert(v.end(), {&L.q_a, &L.q_b, &L.q, &L.kv_a, &L.kv_b, &L.o, &L.router});
+    for (auto& m : L.w_uk_t) v.push_back(&m);
+    for (auto& m : L.w_uv) v.push_back(&m);
+    mlp(L.dense);
+    mlp(L.shared);
+    for (auto& e : L.experts) mlp(e);
+  }
+  return v;
+}
+
+}  // namespace
 
 std::unique_ptr<Model> Model::load(const std::string& dir, bool show_progress) {
   std::unique_ptr<Model> m(new Model());
@@ -26,6 +46,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, bool show_progress) {
     });
   }
   m->w_ = load_weights(*m->ckpt_, m->cfg_);
+  if (cpu::should_copy_weights(m->ckpt_->total_bytes())) {
+    m->w_.arena = std::make_shared<cpu::WeightArena>();
+    m->w_.arena->adopt(weight_views(m->w_));
+  }
   m->rope_ = std::make_unique<Rope>(m->cfg_);
   m->costs_ = MlaCosts::of(m->cfg_);
   return m;

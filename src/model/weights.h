@@ -14,6 +14,10 @@
 
 namespace mla {
 
+namespace cpu {
+class WeightArena;
+}
+
 struct Mlp {  // SiLU-gated: down(silu(gate x) * up x)
   MatrixView gate, up, down;
 };
@@ -48,6 +52,9 @@ struct ModelWeights {
   std::map<std::string, size_t> bytes_by_format;
   // Storage of the weights the loader derives (W_UK^T); the views above point into it.
   std::vector<std::unique_ptr<std::vector<uint8_t>>> owned;
+  // Set when Model::load copied the weights onto huge pages (backend/cpu/weight_memory.h): the
+  // views then point into it, not into the memory-mapped checkpoint.
+  std::shared_ptr<cpu::WeightArena> arena;
 };
 
 // Loads and checks every weight the config calls for; throws FormatError naming the tensor.
