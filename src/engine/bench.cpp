@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -309,7 +310,10 @@ std::string format_report(const Report& r) {
   std::ostringstream o;
   char buf[256];
   o << "mla bench: DeepSeek-V2-Lite shape, random " << r.weights << " weights, precision " << r.precision << ", "
-    << r.threads << " threads\n";
+    << r.threads << " threads";
+  for (const char* v : {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"})
+    if (const char* e = std::getenv(v)) o << ", " << v << "=" << e;
+  o << "\n";
   o << "checkpoint: " << r.dir;
   if (r.write_seconds > 0) {
     std::snprintf(buf, sizeof buf, " (written in %.1f s)", r.write_seconds);

@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cpu/amx.h"
 #include "backend/cpu/decode_avx512.h"
 
 namespace mla::cpu {
@@ -71,7 +72,7 @@ inline void store_bf16x32(uint16_t* dst, __m512 a, __m512 b) {
 }
 
 struct Scratch {
-  std::vector<uint16_t> a, w;
+  std::vector<uint16_t> a, w, p;
   std::vector<float> c;
 };
 
@@ -184,8 +185,17 @@ void matmul_bf16(const float* x, int64_t T, int64_t ldx, const MatrixView& W, fl
     throw std::invalid_argument("matmul_bf16: INT4 group size " + std::to_string(W.group_size) +
                                 " is not a multiple of 32");
   thread_local Scratch s;
-  const int64_t Mp = bucket_rows(T);
   const bool direct = W.format == WeightFormat::BF16;  // used in place, natural column order
+  if (K % 32 == 0 && amx_available()) {
+    // Our AMX kernel: weights loaded into tiles in place, only the activations packed.
+    if (s.a.size() < size_t(T * K)) s.a.resize(size_t(T * K));
+    activations_bf16(x, T, ldx, K, W.format, !direct, s.a.data(), K);
+    if (s.p.size() < size_t(amx_packed_size(T, K))) s.p.resize(size_t(amx_packed_size(T, K)));
+    amx_pack_activations(s.a.data(), T, K, K, s.p.data());
+    amx_gemm(s.p.data(), T, W, y, ldy);
+    return;
+  }
+  const int64_t Mp = bucket_rows(T);
   if (s.a.size() < size_t(Mp * K)) s.a.resize(size_t(Mp * K));
   activations_bf16(x, T, ldx, K, W.format, !direct, s.a.data(), K);
   std::fill(s.a.begin() + T * K, s.a.begin() + Mp * K, uint16_t(0));
