@@ -296,7 +296,7 @@ TEST(Amx, GemmMatchesReferenceOnBf16Operands) {
   for (WeightFormat f : {WeightFormat::BF16, WeightFormat::INT4_GROUP, WeightFormat::FP8_BLOCK128})
     for (int64_t N : {1, 15, 16, 17, 33, 100})
       for (int64_t K : {32, 96, 512})
-        for (int64_t M : {1, 15, 16, 17, 33, 48}) {
+        for (int64_t M : {1, 15, 16, 17, 33, 48, 150}) {  // 150: two passes of 128 tokens
           Owned m = random_matrix(f, N, K, rng);
           std::vector<float> x = random_vec(size_t(M * K), rng);
           for (auto& v : x) v = mla::bf16_to_f32(mla::f32_to_bf16(v));

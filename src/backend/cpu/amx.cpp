@@ -23,6 +23,7 @@ namespace {
 constexpr int64_t kBlock = 16;       // rows or tokens per tile
 constexpr int64_t kStep = 32;        // columns per tile step
 constexpr int64_t kTileValues = 512;  // bf16 values in one packed B tile (16 x 32)
+constexpr int64_t kChunkBlocks = 8;   // token blocks per pass over the weights
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0;
@@ -40,12 +41,11 @@ bool request_amx() {
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
-// C blocks for two 16-row weight blocks (a0, a1; row stride lda bytes) against one or two
+// C blocks for two 16-row weight blocks (a0, a1: packed tiles, 2 per step) against one or two
 // 16-token blocks of packed activations (b0, b1), over Kc steps; c: [4][16][16] float32.
 template <bool kTwoTokenBlocks>
-__attribute__((target("amx-tile,amx-bf16"))) void tiles(const uint16_t* a0, const uint16_t* a1, int64_t lda,
-                                                          const uint16_t* b0, const uint16_t* b1, int64_t Kc,
-                                                          float* c) {
+__attribute__((target("amx-tile,amx-bf16"))) void tiles(const uint16_t* a0, const uint16_t* a1, const uint16_t* b0,
+                                                          const uint16_t* b1, int64_t Kc, float* c) {
   _tile_zero(0);
   _tile_zero(1);
   if constexpr (kTwoTokenBlocks) {
@@ -53,8 +53,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void tiles(const uint16_t* a0, cons
     _tile_zero(3);
   }
   for (int64_t s = 0; s < Kc; ++s) {
-    _tile_loadd(4, a0 + s * kStep, lda);
-    _tile_loadd(5, a1 + s * kStep, lda);
+    _tile_loadd(4, a0 + s * 2 * kTileValues, 64);
+    _tile_loadd(5, a1 + s * 2 * kTileValues, 64);
     _tile_loadd(6, b0 + s * kTileValues, 64);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 5, 6);
@@ -118,27 +118,43 @@ void amx_gemm(const uint16_t* xp, int64_t M, const MatrixView& W, float* y, int6
   {
     tiles_begin();
     thread_local std::vector<uint16_t> rows;  // 32 weight rows as bf16, when not read in place
+    thread_local std::vector<uint16_t> packed;  // the same, in tile order
     alignas(64) float c[4 * kBlock * kBlock];
+    // Tokens in chunks of kChunkBlocks blocks (their packed activations stay in L2 while every
+    // weight block passes; the weights come round again from L3 for the next chunk).
+    for (int64_t cb = 0; cb < Mb; cb += kChunkBlocks) {
+    const int64_t cb1 = std::min(Mb, cb + kChunkBlocks);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < units; ++u) {
       const int64_t n0 = u * 2 * kBlock, nn = std::min(2 * kBlock, N - n0);
-      const uint16_t* a;
-      if (W.format == WeightFormat::BF16 && nn == 2 * kBlock) {
-        a = static_cast<const uint16_t*>(W.data) + n0 * K;
+      const uint16_t* src;
+      if (W.format == WeightFormat::BF16) {
+        src = static_cast<const uint16_t*>(W.data) + n0 * K;
       } else {
         if (rows.size() < size_t(2 * kBlock * K)) rows.resize(size_t(2 * kBlock * K));
-        if (W.format == WeightFormat::BF16)
-          std::memcpy(rows.data(), static_cast<const uint16_t*>(W.data) + n0 * K, size_t(nn * K) * 2);
-        else
-          dequant_rows_bf16(W, n0, n0 + nn, rows.data(), K);
-        std::fill(rows.begin() + nn * K, rows.begin() + 2 * kBlock * K, uint16_t(0));
-        a = rows.data();
+        dequant_rows_bf16(W, n0, n0 + nn, rows.data(), K);
+        src = rows.data();
       }
-      for (int64_t tb = 0; tb < Mb; tb += 2) {
-        const bool two = tb + 1 < Mb;
+      // Tile order: step s, block b (rows 16b..16b+15), 16 rows of 32 values, 1 KiB per tile,
+      // so a tile load reads 1 KiB in a row (rows of the weights lie K * 2 bytes apart, which
+      // maps a tile's 16 lines onto one L1 set). Rows past N are zero.
+      if (packed.size() < size_t(2 * kBlock * K)) packed.resize(size_t(2 * kBlock * K));
+      for (int64_t r = 0; r < 2 * kBlock; ++r) {
+        uint16_t* dst = packed.data() + (r / kBlock) * kTileValues + (r % kBlock) * kStep;
+        if (r < nn) {
+          const uint16_t* row = src + r * K;
+          for (int64_t st = 0; st < Kc; ++st)
+            _mm512_storeu_si512(dst + st * 2 * kTileValues, _mm512_loadu_si512(row + st * kStep));
+        } else {
+          for (int64_t st = 0; st < Kc; ++st) _mm512_storeu_si512(dst + st * 2 * kTileValues, _mm512_setzero_si512());
+        }
+      }
+      const uint16_t* a = packed.data();
+      for (int64_t tb = cb; tb < cb1; tb += 2) {
+        const bool two = tb + 1 < cb1;
         const uint16_t* b0 = xp + tb * Kc * kTileValues;
-        if (two) tiles<true>(a, a + kBlock * K, K * 2, b0, b0 + Kc * kTileValues, Kc, c);
-        else tiles<false>(a, a + kBlock * K, K * 2, b0, nullptr, Kc, c);
+        if (two) tiles<true>(a, a + kTileValues, b0, b0 + Kc * kTileValues, Kc, c);
+        else tiles<false>(a, a + kTileValues, b0, nullptr, Kc, c);
         // c[j][r][m]: j = (token block - tb) * 2 + weight block.
         for (int j = 0; j < (two ? 4 : 2); ++j) {
           const int64_t rb = n0 + (j & 1) * kBlock, t0 = (tb + (j >> 1)) * kBlock;
@@ -147,6 +163,7 @@ void amx_gemm(const uint16_t* xp, int64_t M, const MatrixView& W, float* y, int6
             for (int64_t r = 0; r < nr; ++r) y[(t0 + m) * ldy + rb + r] = c[(j * kBlock + r) * kBlock + m];
         }
       }
+    }
     }
     tiles_end();
   }

@@ -25,6 +25,8 @@ namespace {
 
 using namespace avx512;
 
+// From this many tokens on, bf16 weights go to oneDNN's matmul rather than ours.
+constexpr int64_t kOneDnnMinTokens = 256;
 // Output columns per GEMM call: bounds the float32 result block (M_pad x kBlockN).
 constexpr int64_t kBlockN = 8192;
 // Rows dequantized per block for non-bf16 weights (bf16 copy of 1024 x K stays in L3).
@@ -186,8 +188,9 @@ void matmul_bf16(const float* x, int64_t T, int64_t ldx, const MatrixView& W, fl
                                 " is not a multiple of 32");
   thread_local Scratch s;
   const bool direct = W.format == WeightFormat::BF16;  // used in place, natural column order
-  if (K % 32 == 0 && amx_available()) {
-    // Our AMX kernel: weights loaded into tiles in place, only the activations packed.
+  // Our AMX kernel up to a few hundred tokens (weights used as they are stored, only the
+  // activations packed); oneDNN's, which packs the weights per call, measured faster above.
+  if (K % 32 == 0 && amx_available() && (T < kOneDnnMinTokens || !direct)) {
     if (s.a.size() < size_t(T * K)) s.a.resize(size_t(T * K));
     activations_bf16(x, T, ldx, K, W.format, !direct, s.a.data(), K);
     if (s.p.size() < size_t(amx_packed_size(T, K))) s.p.resize(size_t(amx_packed_size(T, K)));
