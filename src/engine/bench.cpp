@@ -160,6 +160,7 @@ Report run(const Options& opt) {
   Report rep;
   rep.weights = opt.weights;
   rep.precision = opt.precision;
+  rep.prompt_tokens = opt.prompt_tokens;
   RandomWeights kind;
   if (opt.weights == "bf16") kind = RandomWeights::BF16;
   else if (opt.weights == "fp8") kind = RandomWeights::FP8;
@@ -345,19 +346,26 @@ std::string format_report(const Report& r) {
     first = false;
   }
   o << ")\n";
-  std::snprintf(buf, sizeof buf, "decode, batch 1: %.2f tokens/s (median, range %.2f-%.2f); bandwidth limit %.2f tokens/s; ratio %.2f\n",
-                r.decode_tps.median, r.decode_tps.min, r.decode_tps.max, r.limit_tps(),
-                r.limit_tps() > 0 ? r.decode_tps.median / r.limit_tps() : 0.0);
-  o << buf;
-  std::snprintf(buf, sizeof buf, "prompt processing: %.1f tokens/s (median, range %.1f-%.1f)\n", r.prompt_tps.median,
-                r.prompt_tps.min, r.prompt_tps.max);
-  o << buf;
-  o << "batched decode (tokens/s over all sequences):";
-  for (auto& [b, s] : r.batched_tps) {
-    std::snprintf(buf, sizeof buf, " batch %lld: %.1f (%.1f-%.1f);", (long long)b, s.median, s.min, s.max);
+  if (r.decode_tps.median > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "decode, batch 1: %.2f tokens/s (median, range %.2f-%.2f); bandwidth limit %.2f tokens/s; ratio %.2f\n",
+                  r.decode_tps.median, r.decode_tps.min, r.decode_tps.max, r.limit_tps(),
+                  r.limit_tps() > 0 ? r.decode_tps.median / r.limit_tps() : 0.0);
     o << buf;
   }
-  o << "\n";
+  if (r.prompt_tps.median > 0) {
+    std::snprintf(buf, sizeof buf, "prompt processing (%lld tokens): %.1f tokens/s (median, range %.1f-%.1f)\n",
+                  (long long)r.prompt_tokens, r.prompt_tps.median, r.prompt_tps.min, r.prompt_tps.max);
+    o << buf;
+  }
+  if (!r.batched_tps.empty()) {
+    o << "batched decode (tokens/s over all sequences, median and range):";
+    for (auto& [b, s] : r.batched_tps) {
+      std::snprintf(buf, sizeof buf, " batch %lld: %.1f (%.1f-%.1f);", (long long)b, s.median, s.min, s.max);
+      o << buf;
+    }
+    o << "\n";
+  }
   return o.str();
 }
 

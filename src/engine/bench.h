@@ -51,6 +51,7 @@ struct Options {
 struct Report {
   std::string dir, weights, precision;
   int threads = 0;
+  int64_t prompt_tokens = 0;
   double bandwidth_gbps = 0;
   ActiveWeights active;
   std::map<std::string, size_t> bytes_by_format;
