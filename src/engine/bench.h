@@ -17,6 +17,22 @@ namespace mla::bench {
 // `bytes` buffer (huge pages where the system allows), split over all OpenMP threads.
 double read_bandwidth_gbps(size_t bytes = size_t(2) << 30, int runs = 5);
 
+// The same loop over a buffer kept between measurements.
+class ReadLoop {
+ public:
+  explicit ReadLoop(size_t bytes);
+  ~ReadLoop();
+  ReadLoop(const ReadLoop&) = delete;
+  ReadLoop& operator=(const ReadLoop&) = delete;
+  double measure(int passes);  // best of `passes`, GB/s
+
+ private:
+  void* mem_ = nullptr;
+  size_t bytes_ = 0, per_ = 0;
+  int threads_ = 1;
+  float sink_ = 0;
+};
+
 struct Summary {
   double median = 0, min = 0, max = 0;
 };
@@ -58,6 +74,8 @@ struct Report {
   size_t rss_bytes = 0, rss_anon_bytes = 0, rss_file_bytes = 0;
   size_t arena_bytes = 0, arena_huge_bytes = 0;  // weights copied at load, of which on huge pages
   Summary decode_tps, prompt_tps;
+  Summary decode_bandwidth, decode_ratio;  // the read loop before each decode run; the ratio per run
+  size_t bandwidth_bytes = 0;
   std::vector<std::pair<int64_t, Summary>> batched_tps;  // batch size, tokens/s over all sequences
   double load_seconds = 0, write_seconds = 0;
   // decode tokens/s at the bandwidth limit: bandwidth / active bytes.

@@ -82,8 +82,16 @@ inline float hsum(__m512 v) {
 
 // ---- decoders: decode(c, a, b) writes chunk c of the row -------------------------------------
 
+// prefetch(c): the cache line kPrefetchBytes ahead of chunk c of the row (the next rows follow
+// in memory, so near a row's end this fetches the start of the next tile's rows).
+constexpr int64_t kPrefetchBytes = 1024;
+inline void prefetch_at(const void* p, int64_t offset) {
+  _mm_prefetch(static_cast<const char*>(p) + offset + kPrefetchBytes, _MM_HINT_T0);
+}
+
 struct DecF32 {
   const float* row;
+  void prefetch(int64_t c) const { prefetch_at(row, c * kChunk * 4), prefetch_at(row, c * kChunk * 4 + 64); }
   void decode(int64_t c, __m512& a, __m512& b) const {
     a = _mm512_loadu_ps(row + c * kChunk);
     b = _mm512_loadu_ps(row + c * kChunk + 16);
@@ -92,6 +100,7 @@ struct DecF32 {
 
 struct DecF16 {
   const uint16_t* row;
+  void prefetch(int64_t c) const { prefetch_at(row, c * kChunk * 2); }
   void decode(int64_t c, __m512& a, __m512& b) const {
     a = _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c * kChunk)));
     b = _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c * kChunk + 16)));
@@ -100,6 +109,7 @@ struct DecF16 {
 
 struct DecBF16 {
   const uint16_t* row;
+  void prefetch(int64_t c) const { prefetch_at(row, c * kChunk * 2); }
   void decode(int64_t c, __m512& a, __m512& b) const {
     __m512i v = _mm512_loadu_si512(row + c * kChunk);
     a = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
@@ -113,6 +123,9 @@ inline __m512 fp8_bits(__m512i sx) {
 
 struct DecFP8 {
   const uint8_t* row;
+  void prefetch(int64_t c) const {
+    if ((c & 1) == 0) prefetch_at(row, c * kChunk);
+  }
   void decode(int64_t c, __m512& a, __m512& b) const {
     a = fp8_bits(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c * kChunk))));
     b = fp8_bits(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c * kChunk + 16))));
@@ -122,6 +135,9 @@ struct DecFP8 {
 struct DecInt4 {
   const uint8_t* row;
   const float* scale;  // per chunk, float32
+  void prefetch(int64_t c) const {
+    if ((c & 3) == 0) prefetch_at(row, c * 16);
+  }
   void decode(int64_t c, __m512& a, __m512& b) const {
     const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     const __m512i sa = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);

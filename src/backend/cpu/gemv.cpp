@@ -22,6 +22,7 @@ namespace {
 
 using namespace avx512;
 
+constexpr bool kPrefetch = true;  // software prefetch ahead in each row of a tile
 constexpr int kMaxTT = 4;            // tokens sharing one decode of a chunk
 // Below this many weights a product runs on the calling thread alone: a parallel region costs a
 // few microseconds of fork and barrier (far more when the cores are shared), which is what
@@ -55,6 +56,7 @@ inline void tile(const Dec* dec, const float* xp, int64_t ldxp, int64_t Kc, floa
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       __m512 a, b;
+      if constexpr (kPrefetch) dec[r].prefetch(c);
       dec[r].decode(c, a, b);
 #pragma GCC unroll 8
       for (int t = 0; t < TT; ++t) {
