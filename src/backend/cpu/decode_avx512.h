@@ -3,8 +3,8 @@
 // vectors of 16 floats (a, b). Which columns land in which lane depends on the format, chosen so
 // the decode is a couple of integer ops; activations are permuted into the same layout.
 //   bf16: a = even columns (word << 16), b = odd columns (word & 0xffff0000)
-//   int4: the 16 bytes of a group of 32 broadcast to every 128-bit lane, shifted per lane so
-//         the low nibble indexes a 16-entry table of (q - 8) * scale (vpermps)
+//   int4: a = even columns, b = odd: each byte's low / high nibble, zero-extended to a lane,
+//         indexes a 16-entry table of (q - 8) * scale (vpermps)
 //   fp8:  sign-extended byte << 20, masked: the e4m3 bits as a float32, 2^-120 times the value
 //         (block scales are applied by the caller)
 //   f16, f32: natural order
@@ -26,7 +26,7 @@ namespace mla::cpu::avx512 {
 
 constexpr int64_t kChunk = 32;
 
-enum class Layout { Natural, EvenOdd, Int4 };
+enum class Layout { Natural, EvenOdd };
 
 // The column (0..31 within the chunk) held by lane 0..15 of a, or 16..31 of b.
 inline int layout_col(Layout l, int lane) {
@@ -34,15 +34,14 @@ inline int layout_col(Layout l, int lane) {
   switch (l) {
     case Layout::Natural: return lane;
     case Layout::EvenOdd: return 2 * j + b;
-    case Layout::Int4: return (j % 4) * 8 + 4 * b + j / 4;
   }
   return lane;
 }
 
 inline Layout layout_of(WeightFormat f) {
   switch (f) {
-    case WeightFormat::BF16: return Layout::EvenOdd;
-    case WeightFormat::INT4_GROUP: return Layout::Int4;
+    case WeightFormat::BF16:
+    case WeightFormat::INT4_GROUP: return Layout::EvenOdd;
     default: return Layout::Natural;
   }
 }
@@ -140,12 +139,13 @@ struct DecInt4 {
   }
   void decode(int64_t c, __m512& a, __m512& b) const {
     const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    const __m512i sa = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
-    const __m512i sb = _mm512_add_epi32(sa, _mm512_set1_epi32(16));
-    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c * 16)));
-    __m512 t = _mm512_mul_ps(table, _mm512_set1_ps(scale[c]));
-    a = _mm512_permutexvar_ps(_mm512_srlv_epi32(v, sa), t);
-    b = _mm512_permutexvar_ps(_mm512_srlv_epi32(v, sb), t);
+    // Byte i holds columns 2i (low nibble) and 2i+1 (high nibble). vpermps reads the low 4 bits
+    // of each index: byte i zero-extended gives the low nibble; the 16-bit shift by 4 (a 128-bit
+    // op, which leaves the 512-bit ports to the rest) brings each byte's high nibble down.
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c * 16));
+    const __m512 t = _mm512_mul_ps(table, _mm512_set1_ps(scale[c]));
+    a = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(v), t);
+    b = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_srli_epi16(v, 4)), t);
   }
 };
 
