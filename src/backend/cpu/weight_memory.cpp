@@ -18,6 +18,11 @@ namespace mla::cpu {
 namespace {
 
 constexpr size_t kHuge = size_t(2) << 20;
+#ifdef MADV_COLLAPSE
+constexpr int kMadvCollapse = MADV_COLLAPSE;
+#else
+constexpr int kMadvCollapse = 25;
+#endif
 // Ranges closer than this share one region (the padding between tensors of a file; never a
 // hole between mappings, which is at least a page).
 constexpr size_t kMergeGap = 64;
@@ -101,6 +106,9 @@ void WeightArena::adopt(std::span<MatrixView* const> views) {
       const size_t o = size_t(c) * kHuge;
       std::memcpy(dst + o, src + o, std::min(kHuge, n - o));
     }
+    // Where the huge pages were not there at fault time (fragmented memory), ask for them now:
+    // MADV_COLLAPSE (Linux 6.1) compacts synchronously. Best effort, like MADV_HUGEPAGE.
+    madvise(p, len, kMadvCollapse);
     bases.push_back(reinterpret_cast<uintptr_t>(dst));
     bytes_ += n;
   }
