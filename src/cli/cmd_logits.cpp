@@ -13,23 +13,6 @@
 
 namespace {
 
-std::vector<int32_t> parse_ids(const std::string& s) {
-  std::vector<int32_t> ids;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t used = 0;
-      long long v = std::stoll(item, &used);
-      if (used != item.size() || v < INT32_MIN || v > INT32_MAX) throw std::invalid_argument("");
-      ids.push_back(int32_t(v));
-    } catch (const std::exception&) {
-      throw std::invalid_argument("--ids: '" + item + "' is not an integer token id");
-    }
-  }
-  return ids;
-}
-
 int run(int argc, char** argv) {
   CLI::App app{"Compute the logits of a token sequence at every position (float32 [ids, vocab])", "mla logits"};
   std::string model_dir, ids_str, out, attn = "", mode = "prefill", kv_dtype = "f32";
@@ -59,7 +42,7 @@ int run(int argc, char** argv) {
   opt.policy.prefix_chunk = prefix_chunk;
   opt.page_size = page_size;
   opt.kv_dtype = mla::parse_kv_dtype(kv_dtype);
-  auto ids = parse_ids(ids_str);
+  auto ids = mla::cli::parse_id_list(ids_str);
   auto model = mla::Model::load(model_dir, isatty(STDERR_FILENO));
   auto logits = mla::run_logits(*model, ids, opt);
   mla::write_safetensors(out, {{"logits", mla::tensor_f32({int64_t(ids.size()), model->config().vocab_size}, logits.data())}});

@@ -11,24 +11,6 @@
 
 namespace {
 
-std::vector<int32_t> parse_ids(const std::string& s) {
-  std::vector<int32_t> ids;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      size_t used = 0;
-      long long v = std::stoll(item, &used);
-      if (used != item.size() || v < INT32_MIN || v > INT32_MAX) throw std::invalid_argument("");
-      ids.push_back(int32_t(v));
-    } catch (const std::exception&) {
-      throw std::invalid_argument("--ids: '" + item + "' is not an integer token id");
-    }
-  }
-  if (ids.empty()) throw std::invalid_argument("--ids: no token ids given");
-  return ids;
-}
-
 int run(int argc, char** argv) {
   CLI::App app{"Run a token sequence on both MLA paths (expand, absorb), prefill then K decode steps, with an f32 "
                "and a bf16 latent cache, and report how far apart their outputs are and the cache bytes",
@@ -63,7 +45,7 @@ int run(int argc, char** argv) {
   opt.decode_steps = decode;
   opt.page_size = page_size;
   if (*ids_opt) {
-    opt.ids = parse_ids(ids_str);
+    opt.ids = mla::cli::parse_id_list(ids_str);
   } else {
     std::mt19937_64 rng(seed);
     const int64_t V = model->config().vocab_size;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include "cli/command.h"
@@ -12,6 +14,24 @@ namespace mla::cli {
 std::vector<CommandEntry>& commands() {
   static std::vector<CommandEntry> all;
   return all;
+}
+
+std::vector<int32_t> parse_id_list(const std::string& s, const std::string& option) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      long long v = std::stoll(item, &used);
+      if (used != item.size() || v < INT32_MIN || v > INT32_MAX) throw std::invalid_argument("");
+      ids.push_back(int32_t(v));
+    } catch (const std::exception&) {
+      throw std::invalid_argument(option + ": '" + item + "' is not an integer token id");
+    }
+  }
+  if (ids.empty()) throw std::invalid_argument(option + ": no token ids given");
+  return ids;
 }
 
 Command::Command(std::string name, std::string summary, CommandFn fn) {
