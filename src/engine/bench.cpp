@@ -76,6 +76,30 @@ std::string gb(double bytes) {
   return buf;
 }
 
+// Milliseconds per pass in each part of a profile, the parts that took any time.
+std::vector<std::pair<std::string, double>> per_pass_ms(const ForwardProfile& p, double passes) {
+  std::vector<std::pair<std::string, double>> out;
+  if (passes <= 0) return out;
+  for (int i = 0; i < ForwardProfile::kParts; ++i)
+    if (p.seconds[i] > 0) out.push_back({ForwardProfile::name(i), p.seconds[i] * 1e3 / passes});
+  return out;
+}
+
+std::string parts_line(const char* what, const std::vector<std::pair<std::string, double>>& parts) {
+  std::ostringstream o;
+  char buf[96];
+  double total = 0;
+  for (auto& [k, v] : parts) total += v;
+  std::snprintf(buf, sizeof buf, "  %s: %.2f ms:", what, total);
+  o << buf;
+  for (auto& [k, v] : parts) {
+    std::snprintf(buf, sizeof buf, " %s %.2f (%.0f%%);", k.c_str(), v, total > 0 ? 100 * v / total : 0.0);
+    o << buf;
+  }
+  o << "\n";
+  return o.str();
+}
+
 }  // namespace
 
 ReadLoop::ReadLoop(size_t bytes) {
@@ -247,8 +271,10 @@ Report run(const Options& opt) {
     // Each timed run follows a pass of the read loop: on shared cores the bandwidth moves
     // with the load, so each run is set against the limit measured just before it.
     std::vector<double> tps, bws, ratios;
+    ForwardProfile prof;
     for (int r = 0; r <= opt.runs; ++r) {
       const double bw = loop.measure(1);
+      model->set_profile(r > 0 ? &prof : nullptr);
       auto t = Clock::now();
       for (int64_t i = 0; i < opt.decode_tokens; ++i) {
         auto one = ids(1);
@@ -260,6 +286,8 @@ Report run(const Options& opt) {
       bws.push_back(bw);
       ratios.push_back(tps.back() / (bw * 1e9 / rep.active.bytes));
     }
+    model->set_profile(nullptr);
+    rep.decode_parts_ms = per_pass_ms(prof, double(prof.passes));
     rep.decode_tps = summarize(tps);
     rep.decode_bandwidth = summarize(bws);
     rep.decode_ratio = summarize(ratios);
@@ -270,7 +298,9 @@ Report run(const Options& opt) {
   if (opt.prompt_tokens > 0) {
     say("prompt processing (" + std::to_string(opt.prompt_tokens) + " tokens) ...");
     std::vector<double> tps;
+    ForwardProfile prof;
     for (int r = 0; r <= opt.runs; ++r) {
+      model->set_profile(r > 0 ? &prof : nullptr);
       LatentPool pool = model->make_pool((opt.prompt_tokens + 63) / 64, 64);
       PageTable seq;
       auto prompt = ids(opt.prompt_tokens);
@@ -279,6 +309,8 @@ Report run(const Options& opt) {
       model->forward(std::span<SeqSlice>(&s, 1), pool, fo, logits);
       if (r > 0) tps.push_back(double(opt.prompt_tokens) / seconds_since(t));
     }
+    model->set_profile(nullptr);
+    rep.prompt_parts_ms = per_pass_ms(prof, double(prof.passes));
     rep.prompt_tps = summarize(tps);
     say("  " + std::to_string(rep.prompt_tps.median) + " tokens/s");
   }
@@ -379,11 +411,13 @@ std::string format_report(const Report& r) {
     std::snprintf(buf, sizeof buf, "  against the read loop at the end (best of runs, %.1f GB/s -> %.2f tokens/s): %.2f\n",
                   r.bandwidth_gbps, r.limit_tps(), r.limit_tps() > 0 ? r.decode_tps.median / r.limit_tps() : 0.0);
     o << buf;
+    o << parts_line("time per token by part", r.decode_parts_ms);
   }
   if (r.prompt_tps.median > 0) {
     std::snprintf(buf, sizeof buf, "prompt processing (%lld tokens): %.1f tokens/s (median, range %.1f-%.1f)\n",
                   (long long)r.prompt_tokens, r.prompt_tps.median, r.prompt_tps.min, r.prompt_tps.max);
     o << buf;
+    o << parts_line("time per prompt by part", r.prompt_parts_ms);
   }
   if (!r.batched_tps.empty()) {
     o << "batched decode (tokens/s over all sequences, median and range):";

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/model.h"
 #include "model/weights.h"
 
 namespace mla::bench {
@@ -78,6 +79,8 @@ struct Report {
   size_t bandwidth_bytes = 0;
   std::vector<std::pair<int64_t, Summary>> batched_tps;  // batch size, tokens/s over all sequences
   double load_seconds = 0, write_seconds = 0;
+  // Milliseconds per decoded token, and per prompt, in each part of the forward pass (timed runs).
+  std::vector<std::pair<std::string, double>> decode_parts_ms, prompt_parts_ms;
   // decode tokens/s at the bandwidth limit: bandwidth / active bytes.
   double limit_tps() const { return active.bytes > 0 ? bandwidth_gbps * 1e9 / active.bytes : 0; }
 };

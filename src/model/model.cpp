@@ -1,11 +1,13 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <numeric>
+#include <optional>
 
 #include "backend/cpu/attention.h"
 #include "backend/cpu/ops.h"
@@ -16,6 +18,25 @@ namespace mla {
 using cpu::matmul;
 
 namespace {
+
+// Adds the wall time from construction to destruction to one part of a profile (no clock read
+// when profiling is off).
+class PartTimer {
+ public:
+  PartTimer(ForwardProfile* p, ForwardProfile::Part part) : p_(p), part_(part) {
+    if (p_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~PartTimer() {
+    if (p_) p_->seconds[part_] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  PartTimer(const PartTimer&) = delete;
+  PartTimer& operator=(const PartTimer&) = delete;
+
+ private:
+  ForwardProfile* p_;
+  ForwardProfile::Part part_;
+  std::chrono::steady_clock::time_point t0_;
+};
 
 // Every weight view of the model, for copying the weights onto huge pages.
 std::vector<MatrixView*> weight_views(ModelWeights& w) {
@@ -32,7 +53,19 @@ std::vector<MatrixView*> weight_views(ModelWeights& w) {
   return v;
 }
 
+double sum_parts(const ForwardProfile& p) {
+  double s = 0;
+  for (int i = 0; i < ForwardProfile::kParts; ++i) s += p.seconds[i];
+  return s;
+}
+
 }  // namespace
+
+const char* ForwardProfile::name(int part) {
+  static const char* const names[kParts] = {"embedding", "attention projections", "attention", "o_proj", "dense mlp",
+                                            "router",    "experts (shared and routed)", "lm_head", "other"};
+  return part >= 0 && part < kParts ? names[part] : "?";
+}
 
 std::unique_ptr<Model> Model::load(const std::string& dir, bool show_progress) {
   std::unique_ptr<Model> m(new Model());
@@ -101,7 +134,11 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
   }
   (path == AttnPath::Expand ? counters_.expand : path == AttnPath::Absorb ? counters_.absorb : counters_.chunked)++;
 
+  PartTimer whole(profile_, ForwardProfile::Other);  // the rest is what the parts leave
+  const double parts_before = profile_ ? sum_parts(*profile_) : 0;
   std::vector<float> h(static_cast<size_t>(T * D)), x(static_cast<size_t>(T * D));
+  std::optional<PartTimer> part;
+  part.emplace(profile_, ForwardProfile::Embed);
   for (size_t b = 0; b < batch.size(); ++b)
     for (size_t i = 0; i < batch[b].ids.size(); ++i)
       w_.embed.dequant_row(batch[b].ids[i], h.data() + (first[b] + int64_t(i)) * D);
@@ -113,6 +150,7 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
   std::vector<float> cosv(static_cast<size_t>(rope / 2)), sinv(static_cast<size_t>(rope / 2));
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& W = w_.layers[size_t(l)];
+    part.emplace(profile_, ForwardProfile::AttnProj);
     cpu::rmsnorm(h.data(), T, D, D, W.input_norm.data(), float(c.rms_norm_eps), x.data(), D);
     // q (or q_a) and kv_a read the same x: one batch of products.
     if (c.q_lora_rank > 0) {
@@ -140,14 +178,21 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
         const float* row = kv.data() + (first[b] + i) * c.latent_dim();
         pool.write(l, *batch[b].seq, batch[b].seq->length + i, row, row + kvr);
       }
+    part.emplace(profile_, ForwardProfile::Attention);
     attention(l, batch, first, path, opt.policy.prefix_chunk, q.data(), pool, attn.data());
+    part.emplace(profile_, ForwardProfile::OProj);
     matmul(attn.data(), T, W.o, delta.data());
     if (opt.attn) opt.attn->push_back(delta);
     for (int64_t i = 0; i < T * D; ++i) h[size_t(i)] += delta[size_t(i)];
 
     cpu::rmsnorm(h.data(), T, D, D, W.post_attention_norm.data(), float(c.rms_norm_eps), x.data(), D);
-    if (W.moe) moe(W, x.data(), T, delta.data());
-    else mlp(W.dense, x.data(), T, delta.data(), false);
+    part.reset();
+    if (W.moe) {
+      moe(W, x.data(), T, delta.data());
+    } else {
+      PartTimer t(profile_, ForwardProfile::DenseMlp);
+      mlp(W.dense, x.data(), T, delta.data(), false);
+    }
     for (int64_t i = 0; i < T * D; ++i) h[size_t(i)] += delta[size_t(i)];
     if (opt.hidden && l + 1 < L) opt.hidden->push_back(h);
   }
@@ -162,12 +207,19 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
     rows.resize(size_t(T));
     std::iota(rows.begin(), rows.end(), 0);
   }
+  part.emplace(profile_, ForwardProfile::LmHead);
   std::vector<float> xn(rows.size() * size_t(D));
   for (size_t r = 0; r < rows.size(); ++r)
     cpu::rmsnorm(h.data() + rows[r] * D, 1, D, D, w_.final_norm.data(), float(c.rms_norm_eps), xn.data() + r * size_t(D), D);
   if (opt.hidden) opt.hidden->push_back(xn);
   logits.resize(rows.size() * size_t(c.vocab_size));
   matmul(xn.data(), int64_t(rows.size()), w_.lm_head, logits.data());
+  part.reset();
+  if (profile_) {
+    // `whole` adds the pass's full time to Other at scope end: take the parts' share back out.
+    profile_->seconds[ForwardProfile::Other] -= sum_parts(*profile_) - parts_before;
+    profile_->passes++;
+  }
 }
 
 // Attention of every sequence in the batch; q: [T, H, qk] (rope applied); out: [T, H, v].
@@ -257,6 +309,8 @@ void Model::mlp(const Mlp& m, const float* x, int64_t T, float* out, bool accumu
 void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   const ModelConfig& c = cfg_;
   const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, D = c.hidden_size, G = c.n_group;
+  std::optional<PartTimer> part;
+  part.emplace(profile_, ForwardProfile::Router);
   std::vector<float> logits(static_cast<size_t>(T * E));
   matmul(x, T, W.router, logits.data());
   std::vector<std::vector<int64_t>> tokens_of(static_cast<size_t>(E));
@@ -308,18 +362,21 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
       weights_of[size_t(idx[size_t(k)])].push_back(float(w * c.routed_scaling_factor));
     }
   }
-  if (W.has_shared) mlp(W.shared, x, T, out, false);
-  else std::fill(out, out + T * D, 0.0f);
+  part.emplace(profile_, ForwardProfile::Experts);
   // Tokens grouped by expert: each selected expert's weights are read once for the batch. The
-  // experts' products run as two batches (gate/up of every expert, then down), so a decode step
-  // forks the thread pool twice per layer instead of three times per expert.
-  const int64_t I = c.moe_intermediate_size;
+  // shared experts (every token, weight 1) and the routed ones run as two batches of products
+  // (every gate/up, then every down), so a decode step forks the thread pool twice per layer.
+  const int64_t I = c.moe_intermediate_size, Is = W.has_shared ? W.shared.gate.rows : 0;
   std::vector<int64_t> row0(static_cast<size_t>(E + 1), 0);
   for (int64_t e = 0; e < E; ++e) row0[size_t(e + 1)] = row0[size_t(e)] + int64_t(tokens_of[size_t(e)].size());
   const int64_t R = row0[size_t(E)];
   std::vector<float> xe(static_cast<size_t>(R * D)), gu(static_cast<size_t>(R * 2 * I)), act(static_cast<size_t>(R * I)),
-      ye(static_cast<size_t>(R * D));
+      ye(static_cast<size_t>(R * D)), gus(static_cast<size_t>(T * 2 * Is)), acts(static_cast<size_t>(T * Is));
   std::vector<cpu::MatmulJob> jobs;
+  if (W.has_shared) {
+    jobs.push_back({x, T, D, W.shared.gate, gus.data(), 2 * Is});
+    jobs.push_back({x, T, D, W.shared.up, gus.data() + Is, 2 * Is});
+  }
   for (int64_t e = 0; e < E; ++e) {
     const auto& toks = tokens_of[size_t(e)];
     if (toks.empty()) continue;
@@ -330,8 +387,12 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
     jobs.push_back({xe.data() + r0 * D, n, D, m.up, gu.data() + r0 * 2 * I + I, 2 * I});
   }
   cpu::matmul_batch(jobs);
+  if (W.has_shared) cpu::silu_mul(gus.data(), T, Is, acts.data());
   cpu::silu_mul(gu.data(), R, I, act.data());
   jobs.clear();
+  // The shared experts' output is the sum's first term: written straight into out.
+  if (W.has_shared) jobs.push_back({acts.data(), T, Is, W.shared.down, out, D});
+  else std::fill(out, out + T * D, 0.0f);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t r0 = row0[size_t(e)], n = row0[size_t(e + 1)] - r0;
     if (n > 0) jobs.push_back({act.data() + r0 * I, n, I, W.experts[size_t(e)].down, ye.data() + r0 * D, D});

@@ -38,6 +38,15 @@ struct ForwardOptions {
   std::vector<std::vector<float>>* attn = nullptr;
 };
 
+// Wall time of each part of the forward pass, summed over passes while a Model has one set
+// (mla bench prints it: where a decode step or a prompt spends its time).
+struct ForwardProfile {
+  enum Part { Embed, AttnProj, Attention, OProj, DenseMlp, Router, Experts, LmHead, Other, kParts };
+  double seconds[kParts] = {};
+  int64_t passes = 0;
+  static const char* name(int part);
+};
+
 struct PathCounters {
   int64_t expand = 0, absorb = 0, chunked = 0;
 };
@@ -52,6 +61,8 @@ class Model {
   const ModelWeights& weights() const { return w_; }
   const PathCounters& path_counters() const { return counters_; }
   AttnPath last_path() const { return last_path_; }
+  // Times each part of later forward passes into *p (nullptr: off, the default).
+  void set_profile(ForwardProfile* p) { profile_ = p; }
   LatentPool make_pool(int64_t num_pages, int64_t page_size = 64, KvDType dtype = KvDType::BF16) const;
 
   // Runs the batch, appending each sequence's latents to the pool. logits: [rows, vocab].
@@ -73,6 +84,7 @@ class Model {
   MlaCosts costs_{};
   PathCounters counters_;
   AttnPath last_path_ = AttnPath::Auto;
+  ForwardProfile* profile_ = nullptr;
 };
 
 }  // namespace mla

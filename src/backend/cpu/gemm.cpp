@@ -25,16 +25,16 @@ namespace {
 
 using namespace avx512;
 
-// From this many tokens on, bf16 weights go to oneDNN's matmul rather than ours.
-constexpr int64_t kOneDnnMinTokens = 256;
 // Output columns per GEMM call: bounds the float32 result block (M_pad x kBlockN).
 constexpr int64_t kBlockN = 8192;
 // Rows dequantized per block for non-bf16 weights (bf16 copy of 1024 x K stays in L3).
 constexpr int64_t kDequantRows = 1024;
 
+// Padded row counts: a multiple of 16 up to 256 (an expert's share of a prompt lands anywhere
+// in there, and padding 65 rows to 128 would double its work), coarser above.
 int64_t bucket_rows(int64_t M) {
-  if (M <= 64) return (M + 15) / 16 * 16;
-  if (M <= 512) return (M + 63) / 64 * 64;
+  if (M <= 256) return (M + 15) / 16 * 16;
+  if (M <= 1024) return (M + 63) / 64 * 64;
   return (M + 255) / 256 * 256;
 }
 
@@ -188,9 +188,10 @@ void matmul_bf16(const float* x, int64_t T, int64_t ldx, const MatrixView& W, fl
                                 " is not a multiple of 32");
   thread_local Scratch s;
   const bool direct = W.format == WeightFormat::BF16;  // used in place, natural column order
-  // Our AMX kernel up to a few hundred tokens (weights used as they are stored, only the
-  // activations packed); oneDNN's, which packs the weights per call, measured faster above.
-  if (K % 32 == 0 && amx_available() && (T < kOneDnnMinTokens || !direct)) {
+  // bf16 weights go to oneDNN's matmul as they are stored (measured faster than our AMX kernel
+  // from 16 to 512 tokens: bench/matmul); other formats to our AMX kernel, which dequantizes
+  // 32 weight rows at a time into its tile layout.
+  if (K % 32 == 0 && amx_available() && !direct) {
     if (s.a.size() < size_t(T * K)) s.a.resize(size_t(T * K));
     activations_bf16(x, T, ldx, K, W.format, !direct, s.a.data(), K);
     if (s.p.size() < size_t(amx_packed_size(T, K))) s.p.resize(size_t(amx_packed_size(T, K)));

@@ -3,6 +3,7 @@
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/precision.h"
+#include "backend/cpu/vec_math.h"
 
 #include <omp.h>
 
@@ -97,7 +98,13 @@ void silu_mul(const float* gate_up, int64_t T, int64_t n, float* out) {
     const float* g = gate_up + t * 2 * n;
     const float* u = g + n;
     float* o = out + t * n;
-    for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512 gv = _mm512_loadu_ps(g + i);
+      const __m512 e = vec::exp(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+      _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), _mm512_loadu_ps(u + i)));
+    }
+    for (; i < n; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
   }
 }
 
@@ -116,13 +123,27 @@ float softmax_inplace(float* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] = 0;
     return m;
   }
+  // Sixteen partial sums in float32, then added in double: the rows are at most a context long.
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = vec::exp(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+    _mm512_storeu_ps(x + i, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, acc);
   double s = 0;
-  for (int64_t i = 0; i < n; ++i) {
+  for (float v : lanes) s += v;
+  for (; i < n; ++i) {
     x[i] = std::exp(x[i] - m);
     s += x[i];
   }
-  float inv = float(1.0 / s);
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+  const __m512 inv = _mm512_set1_ps(float(1.0 / s));
+  i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+  for (; i < n; ++i) x[i] *= float(1.0 / s);
   return m + float(std::log(s));
 }
 
