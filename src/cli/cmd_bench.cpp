@@ -1,7 +1,6 @@
 // `mla bench`: decode, prompt-processing and batched-decode throughput on a random-weight
 // checkpoint of DeepSeek-V2-Lite's shape, against the memory bandwidth measured in the same run.
 #include <CLI/CLI.hpp>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -14,31 +13,6 @@
 #include "engine/bench.h"
 
 namespace {
-
-// libgomp's default wait policy spins each idle thread for about 300,000 iterations after every
-// parallel region. On a machine whose cores are shared (virtual CPUs, other jobs) the spinning
-// thread takes the core from the one doing the work: decode measured 2-3x slower here. The
-// policy is read once at startup, so `mla bench` re-executes itself with a short spin
-// (GOMP_SPINCOUNT=10000, then sleep) unless the environment already chose one.
-void choose_wait_policy() {
-  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT") || std::getenv("MLA_BENCH_REEXEC")) return;
-  std::ifstream f("/proc/self/cmdline", std::ios::binary);
-  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  std::vector<std::string> args;
-  for (size_t i = 0; i < all.size();) {
-    size_t j = all.find('\0', i);
-    if (j == std::string::npos) j = all.size();
-    args.push_back(all.substr(i, j - i));
-    i = j + 1;
-  }
-  if (args.empty()) return;
-  std::vector<char*> av;
-  for (auto& a : args) av.push_back(a.data());
-  av.push_back(nullptr);
-  setenv("GOMP_SPINCOUNT", "10000", 0);
-  setenv("MLA_BENCH_REEXEC", "1", 1);
-  execv("/proc/self/exe", av.data());  // returns only on failure: carry on with the default
-}
 
 int run(int argc, char** argv) {
   CLI::App app{"CPU throughput on a random-weight checkpoint of DeepSeek-V2-Lite's shape (written on first use)",
@@ -64,7 +38,6 @@ int run(int argc, char** argv) {
     return app.exit(e);
   }
   std::erase(o.batches, 0);
-  choose_wait_policy();
   auto rep = mla::bench::run(o);
   std::fputs(mla::bench::format_report(rep).c_str(), stdout);
   return 0;

@@ -233,6 +233,10 @@ void Checkpoint::prefault(const std::function<void(size_t, size_t)>& progress) c
   if (progress) progress(total, total);
 }
 
+void Checkpoint::release_pages() const {
+  for (auto& f : files_) madvise(const_cast<uint8_t*>(f->mapping()), f->mapping_size(), MADV_DONTNEED);
+}
+
 void write_safetensors(const std::string& path, const std::map<std::string, TensorData>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   json hdr = json::object();

@@ -60,6 +60,9 @@ class Checkpoint {
   // Reads every mapped page once so the first forward pass does not stall on the disk;
   // progress(done, total) is called as it goes.
   void prefault(const std::function<void(size_t done, size_t total)>& progress) const;
+  // Drops the mapped pages from this process (MADV_DONTNEED) once the weights were copied out:
+  // the mapping stays valid and a later read faults the page back in from the page cache.
+  void release_pages() const;
 
  private:
   std::string dir_;

@@ -82,6 +82,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, bool show_progress) {
   if (cpu::should_copy_weights(m->ckpt_->total_bytes())) {
     m->w_.arena = std::make_shared<cpu::WeightArena>();
     m->w_.arena->adopt(weight_views(m->w_));
+    m->ckpt_->release_pages();  // the copies are what runs now: RSS counts the weights once
   }
   m->rope_ = std::make_unique<Rope>(m->cfg_);
   m->costs_ = MlaCosts::of(m->cfg_);

@@ -18,6 +18,7 @@ namespace mla::cpu {
 namespace {
 
 constexpr size_t kHuge = size_t(2) << 20;
+constexpr size_t kPage = 4096;
 #ifdef MADV_COLLAPSE
 constexpr int kMadvCollapse = MADV_COLLAPSE;
 #else
@@ -88,16 +89,23 @@ void WeightArena::adopt(std::span<MatrixView* const> views) {
     if (ranges[i].begin <= merged.back().end + kMergeGap) merged.back().end = std::max(merged.back().end, ranges[i].end);
     else merged.push_back(ranges[i]);
   }
-  // One mapping per region; the copy keeps each byte's offset modulo 64 (cache-line alignment).
+  // One mapping per region, on a 2 MiB boundary, between inaccessible guard pages: the kernel
+  // would otherwise merge neighbouring mappings into one area, and /proc/self/smaps (where
+  // huge_bytes() reads the huge pages) could not tell ours apart. The copy keeps each byte's
+  // offset modulo 64 (cache-line alignment).
   std::vector<uintptr_t> bases;
   for (const Range& r : merged) {
-    const size_t n = r.end - r.begin, len = (n + 64 + kHuge - 1) / kHuge * kHuge;
-    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
+    const size_t n = r.end - r.begin, len = (n + 64 + kHuge - 1) / kHuge * kHuge, span = len + 2 * kHuge;
+    void* res = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (res == MAP_FAILED)
       throw std::runtime_error("WeightArena: cannot map " + std::to_string(len) + " bytes for the weights: " +
                                std::strerror(errno));
+    maps_.push_back({res, span});
+    void* p = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(res) + kPage + kHuge - 1) / kHuge * kHuge);
+    if (mprotect(p, len, PROT_READ | PROT_WRITE) != 0)
+      throw std::runtime_error(std::string("WeightArena: cannot make the weight mapping writable: ") + std::strerror(errno));
+    regions_.push_back({p, len});
     madvise(p, len, MADV_HUGEPAGE);  // best effort: the system may not allow it
-    maps_.push_back({p, len});
     uint8_t* dst = static_cast<uint8_t*>(p) + (r.begin % 64);
     const uint8_t* src = reinterpret_cast<const uint8_t*>(r.begin);
     const int64_t chunks = int64_t((n + kHuge - 1) / kHuge);
@@ -135,15 +143,15 @@ size_t WeightArena::huge_bytes() const {
     char dash = 0;
     std::istringstream ls(line);
     if (std::isxdigit(static_cast<unsigned char>(line[0])) && (ls >> std::hex >> lo >> dash >> hi) && dash == '-') {
-      ours = std::any_of(maps_.begin(), maps_.end(), [&](const auto& m) {
+      ours = std::any_of(regions_.begin(), regions_.end(), [&](const auto& m) {
         const uintptr_t b = reinterpret_cast<uintptr_t>(m.first);
-        return lo >= b && lo < b + m.second;
+        return lo >= b && hi <= b + m.second;
       });
       continue;
     }
     if (ours && line.rfind("AnonHugePages:", 0) == 0) total += size_t(std::stoull(line.substr(14))) * 1024;
   }
-  return total;
+  return std::min(total, bytes_);  // the last huge page of a region also holds its padding
 }
 
 }  // namespace mla::cpu

@@ -28,7 +28,8 @@ class WeightArena {
   size_t huge_bytes() const;                         // of those, on huge pages now (AnonHugePages)
 
  private:
-  std::vector<std::pair<void*, size_t>> maps_;
+  std::vector<std::pair<void*, size_t>> maps_;     // reservations, guard pages included
+  std::vector<std::pair<void*, size_t>> regions_;  // the weights' 2 MiB-aligned part of each
   size_t bytes_ = 0;
 };
 
