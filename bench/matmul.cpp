@@ -3,7 +3,7 @@
 // weights are read once per product) and oneDNN's bf16 matmul on the same shape (for many).
 // The weights (about 2 GB per format) are larger than the caches, so every product reads DRAM.
 //
-//   bench/matmul [--quick] [--threads N] [--huge 0|1]
+//   bench/matmul [--quick] [--threads N] [--huge 0|1] [--l2]   (--l2: only the in-cache table)
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -115,28 +115,32 @@ double time_pass(const Set& s, int64_t T, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, huge = true;
+  bool quick = false, huge = true, l2_only = false;
   int threads = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (a == "--huge" && i + 1 < argc) huge = std::atoi(argv[++i]) != 0;
+    else if (a == "--l2") l2_only = true;
     else {
-      std::fprintf(stderr, "usage: matmul [--quick] [--threads N] [--huge 0|1]\n");
+      std::fprintf(stderr, "usage: matmul [--quick] [--threads N] [--huge 0|1] [--l2]\n");
       return 2;
     }
   }
   if (threads > 0) mla::cpu::set_num_threads(threads);
   const int reps = quick ? 2 : 5;
   const size_t target = quick ? (size_t(1) << 30) : (size_t(2) << 30);
-  const double bw = mla::bench::read_bandwidth_gbps(target, reps);
+  const double bw = l2_only ? 0.0 : mla::bench::read_bandwidth_gbps(target, reps);
   std::printf("threads %d, huge pages %s; read loop over %.1f GiB: %.1f GB/s\n", mla::cpu::num_threads(),
               huge ? "asked" : "off", double(target) / (1 << 30), bw);
 
   // Decode: an MoE expert projection (1408 x 2048) and its transpose, T = 1 and 4.
-  std::printf("\n%-6s %-12s %3s %9s %9s %6s\n", "format", "shape", "T", "ms/pass", "GB/s", "ratio");
+  // Both precisions: precise (float32 activations, weights decoded to float32, FMA) and fast
+  // (activations rounded to bf16, weights decoded to bf16, VDPBF16PS; f32/f16 weights excepted).
+  std::printf("\n%-6s %-12s %3s %-8s %9s %9s %6s\n", "format", "shape", "T", "prec", "ms/pass", "GB/s", "ratio");
   for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP}) {
+    if (l2_only) break;
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1408, 2048}, {2048, 1408}}) {
       mla::MatrixView probe;
       probe.format = f;
@@ -145,19 +149,54 @@ int main(int argc, char** argv) {
       const size_t one = probe.bytes() + (f == mla::WeightFormat::INT4_GROUP ? size_t(rows * cols / 16) : 0);
       const int count = int(std::max<size_t>(1, target / one));
       Set s = make_set(f, rows, cols, count, huge);
-      for (int64_t T : {1, 4}) {
-        mla::cpu::set_precision(mla::cpu::Precision::Precise);
-        const double t = time_pass(s, T, reps);
-        const double gbs = double(s.bytes) / t / 1e9;
-        std::printf("%-6s %5lldx%-6lld %3lld %9.2f %9.1f %6.2f\n", mla::weight_format_name(f), (long long)rows,
-                    (long long)cols, (long long)T, t * 1e3, gbs, gbs / bw);
-      }
+      for (int64_t T : {1, 4})
+        for (auto p : {mla::cpu::Precision::Precise, mla::cpu::Precision::Fast}) {
+          mla::cpu::set_precision(p);
+          const double t = time_pass(s, T, reps);
+          const double gbs = double(s.bytes) / t / 1e9;
+          std::printf("%-6s %5lldx%-6lld %3lld %-8s %9.2f %9.1f %6.2f\n", mla::weight_format_name(f),
+                      (long long)rows, (long long)cols, (long long)T, mla::cpu::precision_name(p), t * 1e3, gbs,
+                      gbs / bw);
+          std::fflush(stdout);
+        }
       munmap(const_cast<void*>(s.views[0].data), s.bytes);
     }
   }
 
-  // Prompt: 512 tokens through a 2048 x 2048 bf16 matrix, fast (AMX) and precise.
+  // The same kernels on weights that stay in the L2 cache (256 x 2048, on one thread): what the
+  // decode costs in instructions, away from DRAM (a kernel near the read loop's bandwidth above
+  // needs this well above it per thread).
   {
+    const int saved_threads = mla::cpu::num_threads();
+    mla::cpu::set_num_threads(1);
+    std::printf("\nin L2, 1 thread:\n%-6s %-12s %3s %-8s %9s %9s\n", "format", "shape", "T", "prec", "us/pass", "GB/s");
+    for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP}) {
+      const int64_t rows = 256, cols = 2048;
+      Set s = make_set(f, rows, cols, 1, false);
+      for (int64_t T : {1, 4})
+        for (auto p : {mla::cpu::Precision::Precise, mla::cpu::Precision::Fast}) {
+          mla::cpu::set_precision(p);
+          const int inner = 200;
+          std::vector<float> x(size_t(T * cols), 0.01f), y(size_t(T * rows));
+          double best = 1e30;
+          for (int r = 0; r < 5; ++r) {
+            auto t = Clock::now();
+            for (int i = 0; i < inner; ++i) mla::cpu::matmul(x.data(), T, s.views[0], y.data());
+            best = std::min(best, since(t) / inner);
+          }
+          std::printf("%-6s %5lldx%-6lld %3lld %-8s %9.2f %9.1f\n", mla::weight_format_name(f), (long long)rows,
+                      (long long)cols, (long long)T, mla::cpu::precision_name(p), best * 1e6,
+                      double(s.bytes) / best / 1e9);
+          std::fflush(stdout);
+        }
+      munmap(const_cast<void*>(s.views[0].data), s.bytes);
+    }
+    mla::cpu::set_num_threads(saved_threads);
+    mla::cpu::set_precision(mla::cpu::Precision::Precise);
+  }
+
+  // Prompt: 512 tokens through a 2048 x 2048 bf16 matrix, fast (AMX) and precise.
+  if (!l2_only) {
     const int64_t T = 512, N = 2048, K = 2048;
     Set s = make_set(mla::WeightFormat::BF16, N, K, 8, huge);
     std::vector<float> x(size_t(T * K), 0.01f), y(size_t(T * N));

@@ -112,6 +112,51 @@ void expect_close(const MatrixView& W, const float* x, int64_t T, int64_t ldx, c
   }
 }
 
+// Sets the process-wide precision for a scope.
+struct PrecisionScope {
+  mla::cpu::Precision saved = mla::cpu::precision();
+  explicit PrecisionScope(mla::cpu::Precision p) { mla::cpu::set_precision(p); }
+  ~PrecisionScope() { mla::cpu::set_precision(saved); }
+};
+
+bool has_bf16_kernel(WeightFormat f) {
+  return f == WeightFormat::BF16 || f == WeightFormat::FP8_BLOCK128 || f == WeightFormat::INT4_GROUP;
+}
+
+// The fast precision's bf16 kernels (bf16, FP8, INT4 weights) against W x computed in double on
+// the activations rounded to bf16, as those kernels see them. Each product of a bf16 activation
+// and a decoded weight (exact in bf16; INT4's group scale and FP8's block scale multiply partial
+// sums) is exact in float32, so the only errors are float32 roundings along a summation chain
+// of the kernel: per lane 2 additions per 32 columns (VDPBF16PS), a scale multiply and add per
+// group, 4 in the horizontal sum, the FP8 subnormal codes' products (up to 3 roundings, summed
+// apart, at most one per 16 columns in random bytes) and up to 3 per column of the scalar tail
+// (cols % 64: the weight's float value, the product, the sum). With u = 2^-24, the error is at
+// most m u sum_k |w_k x_k| with m = cols / 8 + 3 (cols % 64) + 12 (the reference's float32
+// weights, FP8's rounded value * scale, add one more): about 2e-6 for 256 columns. Other formats
+// keep the float32 kernels and are checked as in precise mode.
+void expect_close_fast(const MatrixView& W, const float* x, int64_t T, int64_t ldx, const std::vector<float>& y,
+                       int64_t ldy, const std::string& what) {
+  std::vector<float> row(static_cast<size_t>(W.cols));
+  const double m = double(W.cols) / 8 + 3.0 * double(W.cols % 64) + 12;
+  const double tol = m * std::ldexp(1.0, -24);
+  int bad = 0;
+  for (int64_t n = 0; n < W.rows; ++n) {
+    W.dequant_row(n, row.data());
+    for (int64_t t = 0; t < T; ++t) {
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < W.cols; ++k) {
+        const double p = double(row[size_t(k)]) * mla::bf16_to_f32(mla::f32_to_bf16(x[t * ldx + k]));
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const float a = y[size_t(t * ldy + n)];
+      if (!(std::fabs(double(a) - ref) <= tol * mag + 1e-30) && bad++ < 5)
+        ADD_FAILURE() << what << " row " << n << " token " << t << ": " << a << " vs reference " << ref << " (terms "
+                      << mag << ", error " << std::fabs(double(a) - ref) / mag << " of them, bound " << tol << ")";
+    }
+  }
+}
+
 const WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16, WeightFormat::FP8_BLOCK128,
                                  WeightFormat::INT4_GROUP};
 
@@ -139,6 +184,85 @@ TEST(Gemv, MatchesReferenceOverShapesAndFormats) {
             for (int64_t n = rows; n < ldy; ++n) ASSERT_EQ(y[size_t(t * ldy + n)], -1.0f);
         }
       }
+}
+
+TEST(Gemv, FastPrecisionMatchesBf16ReferenceOverShapesAndFormats) {
+  PrecisionScope fast(mla::cpu::Precision::Fast);
+  std::mt19937 rng(17);
+  const int64_t rows_list[] = {1, 3, 4, 7, 9, 130, 300};
+  const int64_t cols_list[] = {1, 17, 31, 32, 33, 63, 64, 65, 96, 127, 129, 160, 256, 300};
+  const int64_t tokens[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  for (WeightFormat f : kFormats)
+    for (int64_t rows : rows_list)
+      for (int64_t cols : cols_list) {
+        if (f == WeightFormat::INT4_GROUP && cols % 32) continue;
+        Owned m = random_matrix(f, rows, cols, rng);
+        for (int64_t T : tokens) {
+          const int64_t ldx = cols + 3, ldy = rows + 5;
+          auto x = random_vec(size_t(T * ldx), rng);
+          std::vector<float> y(size_t(T * ldy), -1.0f), ref(size_t(T * ldy), -1.0f);
+          mla::cpu::gemv(x.data(), T, ldx, m.view, y.data(), ldy);
+          const std::string what = std::string("fast ") + mla::weight_format_name(f) + " " + std::to_string(rows) +
+                                   "x" + std::to_string(cols) + " T=" + std::to_string(T);
+          if (has_bf16_kernel(f)) {
+            expect_close_fast(m.view, x.data(), T, ldx, y, ldy, what);
+          } else {
+            mla::cpu::gemv_reference(x.data(), T, ldx, m.view, ref.data(), ldy);
+            expect_close(m.view, x.data(), T, ldx, y, ref, ldy, 1e-5, what);
+          }
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t n = rows; n < ldy; ++n) ASSERT_EQ(y[size_t(t * ldy + n)], -1.0f);
+        }
+      }
+}
+
+TEST(Gemv, FastPrecisionRowSlicesAcrossBlocksAndThreads) {
+  // As RowSlicesAcrossBlocksAndThreads, in the fast precision, plus a batch of jobs in one call.
+  PrecisionScope fast(mla::cpu::Precision::Fast);
+  std::mt19937 rng(19);
+  for (WeightFormat f : kFormats)
+    for (int64_t group : {32, 64, 128}) {
+      if (group != 32 && f != WeightFormat::INT4_GROUP) continue;
+      Owned m = random_matrix(f, 700, 576, rng, group);
+      for (auto [first, count] : {std::pair<int64_t, int64_t>{0, 700}, {77, 500}, {129, 300}, {200, 1}}) {
+        MatrixView v = m.view.slice_rows(first, count);
+        for (int64_t T : {1, 2, 4, 6}) {
+          auto x = random_vec(size_t(T * 576), rng);
+          std::vector<float> y(size_t(T * count)), ref(size_t(T * count));
+          mla::cpu::gemv(x.data(), T, 576, v, y.data(), count);
+          const std::string what = std::string("fast ") + mla::weight_format_name(f) + " slice " +
+                                   std::to_string(first) + "+" + std::to_string(count) + " group " +
+                                   std::to_string(group) + " T=" + std::to_string(T);
+          if (has_bf16_kernel(f)) {
+            expect_close_fast(v, x.data(), T, 576, y, count, what);
+          } else {
+            mla::cpu::gemv_reference(x.data(), T, 576, v, ref.data(), count);
+            expect_close(v, x.data(), T, 576, y, ref, count, 1e-5, what);
+          }
+        }
+      }
+    }
+  // Jobs of every format in one call, fast and float32 kernels side by side, one x shared.
+  std::vector<Owned> mats;
+  std::vector<std::vector<float>> ys;
+  std::vector<mla::cpu::GemvJob> jobs;
+  auto x = random_vec(size_t(3 * 640), rng);
+  for (WeightFormat f : kFormats) {
+    mats.push_back(random_matrix(f, 333, 640, rng));
+    ys.emplace_back(size_t(3 * 333), -1.0f);
+  }
+  for (size_t i = 0; i < mats.size(); ++i) jobs.push_back({x.data(), 3, 640, mats[i].view, ys[i].data(), 333});
+  mla::cpu::gemv_batch(jobs);
+  for (size_t i = 0; i < mats.size(); ++i) {
+    const std::string what = std::string("fast batch ") + mla::weight_format_name(kFormats[i]);
+    if (has_bf16_kernel(kFormats[i])) {
+      expect_close_fast(mats[i].view, x.data(), 3, 640, ys[i], 333, what);
+    } else {
+      std::vector<float> ref(size_t(3 * 333));
+      mla::cpu::gemv_reference(x.data(), 3, 640, mats[i].view, ref.data(), 333);
+      expect_close(mats[i].view, x.data(), 3, 640, ys[i], ref, 333, 1e-5, what);
+    }
+  }
 }
 
 TEST(Gemv, RowSlicesAcrossBlocksAndThreads) {
@@ -199,6 +323,32 @@ TEST(Int4, UnpacksHandPackedWords) {
     const float want = float(q[size_t(k)]) * (k < 32 ? 0.5f : 2.0f);
     EXPECT_EQ(row[size_t(k)], want) << "reference, value " << k;
     EXPECT_EQ(fast_element(v, 0, k), want) << "fast kernel, value " << k;
+    PrecisionScope fast(mla::cpu::Precision::Fast);
+    EXPECT_EQ(fast_element(v, 0, k), want) << "bf16 kernel, value " << k;
+  }
+  // Every code in every nibble position, in the bf16 kernel's steps of 64 columns and its
+  // scalar tail (96 columns: one step, then 32): word w of row r holds codes (w + r + i) % 16.
+  PrecisionScope fast(mla::cpu::Precision::Fast);
+  MatrixView m = v;
+  m.rows = 4;
+  m.cols = 96;
+  m.scale_cols = 3;
+  std::vector<uint32_t> packed(size_t(4 * 12));
+  std::vector<uint16_t> sc(size_t(4 * 3));
+  for (int r = 0; r < 4; ++r) {
+    for (int w = 0; w < 12; ++w)
+      for (int i = 0; i < 8; ++i) packed[size_t(r * 12 + w)] |= uint32_t((w + r + i) % 16) << (4 * i);
+    for (int g = 0; g < 3; ++g) sc[size_t(r * 3 + g)] = mla::f32_to_bf16(std::ldexp(1.0f, g - r));
+  }
+  m.data = packed.data();
+  m.scales = sc.data();
+  for (int k = 0; k < 96; ++k) {
+    std::vector<float> x(96, 0.0f), y(4);
+    x[size_t(k)] = 1.0f;
+    mla::cpu::gemv(x.data(), 1, 96, m, y.data(), 4);
+    for (int r = 0; r < 4; ++r)
+      EXPECT_EQ(y[size_t(r)], float((k / 8 + r + k % 8) % 16 - 8) * std::ldexp(1.0f, k / 32 - r))
+          << "bf16 kernel, row " << r << " column " << k;
   }
 }
 
@@ -217,6 +367,31 @@ TEST(Fp8, DecodesEveryCode) {
   for (int k = 0; k < 256; ++k) {
     const float want = mla::fp8e4m3_to_f32(codes[size_t(k)]) * (k < 128 ? 1.0f : 3.0f);
     EXPECT_EQ(fast_element(v, 0, k), want) << "code " << int(codes[size_t(k)]);
+    // The bf16 kernel: e4m3 bits as bf16 (exponent-0 codes, bf16 denormals that VDPBF16PS
+    // reads as zero, through the subnormal fix-up), times 2^-120, the activation times 2^64.
+    PrecisionScope fast(mla::cpu::Precision::Fast);
+    EXPECT_EQ(fast_element(v, 0, k), want) << "bf16 kernel, code " << int(codes[size_t(k)]);
+  }
+  {
+    // Every code against an activation of 1.5 (a bf16 with a mantissa bit) on 4 tokens and 4 rows
+    // (a full tile), each row a rotation of the codes: y[t][r] sums code (k + r) % 256 * x.
+    PrecisionScope fast(mla::cpu::Precision::Fast);
+    std::vector<uint8_t> rot(4 * 256);
+    for (int r = 0; r < 4; ++r)
+      for (int k = 0; k < 256; ++k) rot[size_t(r * 256 + k)] = codes[size_t((k + r) % 256)];
+    MatrixView m = v;
+    m.rows = 4;
+    m.data = rot.data();
+    for (int k = 0; k < 256; k += 7) {
+      std::vector<float> x(4 * 256, 0.0f), y(16);
+      for (int t = 0; t < 4; ++t) x[size_t(t * 256 + k)] = 1.5f * float(t + 1);
+      mla::cpu::gemv(x.data(), 4, 256, m, y.data(), 4);
+      for (int t = 0; t < 4; ++t)
+        for (int r = 0; r < 4; ++r)
+          EXPECT_EQ(y[size_t(t * 4 + r)],
+                    mla::fp8e4m3_to_f32(rot[size_t(r * 256 + k)]) * (k < 128 ? 1.0f : 3.0f) * 1.5f * float(t + 1))
+              << "bf16 kernel, row " << r << " token " << t << " column " << k;
+    }
   }
   EXPECT_EQ(mla::fp8e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
   EXPECT_EQ(mla::fp8e4m3_to_f32(0xfe), -448.0f);

@@ -149,4 +149,127 @@ struct DecInt4 {
   }
 };
 
+// ---- bf16 decoders of the fast precision (cpu::Precision::Fast) -------------------------------
+// A step covers 64 columns of a row, decoded into two vectors of 32 bf16 words (a, b) that
+// VDPBF16PS dots with bf16 activations in the same layout: float lane i sums the products of
+// words 2i and 2i+1. Every decoded bf16 is the weight's exact value (times a power of two for
+// fp8; the group scale of int4 is applied afterwards in float32).
+//   bf16: natural order (a = columns 0..31, b = 32..63), no conversion
+//   fp8:  a = per 128-bit lane L, columns 16L..16L+7, b = 16L+8..16L+15 (unpacklo / unpackhi of
+//         bytes into words). Word = the e4m3 bits S EEEE MMM placed as bf16 bits S 0000EEEE MMM0000
+//         (the same as the byte in a word's high half, arithmetic-shifted right by 4, masked with
+//         0x87f0): a bf16 2^-120 times the value. Two GF2P8AFFINEQB build the words' high bytes
+//         (S0000EEE) and low bytes (EMMM0000) of all 64 bytes at once, unpack interleaves them.
+//         Exponent-0 codes come out as bf16 denormals, which VDPBF16PS reads as zero: decode()
+//         reports them (a mask of the step's bytes) so that the caller adds the subnormals'
+//         products itself.
+//   int4: a = low nibbles (even columns), b = high nibbles (odd columns) of the 32 bytes,
+//         zero-extended to words, through a 32-word table of bf16(q - 8) (vpermw reads 5 bits:
+//         the table repeats, so the next nibble's low bit does not matter). Lanes 0..7 hold
+//         columns 0..31 (group of chunk 2s), lanes 8..15 columns 32..63 (chunk 2s + 1).
+constexpr int64_t kStep = 64;
+
+enum class Layout64 { Natural, Fp8Unpack, EvenOdd };
+
+// The column (0..63 within the step) held by word w: 0..31 of a, 32..63 of b.
+inline int layout64_col(Layout64 l, int w) {
+  const int v = w >> 5, j = w & 31;
+  switch (l) {
+    case Layout64::Natural: return w;
+    case Layout64::Fp8Unpack: return (j >> 3) * 16 + v * 8 + (j & 7);
+    case Layout64::EvenOdd: return 2 * j + v;
+  }
+  return w;
+}
+
+inline Layout64 layout64_of(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::FP8_BLOCK128: return Layout64::Fp8Unpack;
+    case WeightFormat::INT4_GROUP: return Layout64::EvenOdd;
+    default: return Layout64::Natural;
+  }
+}
+
+// The formats with a bf16 kernel (f32 and f16 weights keep the float32 kernels in both modes).
+inline bool bf16_kernel(const MatrixView& W) {
+  return W.format == WeightFormat::BF16 || W.format == WeightFormat::FP8_BLOCK128 ||
+         (W.format == WeightFormat::INT4_GROUP && W.group_size > 0 && W.group_size % kChunk == 0);
+}
+
+inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
+
+struct BfDecBF16 {
+  static constexpr int kStepsPerScale = 0;  // no scale
+  const uint16_t* row;
+  void prefetch(int64_t s) const { prefetch_at(row, s * kStep * 2), prefetch_at(row, s * kStep * 2 + 64); }
+  uint64_t decode(int64_t s, __m512i& a, __m512i& b) const {
+    a = _mm512_loadu_si512(row + s * kStep);
+    b = _mm512_loadu_si512(row + s * kStep + 32);
+    return 0;
+  }
+};
+
+struct BfDecFP8 {
+  static constexpr int kStepsPerScale = 2;  // one block scale per 128 columns
+  const uint8_t* row;
+  const float* scales;  // the row block's scales, one per 128 columns
+  void prefetch(int64_t s) const { prefetch_at(row, s * kStep); }
+  // Bit matrices of GF2P8AFFINEQB: output bit i is the parity of (byte 7 - i of the matrix) & x.
+  static constexpr uint64_t gf_matrix(const int (&src)[8]) {  // src[i]: input bit to output bit i, or -1
+    uint64_t m = 0;
+    for (int i = 0; i < 8; ++i)
+      if (src[i] >= 0) m |= uint64_t(1u << src[i]) << (8 * (7 - i));
+    return m;
+  }
+  static constexpr int kHigh[8] = {4, 5, 6, -1, -1, -1, -1, 7};  // S0000EEE: E3..E1, sign
+  static constexpr int kLow[8] = {-1, -1, -1, -1, 0, 1, 2, 3};   // EMMM0000: E0, mantissa
+  // The bytes with exponent field 0 (zero and the subnormals, which need fixing up).
+  uint64_t decode(int64_t s, __m512i& a, __m512i& b) const {
+    const __m512i raw = _mm512_loadu_si512(row + s * kStep);
+    const __m512i hi = _mm512_gf2p8affine_epi64_epi8(raw, _mm512_set1_epi64(int64_t(gf_matrix(kHigh))), 0);
+    const __m512i lo = _mm512_gf2p8affine_epi64_epi8(raw, _mm512_set1_epi64(int64_t(gf_matrix(kLow))), 0);
+    a = _mm512_unpacklo_epi8(lo, hi);
+    b = _mm512_unpackhi_epi8(lo, hi);
+    return _mm512_testn_epi8_mask(raw, _mm512_set1_epi8(0x78));
+  }
+  __m512 scale(int64_t s) const { return _mm512_set1_ps(scales[s / kStepsPerScale]); }
+};
+
+// bf16 bits of the integers -8..7, repeated: entry i is bf16((i & 15) - 8).
+constexpr uint16_t bf16_of_small_int(int q) {
+  if (q == 0) return 0;
+  const uint16_t sign = q < 0 ? 0x8000 : 0;
+  int a = q < 0 ? -q : q, e = 0;
+  while ((a >> (e + 1)) != 0) ++e;
+  return uint16_t(sign | (127 + e) << 7 | ((a << (7 - e)) & 0x7f));
+}
+
+struct BfDecInt4 {
+  static constexpr int kStepsPerScale = 1;
+  const uint8_t* row;
+  const float* scales;  // per chunk of 32 columns, float32, readable 16 past the last chunk
+  void prefetch(int64_t s) const {
+    if ((s & 1) == 0) prefetch_at(row, s * 32);
+  }
+  uint64_t decode(int64_t s, __m512i& a, __m512i& b) const {
+    alignas(64) static constexpr uint16_t kTable[32] = {
+#define MLA_Q(i) bf16_of_small_int(((i) & 15) - 8)
+        MLA_Q(0),  MLA_Q(1),  MLA_Q(2),  MLA_Q(3),  MLA_Q(4),  MLA_Q(5),  MLA_Q(6),  MLA_Q(7),
+        MLA_Q(8),  MLA_Q(9),  MLA_Q(10), MLA_Q(11), MLA_Q(12), MLA_Q(13), MLA_Q(14), MLA_Q(15),
+        MLA_Q(16), MLA_Q(17), MLA_Q(18), MLA_Q(19), MLA_Q(20), MLA_Q(21), MLA_Q(22), MLA_Q(23),
+        MLA_Q(24), MLA_Q(25), MLA_Q(26), MLA_Q(27), MLA_Q(28), MLA_Q(29), MLA_Q(30), MLA_Q(31)};
+#undef MLA_Q
+    const __m512i table = _mm512_load_si512(kTable);
+    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + s * 32)));
+    a = _mm512_permutexvar_epi16(v, table);
+    b = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table);
+    return 0;
+  }
+  // Lanes 0..7: the scale of chunk 2s, lanes 8..15: chunk 2s + 1.
+  __m512 scale(int64_t s) const {
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(scales + 2 * s));
+  }
+};
+
 }  // namespace mla::cpu::avx512

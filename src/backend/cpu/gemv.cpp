@@ -3,6 +3,14 @@
 // the tokens' activations, permuted once per call into the format's lane layout ("prepared").
 // FP8 block scales are folded into the activations per 128-row block (times 2^64, the sum
 // times 2^56, keeping the 2^-120 of the decode far from float32's range limits).
+//
+// In the fast precision (cpu::precision() == Fast) bf16, FP8 and INT4 weights take a second
+// family of kernels: the activations are rounded to bf16 once per call (round to nearest even,
+// permuted into the format's word layout), each 64-column step of a row is decoded to bf16 in
+// registers (exactly: the weights' values, times 2^-120 for FP8, before the INT4 group scale)
+// and dotted by VDPBF16PS, whose products of two bf16 are exact in float32 and summed in
+// float32. FP8 block scales and INT4 group scales multiply the float32 partial sums of their
+// 128 / 32 columns. F32 and F16 weights keep the float32 kernels in both precisions.
 #include "backend/cpu/gemv.h"
 
 #include <omp.h>
@@ -14,6 +22,7 @@
 #include <vector>
 
 #include "backend/cpu/decode_avx512.h"
+#include "backend/cpu/precision.h"
 #include "tensor/dtype.h"
 
 namespace mla::cpu {
@@ -31,6 +40,7 @@ constexpr int64_t kSerialWork = int64_t(1) << 18;
 constexpr double kUnitBytes = 192 * 1024;  // weight bytes per dynamically scheduled work unit
 
 struct Unit {
+  bool fast;  // a job of the bf16 kernels
   size_t job;
   int64_t n0, n1;
 };
@@ -71,6 +81,22 @@ inline void tile(const Dec* dec, const float* xp, int64_t ldxp, int64_t Kc, floa
     for (int t = 0; t < TT; ++t) out[r][t] = hsum(_mm512_add_ps(acc[r][t], acc2[r][t]));
 }
 
+// The INT4 scales of row n as float32, one per chunk of 32 columns.
+void int4_chunk_scales(const MatrixView& W, int64_t n, int64_t Kc, float* s) {
+  const uint16_t* src = static_cast<const uint16_t*>(W.scales) + (W.row0 + n) * W.scale_cols;
+  if (W.group_size == kChunk) {
+    int64_t c = 0;
+    for (; c + 16 <= Kc; c += 16) {
+      __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c)));
+      _mm512_storeu_ps(s + c, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+    }
+    for (; c < Kc; ++c) s[c] = bf16_to_f32(src[c]);
+  } else {
+    const int64_t per = W.group_size / kChunk;
+    for (int64_t c = 0; c < Kc; ++c) s[c] = bf16_to_f32(src[c / per]);
+  }
+}
+
 // Per-thread scratch, reused across calls (no allocation once warm).
 struct Scratch {
   std::vector<float> xs;      // FP8: the prepared activations times a row block's scales
@@ -99,18 +125,7 @@ struct Rows {
     else if constexpr (std::is_same_v<Dec, DecFP8>) return {row};
     else {
       float* s = sbuf + slot * Kc;
-      const uint16_t* src = static_cast<const uint16_t*>(W.scales) + (W.row0 + n) * W.scale_cols;
-      if (W.group_size == kChunk) {
-        int64_t c = 0;
-        for (; c + 16 <= Kc; c += 16) {
-          __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c)));
-          _mm512_storeu_ps(s + c, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
-        }
-        for (; c < Kc; ++c) s[c] = bf16_to_f32(src[c]);
-      } else {
-        const int64_t per = W.group_size / kChunk;
-        for (int64_t c = 0; c < Kc; ++c) s[c] = bf16_to_f32(src[c / per]);
-      }
+      int4_chunk_scales(W, n, Kc, s);
       return {row, s};
     }
   }
@@ -188,6 +203,223 @@ struct Rows {
   }
 };
 
+// ---- the fast precision: bf16 x bf16 products (VDPBF16PS) ------------------------------------
+
+constexpr float kFp8FastXScale = 18446744073709551616.0f;  // 2^64: activations, before rounding
+constexpr float kFp8FastPost = 72057594037927936.0f;       // 2^56: the sums (2^64 * 2^56 = 2^120)
+constexpr float kFp8FastFix = 1.0f / 18446744073709551616.0f;  // 2^-64: the subnormals' sums
+
+inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// The products of the FP8 subnormal codes among the step's 64 bytes (mask: exponent field 0),
+// which VDPBF16PS reads as zero: fix[t] += code * scale * x, x as the kernel holds it (times
+// 2^64). Rare in trained weights (values under 2^-6 of the format's 448).
+template <int TT>
+[[gnu::noinline, gnu::cold]] void fp8_subnormals(const uint8_t* bytes, uint64_t mask, const uint16_t* xs, int64_t ldxp,
+                                                 float scale, float* fix) {
+  while (mask) {
+    const int i = __builtin_ctzll(mask);
+    mask &= mask - 1;
+    const int m = bytes[i] & 7;
+    if (m == 0) continue;
+    const float v = float(bytes[i] & 0x80 ? -m : m) * (1.0f / 512.0f) * scale;
+    const int w = ((i >> 3) & 1) * 32 + (i >> 4) * 8 + (i & 7);  // the word of column i (Fp8Unpack)
+    for (int t = 0; t < TT; ++t) fix[t] += v * bf16_to_f32(xs[t * ldxp + w]);
+  }
+}
+
+template <int TT, int R, class D>
+inline void tile_bf16(const D* dec, const uint16_t* xp, int64_t ldxp, int64_t S, float (&out)[R][TT],
+                      float (&fix)[R][TT]) {
+  __m512 acc[R][TT], acc2[R][TT];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t) acc[r][t] = acc2[r][t] = _mm512_setzero_ps();
+  if constexpr (D::kStepsPerScale == 0) {
+    for (int64_t s = 0; s < S; ++s) {
+      __m512i xa[TT], xb[TT];
+#pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) {
+        xa[t] = _mm512_loadu_si512(xp + t * ldxp + s * kStep);
+        xb[t] = _mm512_loadu_si512(xp + t * ldxp + s * kStep + 32);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        __m512i a, b;
+        if constexpr (kPrefetch) dec[r].prefetch(s);
+        dec[r].decode(s, a, b);
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; ++t) {
+          acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(a), as_bh(xa[t]));
+          acc2[r][t] = _mm512_dpbf16_ps(acc2[r][t], as_bh(b), as_bh(xb[t]));
+        }
+      }
+    }
+  } else {
+    // Partial sums over the columns of one scale (a step pair for FP8, a step for INT4), then
+    // times the scale into the accumulator.
+    constexpr int64_t G = D::kStepsPerScale;
+    for (int64_t g = 0; g < S; g += G) {
+      const int64_t ge = std::min(S, g + G);
+      // FP8 sums a and b apart (chains of 2 VDPBF16PS per 128 columns, 2 FMAs), INT4 together.
+      constexpr bool two = G > 1;
+      __m512 part[R][TT], part2[R][TT];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; ++t) part[r][t] = part2[r][t] = _mm512_setzero_ps();
+      for (int64_t s = g; s < ge; ++s) {
+        __m512i xa[TT], xb[TT];
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; ++t) {
+          xa[t] = _mm512_loadu_si512(xp + t * ldxp + s * kStep);
+          xb[t] = _mm512_loadu_si512(xp + t * ldxp + s * kStep + 32);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          __m512i a, b;
+          if constexpr (kPrefetch) dec[r].prefetch(s);
+          const uint64_t special = dec[r].decode(s, a, b);
+          if constexpr (std::is_same_v<D, BfDecFP8>) {
+            if (special) [[unlikely]]
+              fp8_subnormals<TT>(dec[r].row + s * kStep, special, xp + s * kStep, ldxp, dec[r].scales[s / G], fix[r]);
+          }
+#pragma GCC unroll 8
+          for (int t = 0; t < TT; ++t) {
+            part[r][t] = _mm512_dpbf16_ps(part[r][t], as_bh(a), as_bh(xa[t]));
+            if constexpr (two) part2[r][t] = _mm512_dpbf16_ps(part2[r][t], as_bh(b), as_bh(xb[t]));
+            else part[r][t] = _mm512_dpbf16_ps(part[r][t], as_bh(b), as_bh(xb[t]));
+          }
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512 sc = dec[r].scale(g);
+#pragma GCC unroll 8
+        for (int t = 0; t < TT; ++t) {
+          acc[r][t] = _mm512_fmadd_ps(part[r][t], sc, acc[r][t]);
+          if constexpr (two) acc2[r][t] = _mm512_fmadd_ps(part2[r][t], sc, acc2[r][t]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t) out[r][t] = hsum(_mm512_add_ps(acc[r][t], acc2[r][t]));
+}
+
+// The rows [n0, n1) of one thread, fast precision.
+struct FastRows {
+  const MatrixView* W;
+  const float* x;
+  int64_t ldx;
+  const uint16_t* xp;  // prepared bf16, [T, S * 64]
+  int64_t T, S, Kc;    // steps of 64 columns, chunks of 32
+  float* y;
+  int64_t ldy;
+
+  template <class D>
+  D make(int slot, int64_t n, float* sbuf, const float* bs) const {
+    const uint8_t* row = static_cast<const uint8_t*>(W->data) + size_t(n) * W->row_bytes();
+    if constexpr (std::is_same_v<D, BfDecBF16>) return {reinterpret_cast<const uint16_t*>(row)};
+    else if constexpr (std::is_same_v<D, BfDecFP8>) return {row, bs};
+    else {
+      float* s = sbuf + slot * (Kc + 16);
+      int4_chunk_scales(*W, n, Kc, s);
+      return {row, s};
+    }
+  }
+
+  template <class D, int TT, int R>
+  void do_tile(int64_t n, int64_t t0, const float* bs, float post, float* sbuf) const {
+    D dec[R];
+    for (int r = 0; r < R; ++r) dec[r] = make<D>(r, n + r, sbuf, bs);
+    float out[R][TT], fix[R][TT] = {};
+    tile_bf16<TT, R>(dec, xp + t0 * S * kStep, S * kStep, S, out, fix);
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < TT; ++t) {
+        float v = out[r][t] * post;
+        if constexpr (std::is_same_v<D, BfDecFP8>) v += fix[r][t] * kFp8FastFix;
+        for (int64_t k = S * kStep; k < W->cols; ++k) v += element(*W, n + r, k) * round_bf16(x[(t0 + t) * ldx + k]);
+        y[(t0 + t) * ldy + n + r] = v;
+      }
+  }
+
+  template <class D, int TT>
+  void rows_tt(int64_t s, int64_t e, int64_t t0, const float* bs, float post, float* sbuf) const {
+    constexpr int R = TT <= 2 ? 4 : 2;
+    int64_t n = s;
+    for (; n + R <= e; n += R) do_tile<D, TT, R>(n, t0, bs, post, sbuf);
+    for (; n < e; ++n) do_tile<D, TT, 1>(n, t0, bs, post, sbuf);
+  }
+
+  template <class D>
+  void segment(int64_t s, int64_t e, const float* bs, float post) const {
+    float* sbuf = nullptr;
+    if constexpr (std::is_same_v<D, BfDecInt4>) {
+      Scratch& sc = scratch();
+      if (sc.scales.size() < size_t(4 * (Kc + 16))) sc.scales.resize(size_t(4 * (Kc + 16)));
+      sbuf = sc.scales.data();
+    }
+    for (int64_t t0 = 0; t0 < T; t0 += kMaxTT) {
+      switch (std::min<int64_t>(kMaxTT, T - t0)) {
+        case 1: rows_tt<D, 1>(s, e, t0, bs, post, sbuf); break;
+        case 2: rows_tt<D, 2>(s, e, t0, bs, post, sbuf); break;
+        case 3: rows_tt<D, 3>(s, e, t0, bs, post, sbuf); break;
+        default: rows_tt<D, 4>(s, e, t0, bs, post, sbuf); break;
+      }
+    }
+  }
+
+  void run(int64_t n0, int64_t n1) const {
+    if (n0 >= n1) return;
+    switch (W->format) {
+      case WeightFormat::BF16: segment<BfDecBF16>(n0, n1, nullptr, 1.0f); break;
+      case WeightFormat::INT4_GROUP: segment<BfDecInt4>(n0, n1, nullptr, 1.0f); break;
+      case WeightFormat::FP8_BLOCK128: {
+        const float* scales = static_cast<const float*>(W->scales);
+        for (int64_t s = n0; s < n1;) {  // the rows of one 128-row block share their scales
+          const int64_t blk = (W->row0 + s) / 128;
+          const int64_t e = std::min(n1, (blk + 1) * 128 - W->row0);
+          segment<BfDecFP8>(s, e, scales + blk * W->scale_cols, kFp8FastPost);
+          s = e;
+        }
+        break;
+      }
+      default: break;
+    }
+  }
+};
+
+// x [T, cols] (row stride ldx) times mul, rounded to bf16 and permuted into the layout of each
+// step of 64 columns: out [T, S * 64].
+void prepare_bf16(const float* x, int64_t T, int64_t ldx, int64_t S, Layout64 layout, float mul, uint16_t* out) {
+  // Each quarter (16 words) of a step draws on one half (32 columns) of the step's activations.
+  alignas(64) int32_t idx[4][16];
+  bool upper[4];
+  for (int q = 0; q < 4; ++q) {
+    upper[q] = layout64_col(layout, 16 * q) >= 32;
+    for (int l = 0; l < 16; ++l) idx[q][l] = layout64_col(layout, 16 * q + l) - (upper[q] ? 32 : 0);
+  }
+  __m512i iv[4];
+  for (int q = 0; q < 4; ++q) iv[q] = _mm512_load_si512(idx[q]);
+  const __m512 f = _mm512_set1_ps(mul);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t s = 0; s < S; ++s) {
+      const float* src = x + t * ldx + s * kStep;
+      const __m512 h[4] = {_mm512_loadu_ps(src), _mm512_loadu_ps(src + 16), _mm512_loadu_ps(src + 32),
+                           _mm512_loadu_ps(src + 48)};
+      __m512 q[4];
+      for (int k = 0; k < 4; ++k)
+        q[k] = _mm512_mul_ps(_mm512_permutex2var_ps(h[upper[k] ? 2 : 0], iv[k], h[upper[k] ? 3 : 1]), f);
+      uint16_t* dst = out + t * S * kStep + s * kStep;
+      _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(q[1], q[0]));
+      _mm512_storeu_si512(dst + 32, (__m512i)_mm512_cvtne2ps_pbh(q[3], q[2]));
+    }
+}
+
 }  // namespace
 
 void gemv_reference(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
@@ -204,71 +436,104 @@ void gemv_reference(const float* x, int64_t T, int64_t ldx, const MatrixView& W,
 
 void gemv_batch(std::span<const GemvJob> jobs) {
   // Jobs without a fast kernel run on the reference; the rest are prepared (activations permuted
-  // into the format's lane layout, on this thread) and split across the threads by weight bytes.
+  // into the format's lane layout, on this thread; in the fast precision rounded to bf16 for the
+  // formats with a bf16 kernel) and split across the threads by weight bytes.
   thread_local std::vector<float> prepared;
+  thread_local std::vector<uint16_t> prepared16;
   thread_local std::vector<Rows> rows;
+  thread_local std::vector<FastRows> frows;
   thread_local std::vector<double> cum;  // weight bytes before each fast job
+  thread_local std::vector<std::pair<bool, size_t>> order;  // (bf16 kernel, index) of each job in cum
   thread_local std::vector<Unit> units;
-  size_t need = 0;
-  for (const auto& j : jobs)
-    if (j.T > 0 && j.W.rows > 0 && fast_supported(j.W)) need += size_t(j.T * (j.W.cols / kChunk) * kChunk);
+  const bool fast_precision = precision() == Precision::Fast;
+  auto bf16_job = [&](const GemvJob& j) { return fast_precision && bf16_kernel(j.W); };
+  size_t need = 0, need16 = 0;
+  for (const auto& j : jobs) {
+    if (j.T <= 0 || j.W.rows <= 0 || !fast_supported(j.W)) continue;
+    if (bf16_job(j)) need16 += size_t(j.T * (j.W.cols / kStep) * kStep);
+    else need += size_t(j.T * (j.W.cols / kChunk) * kChunk);
+  }
   if (prepared.size() < need) prepared.resize(need);
+  if (prepared16.size() < need16) prepared16.resize(need16);
   rows.clear();
+  frows.clear();
   cum.clear();
+  order.clear();
   double total = 0;
   int64_t weights = 0;
-  size_t off = 0;
+  size_t off = 0, off16 = 0;
   for (const auto& j : jobs) {
     if (j.T <= 0 || j.W.rows <= 0) continue;
     if (!fast_supported(j.W)) {
       gemv_reference(j.x, j.T, j.ldx, j.W, j.y, j.ldy);
       continue;
     }
-    const int64_t Kc = j.W.cols / kChunk, width = Kc * kChunk;
-    float* xp = prepared.data() + off;
-    off += size_t(j.T * width);
-    const Layout layout = layout_of(j.W.format);
-    alignas(64) int32_t ia[16], ib[16];
-    for (int l = 0; l < 16; ++l) {
-      ia[l] = layout_col(layout, l);
-      ib[l] = layout_col(layout, 16 + l);
-    }
-    const __m512i pa = _mm512_load_si512(ia), pb = _mm512_load_si512(ib);
-    for (int64_t t = 0; t < j.T; ++t)
-      for (int64_t c = 0; c < Kc; ++c) {
-        const float* src = j.x + t * j.ldx + c * kChunk;
-        const __m512 lo = _mm512_loadu_ps(src), hi = _mm512_loadu_ps(src + 16);
-        _mm512_storeu_ps(xp + t * width + c * kChunk, _mm512_permutex2var_ps(lo, pa, hi));
-        _mm512_storeu_ps(xp + t * width + c * kChunk + 16, _mm512_permutex2var_ps(lo, pb, hi));
+    if (bf16_job(j)) {
+      const int64_t S = j.W.cols / kStep;
+      uint16_t* xp = prepared16.data() + off16;
+      off16 += size_t(j.T * S * kStep);
+      const float mul = j.W.format == WeightFormat::FP8_BLOCK128 ? kFp8FastXScale : 1.0f;
+      prepare_bf16(j.x, j.T, j.ldx, S, layout64_of(j.W.format), mul, xp);
+      order.push_back({true, frows.size()});
+      frows.push_back(FastRows{&j.W, j.x, j.ldx, xp, j.T, S, j.W.cols / kChunk, j.y, j.ldy});
+    } else {
+      const int64_t Kc = j.W.cols / kChunk, width = Kc * kChunk;
+      float* xp = prepared.data() + off;
+      off += size_t(j.T * width);
+      const Layout layout = layout_of(j.W.format);
+      alignas(64) int32_t ia[16], ib[16];
+      for (int l = 0; l < 16; ++l) {
+        ia[l] = layout_col(layout, l);
+        ib[l] = layout_col(layout, 16 + l);
       }
-    rows.push_back(Rows{j.W, j.x, j.ldx, xp, j.T, Kc, j.y, j.ldy});
+      const __m512i pa = _mm512_load_si512(ia), pb = _mm512_load_si512(ib);
+      for (int64_t t = 0; t < j.T; ++t)
+        for (int64_t c = 0; c < Kc; ++c) {
+          const float* src = j.x + t * j.ldx + c * kChunk;
+          const __m512 lo = _mm512_loadu_ps(src), hi = _mm512_loadu_ps(src + 16);
+          _mm512_storeu_ps(xp + t * width + c * kChunk, _mm512_permutex2var_ps(lo, pa, hi));
+          _mm512_storeu_ps(xp + t * width + c * kChunk + 16, _mm512_permutex2var_ps(lo, pb, hi));
+        }
+      order.push_back({false, rows.size()});
+      rows.push_back(Rows{j.W, j.x, j.ldx, xp, j.T, Kc, j.y, j.ldy});
+    }
     cum.push_back(total);
     total += double(j.W.rows) * double(j.W.row_bytes() + (j.W.scale_bytes() + j.W.rows - 1) / j.W.rows);
     weights += j.W.rows * j.W.cols;
   }
-  if (rows.empty()) return;
+  if (order.empty()) return;
   cum.push_back(total);
+  auto run = [](const std::vector<Rows>& rs, const std::vector<FastRows>& fs, bool fast, size_t k, int64_t n0,
+                int64_t n1) {
+    if (fast) fs[k].run(n0, n1);
+    else rs[k].run(n0, n1);
+  };
   const bool serial = weights < kSerialWork || omp_in_parallel() || omp_get_max_threads() == 1;
   if (serial) {
-    for (const auto& r : rows) r.run(0, r.W.rows);
+    for (const auto& [fast, k] : order) run(rows, frows, fast, k, 0, fast ? frows[k].W->rows : rows[k].W.rows);
     return;
   }
   // Work units of about kUnitBytes of weights (whole multiples of 8 rows), handed out
   // dynamically: a thread that is descheduled for a while (shared cores) holds up one unit, not
   // half of the product.
   units.clear();
-  for (size_t k = 0; k < rows.size(); ++k) {
-    const int64_t N = rows[k].W.rows;
-    const double row_bytes = (cum[k + 1] - cum[k]) / double(N);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto [fast, k] = order[i];
+    const int64_t N = fast ? frows[k].W->rows : rows[k].W.rows;
+    const double row_bytes = (cum[i + 1] - cum[i]) / double(N);
     const int64_t step = std::max<int64_t>(8, int64_t(kUnitBytes / std::max(1.0, row_bytes)) / 8 * 8);
-    for (int64_t n = 0; n < N; n += step) units.push_back({k, n, std::min(N, n + step)});
+    for (int64_t n = 0; n < N; n += step) units.push_back({fast, k, n, std::min(N, n + step)});
   }
   // The workers read this thread's lists (thread_local names would be their own).
   const std::vector<Rows>& all = rows;
+  const std::vector<FastRows>& fall = frows;
   const std::vector<Unit>& work = units;
   const int64_t nunits = int64_t(work.size());
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t u = 0; u < nunits; ++u) all[work[size_t(u)].job].run(work[size_t(u)].n0, work[size_t(u)].n1);
+  for (int64_t u = 0; u < nunits; ++u) {
+    const Unit& w = work[size_t(u)];
+    run(all, fall, w.fast, w.job, w.n0, w.n1);
+  }
 }
 
 void gemv(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {

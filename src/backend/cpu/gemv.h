@@ -3,6 +3,10 @@
 // converted in registers (AVX-512) and dotted with every token. Bound by memory bandwidth.
 // Output rows are split across the OpenMP threads. Every WeightFormat has a fast kernel (INT4
 // when its group size is a multiple of 32; other group sizes use the reference).
+// Precision (cpu::precision()): precise: float32 activations, weights decoded to float32, FMA.
+// fast: for bf16, FP8 and INT4 weights, the activations are rounded to bf16 (nearest even) once
+// per call and the weights decoded exactly to bf16 and dotted by VDPBF16PS (products exact,
+// sums float32): fewer instructions per weight byte. F32 and F16 weights: float32 in both.
 #pragma once
 #include <cstdint>
 #include <span>
