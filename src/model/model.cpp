@@ -53,6 +53,18 @@ std::vector<MatrixView*> weight_views(ModelWeights& w) {
   return v;
 }
 
+// The products of gate and up of one MLP into gu [n, 2I] (a row's gate then its up): one job
+// when up's rows follow gate's in memory, as a checkpoint stores them, else two.
+void push_gate_up(std::vector<cpu::MatmulJob>& jobs, const Mlp& m, const float* x, int64_t n, int64_t ldx, float* gu) {
+  const int64_t I = m.gate.rows;
+  if (auto both = concat_rows(m.gate, m.up)) {
+    jobs.push_back({x, n, ldx, *both, gu, 2 * I});
+  } else {
+    jobs.push_back({x, n, ldx, m.gate, gu, 2 * I});
+    jobs.push_back({x, n, ldx, m.up, gu + I, 2 * I});
+  }
+}
+
 double sum_parts(const ForwardProfile& p) {
   double s = 0;
   for (int i = 0; i < ForwardProfile::kParts; ++i) s += p.seconds[i];
@@ -292,7 +304,8 @@ void Model::attention(int64_t layer, std::span<SeqSlice> batch, const std::vecto
 void Model::mlp(const Mlp& m, const float* x, int64_t T, float* out, bool accumulate, const float* row_weights) {
   const int64_t I = m.gate.rows, D = cfg_.hidden_size;
   std::vector<float> gu(static_cast<size_t>(T * 2 * I)), act(static_cast<size_t>(T * I)), y(static_cast<size_t>(T * D));
-  const cpu::MatmulJob jobs[] = {{x, T, D, m.gate, gu.data(), 2 * I}, {x, T, D, m.up, gu.data() + I, 2 * I}};
+  std::vector<cpu::MatmulJob> jobs;
+  push_gate_up(jobs, m, x, T, D, gu.data());
   cpu::matmul_batch(jobs);
   cpu::silu_mul(gu.data(), T, I, act.data());
   matmul(act.data(), T, m.down, y.data());
@@ -374,18 +387,13 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   std::vector<float> xe(static_cast<size_t>(R * D)), gu(static_cast<size_t>(R * 2 * I)), act(static_cast<size_t>(R * I)),
       ye(static_cast<size_t>(R * D)), gus(static_cast<size_t>(T * 2 * Is)), acts(static_cast<size_t>(T * Is));
   std::vector<cpu::MatmulJob> jobs;
-  if (W.has_shared) {
-    jobs.push_back({x, T, D, W.shared.gate, gus.data(), 2 * Is});
-    jobs.push_back({x, T, D, W.shared.up, gus.data() + Is, 2 * Is});
-  }
+  if (W.has_shared) push_gate_up(jobs, W.shared, x, T, D, gus.data());
   for (int64_t e = 0; e < E; ++e) {
     const auto& toks = tokens_of[size_t(e)];
     if (toks.empty()) continue;
     const int64_t r0 = row0[size_t(e)], n = int64_t(toks.size());
     for (int64_t i = 0; i < n; ++i) std::copy(x + toks[size_t(i)] * D, x + (toks[size_t(i)] + 1) * D, xe.data() + (r0 + i) * D);
-    const Mlp& m = W.experts[size_t(e)];
-    jobs.push_back({xe.data() + r0 * D, n, D, m.gate, gu.data() + r0 * 2 * I, 2 * I});
-    jobs.push_back({xe.data() + r0 * D, n, D, m.up, gu.data() + r0 * 2 * I + I, 2 * I});
+    push_gate_up(jobs, W.experts[size_t(e)], xe.data() + r0 * D, n, D, gu.data() + r0 * 2 * I);
   }
   cpu::matmul_batch(jobs);
   if (W.has_shared) cpu::silu_mul(gus.data(), T, Is, acts.data());

@@ -77,4 +77,14 @@ MatrixView MatrixView::slice_rows(int64_t first, int64_t count) const {
   return v;
 }
 
+std::optional<MatrixView> concat_rows(const MatrixView& a, const MatrixView& b) {
+  const bool plain = a.format == WeightFormat::F32 || a.format == WeightFormat::BF16 || a.format == WeightFormat::F16;
+  if (!plain || b.format != a.format || b.cols != a.cols || !a.data ||
+      b.data != static_cast<const uint8_t*>(a.data) + a.bytes())
+    return std::nullopt;
+  MatrixView v = a;
+  v.rows = a.rows + b.rows;
+  return v;
+}
+
 }  // namespace mla

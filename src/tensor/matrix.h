@@ -3,6 +3,7 @@
 // scales, or INT4 groups) and are dequantized on the fly, a row at a time, by the kernels.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "tensor/dtype.h"
@@ -35,5 +36,10 @@ struct MatrixView {
   void dequant_row(int64_t r, float* out) const;
   MatrixView slice_rows(int64_t first, int64_t count) const;
 };
+
+// a's rows then b's as one view, when b's rows follow a's directly in memory (a checkpoint
+// stores gate_proj then up_proj: one product instead of two). Formats without scales only
+// (FP8 and INT4 keep their scales beside each tensor); otherwise nullopt.
+std::optional<MatrixView> concat_rows(const MatrixView& a, const MatrixView& b);
 
 }  // namespace mla
