@@ -137,7 +137,8 @@ int main(int argc, char** argv) {
 
   // Decode: an MoE expert projection (1408 x 2048) and its transpose, T = 1 and 4.
   // Both precisions: precise (float32 activations, weights decoded to float32, FMA) and fast
-  // (activations rounded to bf16, weights decoded to bf16, VDPBF16PS; f32/f16 weights excepted).
+  // (activations rounded to bf16, weights decoded to bf16, VDPBF16PS; f32/f16 weights excepted;
+  // by default only for 1 token, see cpu::gemv_bf16_max_tokens: fast at T = 4 is the float32 kernel).
   std::printf("\n%-6s %-12s %3s %-8s %9s %9s %6s\n", "format", "shape", "T", "prec", "ms/pass", "GB/s", "ratio");
   for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP}) {
     if (l2_only) break;
@@ -165,15 +166,17 @@ int main(int argc, char** argv) {
 
   // The same kernels on weights that stay in the L2 cache (256 x 2048, on one thread): what the
   // decode costs in instructions, away from DRAM (a kernel near the read loop's bandwidth above
-  // needs this well above it per thread).
+  // needs this well above it per thread). Fast here runs the bf16 kernels at every T.
   {
     const int saved_threads = mla::cpu::num_threads();
+    const int64_t saved_bf16 = mla::cpu::gemv_bf16_max_tokens();
     mla::cpu::set_num_threads(1);
+    mla::cpu::set_gemv_bf16_max_tokens(int64_t(1) << 40);
     std::printf("\nin L2, 1 thread:\n%-6s %-12s %3s %-8s %9s %9s\n", "format", "shape", "T", "prec", "us/pass", "GB/s");
     for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP}) {
       const int64_t rows = 256, cols = 2048;
       Set s = make_set(f, rows, cols, 1, false);
-      for (int64_t T : {1, 4})
+      for (int64_t T : {1, 2, 4})
         for (auto p : {mla::cpu::Precision::Precise, mla::cpu::Precision::Fast}) {
           mla::cpu::set_precision(p);
           const int inner = 200;
@@ -192,6 +195,7 @@ int main(int argc, char** argv) {
       munmap(const_cast<void*>(s.views[0].data), s.bytes);
     }
     mla::cpu::set_num_threads(saved_threads);
+    mla::cpu::set_gemv_bf16_max_tokens(saved_bf16);
     mla::cpu::set_precision(mla::cpu::Precision::Precise);
   }
 

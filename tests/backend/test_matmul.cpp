@@ -112,11 +112,19 @@ void expect_close(const MatrixView& W, const float* x, int64_t T, int64_t ldx, c
   }
 }
 
-// Sets the process-wide precision for a scope.
+// Sets the process-wide precision for a scope; in the fast precision, the bf16 kernels serve
+// every token count (by default only single tokens).
 struct PrecisionScope {
   mla::cpu::Precision saved = mla::cpu::precision();
-  explicit PrecisionScope(mla::cpu::Precision p) { mla::cpu::set_precision(p); }
-  ~PrecisionScope() { mla::cpu::set_precision(saved); }
+  int64_t saved_tokens = mla::cpu::gemv_bf16_max_tokens();
+  explicit PrecisionScope(mla::cpu::Precision p) {
+    mla::cpu::set_precision(p);
+    mla::cpu::set_gemv_bf16_max_tokens(int64_t(1) << 40);
+  }
+  ~PrecisionScope() {
+    mla::cpu::set_precision(saved);
+    mla::cpu::set_gemv_bf16_max_tokens(saved_tokens);
+  }
 };
 
 bool has_bf16_kernel(WeightFormat f) {
@@ -263,6 +271,31 @@ TEST(Gemv, FastPrecisionRowSlicesAcrossBlocksAndThreads) {
       expect_close(mats[i].view, x.data(), 3, 640, ys[i], ref, 333, 1e-5, what);
     }
   }
+}
+
+TEST(Gemv, FastPrecisionUsesBf16KernelsForSingleTokensByDefault) {
+  // Default dispatch: 1 token on the bf16 kernels (activations rounded to bf16), more tokens on
+  // the float32 kernels (float32 activations, as in precise mode).
+  const auto saved = mla::cpu::precision();
+  mla::cpu::set_precision(mla::cpu::Precision::Fast);
+  ASSERT_EQ(mla::cpu::gemv_bf16_max_tokens(), 1);
+  std::mt19937 rng(23);
+  for (WeightFormat f : {WeightFormat::BF16, WeightFormat::FP8_BLOCK128, WeightFormat::INT4_GROUP}) {
+    Owned m = random_matrix(f, 150, 320, rng);
+    for (int64_t T : {1, 3}) {
+      auto x = random_vec(size_t(T * 320), rng);
+      std::vector<float> y(size_t(T * 150)), ref(size_t(T * 150));
+      mla::cpu::gemv(x.data(), T, 320, m.view, y.data(), 150);
+      const std::string what = std::string("default fast ") + mla::weight_format_name(f) + " T=" + std::to_string(T);
+      if (T == 1) {
+        expect_close_fast(m.view, x.data(), T, 320, y, 150, what);
+      } else {
+        mla::cpu::gemv_reference(x.data(), T, 320, m.view, ref.data(), 150);
+        expect_close(m.view, x.data(), T, 320, y, ref, 150, 1e-5, what);
+      }
+    }
+  }
+  mla::cpu::set_precision(saved);
 }
 
 TEST(Gemv, RowSlicesAcrossBlocksAndThreads) {

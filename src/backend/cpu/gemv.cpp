@@ -10,12 +10,14 @@
 // registers (exactly: the weights' values, times 2^-120 for FP8, before the INT4 group scale)
 // and dotted by VDPBF16PS, whose products of two bf16 are exact in float32 and summed in
 // float32. FP8 block scales and INT4 group scales multiply the float32 partial sums of their
-// 128 / 32 columns. F32 and F16 weights keep the float32 kernels in both precisions.
+// 128 / 32 columns. F32 and F16 weights keep the float32 kernels in both precisions, and so do
+// products of more tokens than gemv_bf16_max_tokens() (1 by default; see gemv.h).
 #include "backend/cpu/gemv.h"
 
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <span>
 #include <type_traits>
@@ -38,6 +40,8 @@ constexpr int kMaxTT = 4;            // tokens sharing one decode of a chunk
 // streaming 256K weights takes.
 constexpr int64_t kSerialWork = int64_t(1) << 18;
 constexpr double kUnitBytes = 192 * 1024;  // weight bytes per dynamically scheduled work unit
+
+std::atomic<int64_t> g_bf16_max_tokens{1};  // see gemv_bf16_max_tokens()
 
 struct Unit {
   bool fast;  // a job of the bf16 kernels
@@ -422,6 +426,9 @@ void prepare_bf16(const float* x, int64_t T, int64_t ldx, int64_t S, Layout64 la
 
 }  // namespace
 
+int64_t gemv_bf16_max_tokens() { return g_bf16_max_tokens.load(std::memory_order_relaxed); }
+void set_gemv_bf16_max_tokens(int64_t T) { g_bf16_max_tokens.store(T, std::memory_order_relaxed); }
+
 void gemv_reference(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
   std::vector<float> row(static_cast<size_t>(W.cols));
   for (int64_t n = 0; n < W.rows; ++n) {
@@ -446,7 +453,8 @@ void gemv_batch(std::span<const GemvJob> jobs) {
   thread_local std::vector<std::pair<bool, size_t>> order;  // (bf16 kernel, index) of each job in cum
   thread_local std::vector<Unit> units;
   const bool fast_precision = precision() == Precision::Fast;
-  auto bf16_job = [&](const GemvJob& j) { return fast_precision && bf16_kernel(j.W); };
+  const int64_t bf16_max_tokens = g_bf16_max_tokens.load(std::memory_order_relaxed);
+  auto bf16_job = [&](const GemvJob& j) { return fast_precision && j.T <= bf16_max_tokens && bf16_kernel(j.W); };
   size_t need = 0, need16 = 0;
   for (const auto& j : jobs) {
     if (j.T <= 0 || j.W.rows <= 0 || !fast_supported(j.W)) continue;

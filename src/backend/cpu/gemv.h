@@ -31,6 +31,14 @@ struct GemvJob {
 };
 void gemv_batch(std::span<const GemvJob> jobs);
 
+// Fast precision: the bf16 kernels serve products of at most this many tokens (default 1), the
+// float32 kernels the rest. Measured on a Xeon with AVX512-BF16 (bench/matmul --l2): VDPBF16PS
+// retires about 0.45 per cycle against 1.85 FMAs, so only at 1 token, where the cheaper decode
+// to bf16 pays, are the bf16 kernels faster (bf16, FP8: ~15-20% in L2; INT4: even); from 2
+// tokens on they are slower. Process-wide; tests raise it to reach the multi-token tiles.
+int64_t gemv_bf16_max_tokens();
+void set_gemv_bf16_max_tokens(int64_t T);
+
 // The plain reference: MatrixView::dequant_row then a float dot product, one row at a time.
 void gemv_reference(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy);
 
