@@ -17,6 +17,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
 #include "backend/cpu/weight_memory.h"
@@ -164,6 +165,7 @@ ActiveWeights active_weights(const ModelWeights& w, const ModelConfig& c) {
     a.bytes += times * view_bytes(m);
     a.params += times * view_params(m);
     a.bytes_by_part[part] += times * view_bytes(m);
+    a.params_by_part[part] += times * view_params(m);
   };
   auto add_mlp = [&](const std::string& part, const Mlp& p, double times = 1) {
     add(part, p.gate, times);
@@ -184,7 +186,37 @@ ActiveWeights active_weights(const ModelWeights& w, const ModelConfig& c) {
   a.bytes += double(w.embed.row_bytes());
   a.params += double(w.embed.cols);
   a.bytes_by_part["embedding row"] += double(w.embed.row_bytes());
+  a.params_by_part["embedding row"] += double(w.embed.cols);
   return a;
+}
+
+double prompt_flops(const ActiveWeights& a, const ModelConfig& c, int64_t T) {
+  double per_token = 0;
+  for (auto& [part, params] : a.params_by_part)
+    if (part != "lm_head" && part != "embedding row") per_token += params;
+  const double lm = a.params_by_part.count("lm_head") ? a.params_by_part.at("lm_head") : 0;
+  const double pairs = double(T) * double(T + 1) / 2;
+  const double attn = 2 * pairs * double(c.num_attention_heads) * double(c.qk_head_dim() + c.v_head_dim) *
+                      double(c.num_hidden_layers);
+  return 2 * per_token * double(T) + 2 * lm + attn;
+}
+
+GemmProbe::GemmProbe(int64_t n) : n_(n), a_(size_t(n * n)), b_(size_t(n * n)), c_(size_t(n * n)) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (auto& v : a_) v = f32_to_bf16(u(rng));
+  for (auto& v : b_) v = f32_to_bf16(u(rng));
+}
+
+double GemmProbe::measure(int passes) {
+  double best = 0;
+  for (int p = 0; p <= passes; ++p) {  // pass 0 creates the primitive and warms up
+    auto t = Clock::now();
+    cpu::gemm_bf16_nt(a_.data(), n_, n_, b_.data(), n_, n_, n_, c_.data(), n_);
+    const double s = seconds_since(t);
+    if (p > 0) best = std::max(best, 2.0 * double(n_) * double(n_) * double(n_) / s / 1e9);
+  }
+  return best;
 }
 
 Report run(const Options& opt) {
@@ -297,9 +329,14 @@ Report run(const Options& opt) {
   // Prompt processing: a fresh sequence of prompt_tokens per run, logits of the last token.
   if (opt.prompt_tokens > 0) {
     say("prompt processing (" + std::to_string(opt.prompt_tokens) + " tokens) ...");
-    std::vector<double> tps;
+    std::vector<double> tps, gemm, ratios;
     ForwardProfile prof;
+    GemmProbe probe;
+    rep.gemm_n = probe.n();
+    rep.prompt_flops = prompt_flops(rep.active, c, opt.prompt_tokens);
     for (int r = 0; r <= opt.runs; ++r) {
+      // Like decode against the read loop: each run is set against the GEMM rate just before it.
+      const double g = probe.measure(2);
       model->set_profile(r > 0 ? &prof : nullptr);
       LatentPool pool = model->make_pool((opt.prompt_tokens + 63) / 64, 64);
       PageTable seq;
@@ -307,8 +344,14 @@ Report run(const Options& opt) {
       SeqSlice s{&seq, prompt};
       auto t = Clock::now();
       model->forward(std::span<SeqSlice>(&s, 1), pool, fo, logits);
-      if (r > 0) tps.push_back(double(opt.prompt_tokens) / seconds_since(t));
+      if (r == 0) continue;
+      const double sec = seconds_since(t);
+      tps.push_back(double(opt.prompt_tokens) / sec);
+      gemm.push_back(g);
+      ratios.push_back(rep.prompt_flops / sec / 1e9 / g);
     }
+    rep.prompt_gemm_gflops = summarize(gemm);
+    rep.prompt_ratio = summarize(ratios);
     model->set_profile(nullptr);
     rep.prompt_parts_ms = per_pass_ms(prof, double(prof.passes));
     rep.prompt_tps = summarize(tps);
@@ -416,6 +459,13 @@ std::string format_report(const Report& r) {
   if (r.prompt_tps.median > 0) {
     std::snprintf(buf, sizeof buf, "prompt processing (%lld tokens): %.1f tokens/s (median, range %.1f-%.1f)\n",
                   (long long)r.prompt_tokens, r.prompt_tps.median, r.prompt_tps.min, r.prompt_tps.max);
+    o << buf;
+    std::snprintf(buf, sizeof buf,
+                  "  %.1f GFLOP per prompt: %.0f GFLOPS; oneDNN bf16 matmul %lld^3 just before each run %.0f GFLOPS "
+                  "(median, range %.0f-%.0f); ratio to it per run %.2f (median, range %.2f-%.2f)\n",
+                  r.prompt_flops / 1e9, r.prompt_flops * r.prompt_tps.median / double(r.prompt_tokens) / 1e9,
+                  (long long)r.gemm_n, r.prompt_gemm_gflops.median, r.prompt_gemm_gflops.min, r.prompt_gemm_gflops.max,
+                  r.prompt_ratio.median, r.prompt_ratio.min, r.prompt_ratio.max);
     o << buf;
     o << parts_line("time per prompt by part", r.prompt_parts_ms);
   }

@@ -46,6 +46,26 @@ struct ActiveWeights {
   double bytes = 0;
   double params = 0;
   std::map<std::string, double> bytes_by_part;  // attention, dense, shared, routed, router, lm_head, embed
+  std::map<std::string, double> params_by_part;
+};
+
+// Floating-point operations of a T-token prompt (logits of its last token only): two per
+// weight per token through the active weights, lm_head once, and the causal attention products
+// (QK^T and PV, T(T+1)/2 query-key pairs per head and layer).
+double prompt_flops(const ActiveWeights& a, const ModelConfig& c, int64_t T);
+
+// GFLOPS of oneDNN's bf16 matmul (n x n x n, AMX where the CPU has it) on this machine now: the
+// compute reference prompt processing is set against.
+class GemmProbe {
+ public:
+  explicit GemmProbe(int64_t n = 2048);
+  double measure(int passes);  // best of `passes`
+  int64_t n() const { return n_; }
+
+ private:
+  int64_t n_;
+  std::vector<uint16_t> a_, b_;
+  std::vector<float> c_;
 };
 ActiveWeights active_weights(const ModelWeights& w, const ModelConfig& c);
 
@@ -76,6 +96,9 @@ struct Report {
   size_t arena_bytes = 0, arena_huge_bytes = 0;  // weights copied at load, of which on huge pages
   Summary decode_tps, prompt_tps;
   Summary decode_bandwidth, decode_ratio;  // the read loop before each decode run; the ratio per run
+  double prompt_flops = 0;                  // per prompt
+  int64_t gemm_n = 0;
+  Summary prompt_gemm_gflops, prompt_ratio;  // the GEMM probe before each prompt run; prompt GFLOPS over it
   size_t bandwidth_bytes = 0;
   std::vector<std::pair<int64_t, Summary>> batched_tps;  // batch size, tokens/s over all sequences
   double load_seconds = 0, write_seconds = 0;
