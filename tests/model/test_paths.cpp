@@ -66,6 +66,9 @@ double expand_vs_absorb(int64_t T, int64_t S) {
 // the different summation orders of the two algorithms and nothing more.
 TEST(MlaPaths, ExpandEqualsAbsorbAtDeepSeekV3SizesPrefill) { EXPECT_LT(expand_vs_absorb(48, 48), 1e-5); }
 TEST(MlaPaths, ExpandEqualsAbsorbAtDeepSeekV3SizesDecode) { EXPECT_LT(expand_vs_absorb(1, 300), 1e-5); }
+// 150 new tokens after 50 cached: the expand path's query blocks (64 rows) each see a
+// different number of keys.
+TEST(MlaPaths, ExpandEqualsAbsorbOverSeveralQueryBlocks) { EXPECT_LT(expand_vs_absorb(150, 200), 1e-5); }
 
 // Rewrites a fixture's tensors under another layout.
 std::string repackage(const std::string& fixture, const std::string& dir, int shards, bool as_kimi_k25) {

@@ -14,6 +14,8 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Score buffer budget (floats) per block of query rows, so long prefills stay in memory.
 constexpr int64_t kScoreBudget = int64_t(1) << 22;
+// Query rows per block of the expand path's causal attention.
+constexpr int64_t kExpandRows = 64;
 
 // Masks row r (query position qpos) of scores [*, S] and normalises it; returns its lse.
 float causal_softmax(float* s, int64_t S, int64_t qpos, int64_t k_pos0) {
@@ -26,7 +28,10 @@ float causal_softmax(float* s, int64_t S, int64_t qpos, int64_t k_pos0) {
 
 void attention_expand(const ExpandArgs& a, float* out, float* lse) {
   const int64_t qk = a.nope + a.rope, ldkv = a.H * (a.nope + a.v);
-  const int64_t tb = std::max<int64_t>(1, std::min<int64_t>(a.T, kScoreBudget / std::max<int64_t>(1, a.S)));
+  // Query rows in blocks; each block sees the keys up to its last row's position only, so a
+  // causal prompt computes the lower triangle of the scores (and a few blocks' diagonal).
+  const int64_t tb = std::max<int64_t>(
+      1, std::min({a.T, kExpandRows, kScoreBudget / std::max<int64_t>(1, a.S)}));
 #pragma omp parallel
   {
     std::vector<float> K(static_cast<size_t>(a.S * qk)), Q(static_cast<size_t>(tb * qk)), P(static_cast<size_t>(tb * a.S));
@@ -43,11 +48,12 @@ void attention_expand(const ExpandArgs& a, float* out, float* lse) {
           const float* src = a.q + ((t0 + t) * a.H + h) * qk;
           std::copy(src, src + qk, Q.data() + t * qk);
         }
-        sgemm(false, true, nt, a.S, qk, a.scale, Q.data(), qk, K.data(), qk, 0.0f, P.data(), a.S);
+        const int64_t S = std::clamp<int64_t>(a.q_pos0 + t0 + nt - a.k_pos0, 0, a.S);  // keys this block sees
+        sgemm(false, true, nt, S, qk, a.scale, Q.data(), qk, K.data(), qk, 0.0f, P.data(), S);
         for (int64_t t = 0; t < nt; ++t)
-          lse[(t0 + t) * a.H + h] = causal_softmax(P.data() + t * a.S, a.S, a.q_pos0 + t0 + t, a.k_pos0);
+          lse[(t0 + t) * a.H + h] = causal_softmax(P.data() + t * S, S, a.q_pos0 + t0 + t, a.k_pos0);
         // out[t, h, :] = P V_h, V_h = kv[:, h, nope:] with row stride ldkv.
-        sgemm(false, false, nt, a.v, a.S, 1.0f, P.data(), a.S, a.kv + h * (a.nope + a.v) + a.nope, ldkv, 0.0f,
+        sgemm(false, false, nt, a.v, S, 1.0f, P.data(), S, a.kv + h * (a.nope + a.v) + a.nope, ldkv, 0.0f,
               out + (t0 * a.H + h) * a.v, a.H * a.v);
       }
     }
