@@ -81,11 +81,16 @@ inline float hsum(__m512 v) {
 
 // ---- decoders: decode(c, a, b) writes chunk c of the row -------------------------------------
 
-// prefetch(c): the cache line kPrefetchBytes ahead of chunk c of the row (the next rows follow
-// in memory, so near a row's end this fetches the start of the next tile's rows).
-constexpr int64_t kPrefetchBytes = 1024;
+// prefetch(c): the cache line kPrefetchBytes past chunk c of the row, into L2. The rows of a
+// weight lie back to back, so this reaches a few rows on: the tile after next for bf16 (4 KiB
+// rows at 2048 columns), further for FP8 and INT4. Measured with bench/matmul on the 2-core
+// development machine, T = 1: 16 KiB into L2 streamed bf16 at 0.86-0.91 of the read loop, FP8
+// at 0.65-0.73, INT4 at 0.52-0.57, against 0.72-0.90, 0.45-0.56 and 0.33-0.46 for 1 KiB into
+// L1 (L1 fill buffers held for a whole DRAM round trip limit how much is in flight; 32 KiB
+// ahead was worse again).
+constexpr int64_t kPrefetchBytes = 16384;
 inline void prefetch_at(const void* p, int64_t offset) {
-  _mm_prefetch(static_cast<const char*>(p) + offset + kPrefetchBytes, _MM_HINT_T0);
+  _mm_prefetch(static_cast<const char*>(p) + offset + kPrefetchBytes, _MM_HINT_T1);
 }
 
 struct DecF32 {
