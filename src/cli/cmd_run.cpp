@@ -136,6 +136,7 @@ void print_stats(const Session& s, const mla::GenerationResult& r, uint64_t seed
   std::fprintf(stderr, "KV cache   %6lld bytes per token (%s latent: %lld layers x (%lld + %lld) values)   seed %llu\n",
                (long long)s.generator->kv_bytes_per_token(), s.kv_dtype.c_str(), (long long)c.num_hidden_layers,
                (long long)c.kv_lora_rank, (long long)c.qk_rope_head_dim, (unsigned long long)seed);
+  std::fprintf(stderr, "weights    %s\n", mla::weight_bytes_summary(s.model->weights()).c_str());
 }
 
 int run_cmd(int argc, char** argv) {

@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <regex>
 
@@ -213,5 +215,23 @@ class Loader {
 }  // namespace
 
 ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg) { return Loader(ckpt, cfg).load(); }
+
+std::string weight_bytes_summary(const ModelWeights& w) {
+  std::vector<std::pair<size_t, std::string>> parts;
+  size_t total = 0;
+  for (auto& [fmt, n] : w.bytes_by_format) {
+    parts.push_back({n, fmt});
+    total += n;
+  }
+  std::sort(parts.begin(), parts.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  auto gb = [](size_t n) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f GB", double(n) / 1e9);
+    return std::string(buf);
+  };
+  std::string s = gb(total) + " resident:";
+  for (size_t i = 0; i < parts.size(); ++i) s += (i ? ", " : " ") + parts[i].second + " " + gb(parts[i].first);
+  return s;
+}
 
 }  // namespace mla

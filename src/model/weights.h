@@ -57,6 +57,9 @@ struct ModelWeights {
   std::shared_ptr<cpu::WeightArena> arena;
 };
 
+// "<total> GB resident: <format> <GB>, ..." from bytes_by_format, largest first.
+std::string weight_bytes_summary(const ModelWeights& w);
+
 // Loads and checks every weight the config calls for; throws FormatError naming the tensor.
 ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg);
 
