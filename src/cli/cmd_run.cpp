@@ -13,6 +13,7 @@
 #include <random>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/precision.h"
 #include "cli/command.h"
 #include "engine/generation_config.h"
 #include "engine/generator.h"
@@ -31,6 +32,7 @@ struct RunOptions {
   std::vector<std::string> stop;
   double kv_cache_gb = 0;
   int threads = 0;
+  std::string precision = "fast";
   bool chat = false, ignore_eos = false, quiet = false;
   // Options given on the command line (they override generation_config.json).
   std::map<std::string, CLI::Option*> given;
@@ -61,6 +63,9 @@ void add_options(CLI::App& app, RunOptions& o, bool chat_command) {
   app.add_option("--kv-dtype", o.kv_dtype, "latent cache storage: bf16 | fp8 | f32");
   app.add_option("--kv-cache-gb", o.kv_cache_gb, "KV cache budget in GB (default: the context length, at most 1 GiB)");
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
+  app.add_option("--precision", o.precision,
+                 "fast (bf16 activations in the matrix products, AMX for prompts; `mla verify` reports its error) | "
+                 "precise (float32 throughout, the precision of `mla logits`)");
   app.add_flag("-q,--quiet", o.quiet, "no statistics on stderr");
 }
 
@@ -75,6 +80,7 @@ struct Session {
 
 Session open_session(RunOptions& o) {
   if (o.threads > 0) mla::cpu::set_num_threads(o.threads);
+  mla::cpu::set_precision(mla::cpu::parse_precision(o.precision));
   if (o.kv_cache_gb < 0) throw std::invalid_argument("--kv-cache-gb must not be negative");
   Session s;
   mla::GeneratorOptions go;

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/precision.h"
 #include "cli/command.h"
 #include "engine/generation_config.h"
 #include "engine/scheduler.h"
@@ -28,6 +29,7 @@ struct ServeOptions {
   double kv_cache_gb = 0;
   int64_t max_batch_tokens = 512, max_num_seqs = 64, page_size = 64;
   int threads = 0;
+  std::string precision = "fast";
   bool no_prefix_cache = false;
 };
 
@@ -51,6 +53,8 @@ int serve_cmd(int argc, char** argv) {
   app.add_option("--max-num-seqs", o.max_num_seqs, "sequences running at once");
   app.add_option("--page-size", o.page_size, "tokens per KV cache page");
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
+  app.add_option("--precision", o.precision,
+                 "fast (bf16 activations in the matrix products, AMX for prompts) | precise (float32 throughout)");
   app.add_option("--served-model-name", o.served_model_name, "the model name of the API (default: the folder's name)");
   app.add_flag("--no-prefix-cache", o.no_prefix_cache, "do not share cached prompt prefixes between requests");
   try {
@@ -62,6 +66,7 @@ int serve_cmd(int argc, char** argv) {
   if (o.page_size <= 0) throw std::invalid_argument("--page-size must be positive");
   if (o.port < 0 || o.port > 65535) throw std::invalid_argument("--port must be in [0, 65535]");
   if (o.threads > 0) mla::cpu::set_num_threads(o.threads);
+  mla::cpu::set_precision(mla::cpu::parse_precision(o.precision));
   const mla::KvDType kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
 
   // Every thread started from here on inherits the blocked signals; one thread waits for them.

@@ -38,15 +38,18 @@ namespace {
 
 // Rows per dequantized block in the GEMM path: 64 rows of up to 18K floats stay in L2.
 constexpr int64_t kBlockRows = 64;
-// Below this many tokens the weight rows are streamed once and dotted with every token.
-constexpr int64_t kGemvMaxTokens = 4;
+// Up to this many tokens the products run on the GEMV kernels (gemv.h: weight rows streamed and
+// dotted with 4 tokens at a time, so 16 tokens read a weight 4 times, from cache after the
+// first). In the precise mode up to 16: its alternative, weights dequantized to float32 for
+// sgemm, measured 3-9x slower there (bench/int4_expert); the fast mode has AMX from 5 on.
+int64_t gemv_max_tokens() { return precision() == Precision::Precise ? 16 : 4; }
 
 }  // namespace
 
 void matmul(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
   const int64_t N = W.rows, K = W.cols;
   if (T <= 0 || N <= 0) return;
-  if (T <= kGemvMaxTokens) {
+  if (T <= gemv_max_tokens()) {
     gemv(x, T, ldx, W, y, ldy);
     return;
   }
@@ -76,7 +79,7 @@ void matmul_batch(std::span<const MatmulJob> jobs) {
   small.clear();
   for (const auto& j : jobs) {
     if (j.T <= 0 || j.W.rows <= 0) continue;
-    if (j.T <= kGemvMaxTokens) small.push_back(GemvJob{j.x, j.T, j.ldx, j.W, j.y, j.ldy});
+    if (j.T <= gemv_max_tokens()) small.push_back(GemvJob{j.x, j.T, j.ldx, j.W, j.y, j.ldy});
     else matmul(j.x, j.T, j.ldx, j.W, j.y, j.ldy);
   }
   gemv_batch(small);
