@@ -387,26 +387,57 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   std::vector<float> xe(static_cast<size_t>(R * D)), gu(static_cast<size_t>(R * 2 * I)), act(static_cast<size_t>(R * I)),
       ye(static_cast<size_t>(R * D)), gus(static_cast<size_t>(T * 2 * Is)), acts(static_cast<size_t>(T * Is));
   std::vector<cpu::MatmulJob> jobs;
-  if (W.has_shared) push_gate_up(jobs, W.shared, x, T, D, gus.data());
+  std::vector<int64_t> active;
   for (int64_t e = 0; e < E; ++e) {
     const auto& toks = tokens_of[size_t(e)];
     if (toks.empty()) continue;
+    active.push_back(e);
     const int64_t r0 = row0[size_t(e)], n = int64_t(toks.size());
     for (int64_t i = 0; i < n; ++i) std::copy(x + toks[size_t(i)] * D, x + (toks[size_t(i)] + 1) * D, xe.data() + (r0 + i) * D);
-    push_gate_up(jobs, W.experts[size_t(e)], xe.data() + r0 * D, n, D, gu.data() + r0 * 2 * I);
   }
-  cpu::matmul_batch(jobs);
-  if (W.has_shared) cpu::silu_mul(gus.data(), T, Is, acts.data());
-  cpu::silu_mul(gu.data(), R, I, act.data());
-  jobs.clear();
-  // The shared experts' output is the sum's first term: written straight into out.
-  if (W.has_shared) jobs.push_back({acts.data(), T, Is, W.shared.down, out, D});
-  else std::fill(out, out + T * D, 0.0f);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t r0 = row0[size_t(e)], n = row0[size_t(e + 1)] - r0;
-    if (n > 0) jobs.push_back({act.data() + r0 * I, n, I, W.experts[size_t(e)].down, ye.data() + r0 * D, D});
+  // A prompt gives each routed expert a few dozen tokens: products too small to split well
+  // across threads. Then each expert runs whole (gate/up, SiLU, down) on one thread, the
+  // experts handed out to the threads; the shared experts (every token) run split as usual.
+  const int threads = cpu::num_threads();
+  const bool expert_per_thread = threads > 1 && int64_t(active.size()) >= 4 * threads && R >= 8 * int64_t(active.size());
+  if (expert_per_thread) {
+    if (W.has_shared) {
+      push_gate_up(jobs, W.shared, x, T, D, gus.data());
+      cpu::matmul_batch(jobs);
+      cpu::silu_mul(gus.data(), T, Is, acts.data());
+      cpu::matmul(acts.data(), T, Is, W.shared.down, out, D);
+    } else {
+      std::fill(out, out + T * D, 0.0f);
+    }
+    const int64_t na = int64_t(active.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < na; ++i) {
+      const int64_t e = active[size_t(i)], r0 = row0[size_t(e)], n = row0[size_t(e + 1)] - r0;
+      std::vector<cpu::MatmulJob> mine;
+      push_gate_up(mine, W.experts[size_t(e)], xe.data() + r0 * D, n, D, gu.data() + r0 * 2 * I);
+      cpu::matmul_batch(mine);
+      cpu::silu_mul(gu.data() + r0 * 2 * I, n, I, act.data() + r0 * I);
+      cpu::matmul(act.data() + r0 * I, n, I, W.experts[size_t(e)].down, ye.data() + r0 * D, D);
+    }
+  } else {
+    if (W.has_shared) push_gate_up(jobs, W.shared, x, T, D, gus.data());
+    for (int64_t e : active) {
+      const int64_t r0 = row0[size_t(e)], n = row0[size_t(e + 1)] - r0;
+      push_gate_up(jobs, W.experts[size_t(e)], xe.data() + r0 * D, n, D, gu.data() + r0 * 2 * I);
+    }
+    cpu::matmul_batch(jobs);
+    if (W.has_shared) cpu::silu_mul(gus.data(), T, Is, acts.data());
+    cpu::silu_mul(gu.data(), R, I, act.data());
+    jobs.clear();
+    // The shared experts' output is the sum's first term: written straight into out.
+    if (W.has_shared) jobs.push_back({acts.data(), T, Is, W.shared.down, out, D});
+    else std::fill(out, out + T * D, 0.0f);
+    for (int64_t e : active) {
+      const int64_t r0 = row0[size_t(e)], n = row0[size_t(e + 1)] - r0;
+      jobs.push_back({act.data() + r0 * I, n, I, W.experts[size_t(e)].down, ye.data() + r0 * D, D});
+    }
+    cpu::matmul_batch(jobs);
   }
-  cpu::matmul_batch(jobs);
   for (int64_t e = 0; e < E; ++e) {
     const auto& toks = tokens_of[size_t(e)];
     for (size_t i = 0; i < toks.size(); ++i) {

@@ -8,7 +8,6 @@
 #include <random>
 #include <vector>
 
-#include "backend/cpu/amx.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/ops.h"
@@ -495,41 +494,6 @@ TEST(Matmul, BatchOfJobsEqualsEachAlone) {
   }
   mla::cpu::gemv_reference(xs[0].data(), 1, 256, m2.view, ref_shared.data(), 700);
   expect_close(m2.view, xs[0].data(), 1, 256, y_shared, ref_shared, 700, 1e-5, "batch job sharing x");
-}
-
-TEST(Amx, GemmMatchesReferenceOnBf16Operands) {
-  if (!mla::cpu::amx_available()) GTEST_SKIP() << "no AMX-BF16 on this CPU";
-  // Operands already bf16, so the only difference to the reference is the summation order.
-  std::mt19937 rng(9);
-  for (WeightFormat f : {WeightFormat::BF16, WeightFormat::INT4_GROUP, WeightFormat::FP8_BLOCK128})
-    for (int64_t N : {1, 15, 16, 17, 33, 100})
-      for (int64_t K : {32, 96, 512})
-        for (int64_t M : {1, 15, 16, 17, 33, 48, 150}) {  // 150: two passes of 128 tokens
-          Owned m = random_matrix(f, N, K, rng);
-          std::vector<float> x = random_vec(size_t(M * K), rng);
-          for (auto& v : x) v = mla::bf16_to_f32(mla::f32_to_bf16(v));
-          std::vector<uint16_t> xb(size_t(M * K)), xp(size_t(mla::cpu::amx_packed_size(M, K)));
-          mla::cpu::activations_bf16(x.data(), M, K, K, f, f != WeightFormat::BF16, xb.data(), K);
-          mla::cpu::amx_pack_activations(xb.data(), M, K, K, xp.data());
-          const int64_t ldy = N + 3;
-          std::vector<float> y(size_t(M * ldy), -1.0f), ref(size_t(M * ldy), -1.0f);
-          mla::cpu::amx_gemm(xp.data(), M, m.view, y.data(), ldy);
-          // The reference on the weights rounded to bf16, as the kernel sees them.
-          std::vector<float> wf(size_t(N * K));
-          for (int64_t n = 0; n < N; ++n) m.view.dequant_row(n, wf.data() + n * K);
-          for (auto& v : wf) v = mla::bf16_to_f32(mla::f32_to_bf16(v));
-          MatrixView wv;
-          wv.format = WeightFormat::F32;
-          wv.rows = N;
-          wv.cols = K;
-          wv.data = wf.data();
-          mla::cpu::gemv_reference(x.data(), M, K, wv, ref.data(), ldy);
-          expect_close(wv, x.data(), M, K, y, ref, ldy, 1e-5,
-                       std::string("amx ") + mla::weight_format_name(f) + " N=" + std::to_string(N) + " K=" +
-                           std::to_string(K) + " M=" + std::to_string(M));
-          for (int64_t t = 0; t < M; ++t)
-            for (int64_t n = N; n < ldy; ++n) ASSERT_EQ(y[size_t(t * ldy + n)], -1.0f);
-        }
 }
 
 TEST(Precision, ParsesNames) {

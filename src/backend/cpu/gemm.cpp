@@ -16,7 +16,6 @@
 #include <tuple>
 #include <vector>
 
-#include "backend/cpu/amx.h"
 #include "backend/cpu/decode_avx512.h"
 
 namespace mla::cpu {
@@ -74,7 +73,7 @@ inline void store_bf16x32(uint16_t* dst, __m512 a, __m512 b) {
 }
 
 struct Scratch {
-  std::vector<uint16_t> a, w, p;
+  std::vector<uint16_t> a, w;
   std::vector<float> c;
 };
 
@@ -188,17 +187,11 @@ void matmul_bf16(const float* x, int64_t T, int64_t ldx, const MatrixView& W, fl
                                 " is not a multiple of 32");
   thread_local Scratch s;
   const bool direct = W.format == WeightFormat::BF16;  // used in place, natural column order
-  // bf16 weights go to oneDNN's matmul as they are stored (measured faster than our AMX kernel
-  // from 16 to 512 tokens: bench/matmul); other formats to our AMX kernel, which dequantizes
-  // 32 weight rows at a time into its tile layout.
-  if (K % 32 == 0 && amx_available() && !direct) {
-    if (s.a.size() < size_t(T * K)) s.a.resize(size_t(T * K));
-    activations_bf16(x, T, ldx, K, W.format, !direct, s.a.data(), K);
-    if (s.p.size() < size_t(amx_packed_size(T, K))) s.p.resize(size_t(amx_packed_size(T, K)));
-    amx_pack_activations(s.a.data(), T, K, K, s.p.data());
-    amx_gemm(s.p.data(), T, W, y, ldy);
-    return;
-  }
+  // oneDNN's matmul (AMX where the CPU has it) on bf16 operands: bf16 weights as they are
+  // stored, other formats dequantized a block of rows at a time. A kernel of our own that
+  // dequantized 32 rows at a time straight into AMX tiles measured slower in `mla bench` for
+  // every format (prompt GFLOPS over oneDNN's 2048^3 rate: bf16 0.28 against 0.33, FP8 0.18
+  // against 0.24, INT4 0.33 against 0.34) and was removed.
   const int64_t Mp = bucket_rows(T);
   if (s.a.size() < size_t(Mp * K)) s.a.resize(size_t(Mp * K));
   activations_bf16(x, T, ldx, K, W.format, !direct, s.a.data(), K);
