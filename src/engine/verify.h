@@ -1,9 +1,11 @@
 // The equivalence experiment behind `mla verify`: one token sequence is prefilled and then
-// decoded K steps on both exact MLA paths (expand and absorb), once with a float32 latent
-// cache and once with the bf16 cache (the engine has no separate bf16 compute mode, so
-// "bf16" here means bf16 cache storage with float32 compute). It reports the cache bytes of
-// the latent against the expanded form, and how far apart the two paths' outputs are (final
-// logits and every layer's attention output).
+// decoded K steps on both exact MLA paths (expand and absorb) in three modes: float32 compute
+// with a float32 latent cache, float32 compute with the bf16 cache, and the fast precision
+// (activations rounded to bf16 inside the matrix products, backend/cpu/precision.h) with the
+// bf16 cache, which is how `mla run` and `mla serve` compute by default. It reports the cache
+// bytes of the latent against the expanded form, how far apart the two paths' outputs are
+// (final logits and every layer's attention output), and each bf16 mode's absorb logits
+// against the float32 mode's.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -32,13 +34,15 @@ struct CacheBytes {
 };
 
 struct VerifyMode {
-  std::string name;  // "f32" or "bf16 cache"
+  std::string name;  // "f32", "bf16 cache" or "fast"
   KvDType kv_dtype = KvDType::F32;
+  bool fast = false;  // the fast precision (else float32 compute)
   CacheBytes cache;
   ErrorStats logits;                // expand vs absorb, every row: the prompt's, then each decode step's
   std::vector<ErrorStats> attn;     // expand vs absorb, layer l's attention output (after o_proj)
   int64_t rows = 0, argmax_agree = 0;  // logits rows, and those whose argmax is the same on both paths
-  ErrorStats absorb_vs_f32;         // bf16 cache only: absorb logits against the f32 mode's
+  ErrorStats absorb_vs_f32;         // bf16 modes: absorb logits against the f32 mode's
+  int64_t argmax_agree_f32 = 0;     // bf16 modes: absorb rows whose argmax is the f32 mode's
 };
 
 struct VerifyOptions {
@@ -52,7 +56,7 @@ struct VerifyReport {
   int64_t num_layers = 0;
   std::vector<int32_t> prompt, decoded;
   int64_t page_size = 0;
-  std::vector<VerifyMode> modes;  // f32, then bf16 cache
+  std::vector<VerifyMode> modes;  // f32, bf16 cache, fast
 };
 
 VerifyReport verify_paths(Model& model, const VerifyOptions& opt, const std::string& model_name = "");

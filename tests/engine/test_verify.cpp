@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/precision.h"
 #include "engine/verify.h"
 
 namespace {
@@ -64,7 +65,7 @@ TEST(Verify, PathsAgreeOnTinyDeepSeekV3) {
   opt.decode_steps = 5;
   opt.page_size = 4;  // several pages, the last one partly used
   auto r = mla::verify_paths(*model, opt, "tiny");
-  ASSERT_EQ(r.modes.size(), 2u);
+  ASSERT_EQ(r.modes.size(), 3u);
   ASSERT_EQ(r.decoded.size(), 5u);
   for (auto id : r.decoded) EXPECT_TRUE(id >= 0 && id < c.vocab_size);
 
@@ -105,6 +106,18 @@ TEST(Verify, PathsAgreeOnTinyDeepSeekV3) {
   // (these ids do: one row moves by ~0.67, the others by < 1e-2), so the mean is bounded instead.
   EXPECT_GT(bf.absorb_vs_f32.max_abs, f32.logits.max_abs);
   EXPECT_LT(bf.absorb_vs_f32.mean_abs, 5e-2);
+  EXPECT_LE(bf.argmax_agree_f32, bf.rows);
+  // The fast precision rounds the activations of the prompt's products to bf16 as well (2^-9
+  // relative per value): it must differ from float32 (the switch took effect) and stay within
+  // the same mean bound as the bf16 cache. The paths round differently from each other, so they
+  // agree to about a bf16 ulp of these logits (measured 2.9e-2; bound 1e-1), not to 1e-4.
+  const auto& fast = r.modes[2];
+  EXPECT_EQ(fast.name, "fast");
+  EXPECT_TRUE(fast.fast);
+  EXPECT_GT(fast.absorb_vs_f32.max_abs, f32.logits.max_abs);
+  EXPECT_LT(fast.absorb_vs_f32.mean_abs, 5e-2);
+  EXPECT_LT(fast.logits.max_abs, 1e-1);
+  EXPECT_EQ(mla::cpu::precision(), mla::cpu::Precision::Precise);  // restored after the fast runs
 }
 
 TEST(Verify, CliJson) {
@@ -116,11 +129,16 @@ TEST(Verify, CliJson) {
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_EQ(j["prompt"].size(), 10u);
   EXPECT_EQ(j["decoded"].size(), 3u);
-  ASSERT_EQ(j["modes"].size(), 2u);
+  ASSERT_EQ(j["modes"].size(), 3u);
   EXPECT_EQ(j["modes"][0]["name"], "f32");
   EXPECT_EQ(j["modes"][0]["kv_dtype"], "f32");
   EXPECT_EQ(j["modes"][1]["name"], "bf16 cache");
   EXPECT_EQ(j["modes"][1]["kv_dtype"], "bf16");
+  EXPECT_EQ(j["modes"][1]["compute"], "f32");
+  EXPECT_EQ(j["modes"][2]["name"], "fast");
+  EXPECT_EQ(j["modes"][2]["compute"], "fast");
+  EXPECT_TRUE(j["modes"][2].contains("absorb_logits_vs_f32"));
+  EXPECT_TRUE(j["modes"][2].contains("absorb_argmax_agree_with_f32"));
   for (auto& m : j["modes"]) {
     for (const char* k : {"cache", "logits", "attn", "rows", "argmax_agree"}) EXPECT_TRUE(m.contains(k)) << k;
     for (const char* k : {"active_tokens", "page_size", "pages_used", "bytes_per_token", "bytes_per_page",
