@@ -1,9 +1,11 @@
 // The process-wide precision of the CPU matrix products.
-//  precise (the default): float32 activations and accumulation everywhere; `mla logits` and the
-//    fixture tests run this way (logits within 1e-3 of transformers').
-//  fast: prompt-sized products (many tokens) run as bf16 x bf16 -> f32 GEMMs on AMX through
-//    oneDNN, activations rounded to bf16 (about 3 significant digits). Decode-sized products
-//    (few tokens) are bound by reading the weights and stay float32 in both modes.
+//  precise (the library's default): float32 activations and accumulation everywhere; `mla
+//    logits` and the fixture tests run this way (logits within 1e-3 of transformers').
+//  fast (`mla run`, `chat`, `serve` and `bench` by default): activations rounded to bf16 (about
+//    3 significant digits) inside the products, float32 accumulation. Prompt-sized products run
+//    as bf16 x bf16 -> f32 GEMMs on oneDNN (AMX); single-token products of bf16, FP8 and INT4
+//    weights on the GEMV's VDPBF16PS kernels (gemv.h, gemv_bf16_max_tokens). `mla verify`
+//    reports the difference against float32.
 #pragma once
 #include <string>
 
