@@ -1,7 +1,12 @@
-// Helpers shared by the tests: fixture locations, golden tensors, temporary folders.
+// Helpers shared by the tests: fixture locations, golden tensors, temporary folders, running a
+// command (the mla program under test).
 #pragma once
+#include <sys/wait.h>
+
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -10,6 +15,30 @@
 #include "format/safetensors.h"
 
 namespace mla::test {
+
+struct CommandResult {
+  int status = -1;     // the exit status; -1 when the command did not exit normally
+  std::string output;  // standard output (and standard error when asked for), byte-exact
+};
+
+// Runs a shell command line.
+inline CommandResult run_command(const std::string& cmd, bool with_stderr = false) {
+  const std::string line = cmd + (with_stderr ? " 2>&1" : "");
+  FILE* p = popen(line.c_str(), "r");
+  if (!p) throw std::runtime_error("popen failed: " + line);
+  CommandResult r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+// Runs the mla program under test (MLA_BINARY) with the given arguments.
+inline CommandResult run_mla(const std::string& args, bool with_stderr = true) {
+  return run_command("'" + std::string(MLA_BINARY) + "' " + args, with_stderr);
+}
 
 inline std::string shared_dir() { return MLA_SHARED_DIR; }
 inline std::string fixture(const std::string& name) { return shared_dir() + "/fixtures/models/" + name; }

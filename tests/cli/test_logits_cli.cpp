@@ -1,28 +1,14 @@
 // `mla logits` end to end: the file it writes, and its errors.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
-
 #include "test_util.h"
 
 namespace mla {
 namespace {
 
-struct Result {
-  int status;
-  std::string output;
-};
+using test::CommandResult;
 
-Result sh(const std::string& cmd) {
-  Result r{0, ""};
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  r.status = pclose(p);
-  return r;
-}
+CommandResult sh(const std::string& cmd) { return test::run_command(cmd, true); }
 
 TEST(CliLogits, WritesTheGoldenLogitsInEveryMode) {
   const std::string dir = test::fixture("deepseek-v2-lite-tiny");

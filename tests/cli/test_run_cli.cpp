@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "test_util.h"
 
 namespace {
 
@@ -24,23 +25,8 @@ namespace fs = std::filesystem;
 
 const std::string kFixture = std::string(MLA_SHARED_DIR) + "/fixtures/models/deepseek-v3-tiny";
 
-struct Output {
-  std::string out;
-  int rc = -1;
-};
-
 // Runs a shell command, returning its stdout and exit status.
-Output sh(const std::string& cmd) {
-  Output o;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) throw std::runtime_error("popen failed: " + cmd);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) o.out.append(buf, n);
-  int status = ::pclose(p);
-  o.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return o;
-}
+mla::test::CommandResult sh(const std::string& cmd) { return mla::test::run_command(cmd); }
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -102,27 +88,27 @@ class RunCli : public ::testing::Test {
 TEST_F(RunCli, GreedyIsDeterministicAndMatchesTheLibrary) {
   const std::string cmd = mla("run -m " + model() + " -p 'The quick brown fox' -n 16 --temperature 0 -q");
   auto a = sh(cmd), b = sh(cmd);
-  ASSERT_EQ(a.rc, 0) << a.out;
-  EXPECT_EQ(a.out, b.out);
+  ASSERT_EQ(a.status, 0) << a.output;
+  EXPECT_EQ(a.output, b.output);
   auto tok = mla::Tokenizer::load(model());
-  EXPECT_EQ(a.out, library_greedy(tok.encode("The quick brown fox", true), 16));
-  EXPECT_FALSE(a.out.empty());
+  EXPECT_EQ(a.output, library_greedy(tok.encode("The quick brown fox", true), 16));
+  EXPECT_FALSE(a.output.empty());
 }
 
 TEST_F(RunCli, ChatFlagAppliesTheTemplate) {
   auto r = sh(mla("run -m " + model() + " -p 'Hello' --chat -n 12 --temperature 0 -q"));
-  ASSERT_EQ(r.rc, 0) << r.out;
+  ASSERT_EQ(r.status, 0) << r.output;
   auto tok = mla::Tokenizer::load(model());
   nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", "Hello"}}});
   std::string text = mla::render_chat_template(tok.chat_template(), messages, true,
                                                {{"bos_token", tok.bos_token()}, {"eos_token", tok.eos_token()}});
-  EXPECT_EQ(r.out, library_greedy(tok.encode(text, false), 12));
+  EXPECT_EQ(r.output, library_greedy(tok.encode(text, false), 12));
 }
 
 TEST_F(RunCli, PrintsFiguresToStderr) {
   const fs::path err = *dir_ / "stderr.txt";
   auto r = sh(mla("run -m " + model() + " -p 'Hi' -n 4 --seed 9") + " 2> " + err.string());
-  ASSERT_EQ(r.rc, 0);
+  ASSERT_EQ(r.status, 0);
   std::string e = read_file(err);
   EXPECT_NE(e.find("prompt"), std::string::npos) << e;
   EXPECT_NE(e.find("generated"), std::string::npos) << e;
@@ -131,49 +117,49 @@ TEST_F(RunCli, PrintsFiguresToStderr) {
   EXPECT_NE(e.find(" 480 bytes per token"), std::string::npos) << e;
   auto fp8 = sh(mla("run -m " + model() + " -p 'Hi' -n 2 --kv-dtype fp8") + " 2>&1 >/dev/null");
   // fp8: 64 e4m3 + one float scale + 16 bf16 = 100 bytes per layer.
-  EXPECT_NE(fp8.out.find(" 300 bytes per token"), std::string::npos) << fp8.out;
+  EXPECT_NE(fp8.output.find(" 300 bytes per token"), std::string::npos) << fp8.output;
 }
 
 TEST_F(RunCli, SeedReproducesSampling) {
   const std::string cmd = mla("run -m " + model() + " -p 'Once' -n 24 --temperature 1.0 --top-p 0.9 --seed 42 -q");
   auto a = sh(cmd), b = sh(cmd);
-  ASSERT_EQ(a.rc, 0);
-  EXPECT_EQ(a.out, b.out);
-  EXPECT_FALSE(a.out.empty());
+  ASSERT_EQ(a.status, 0);
+  EXPECT_EQ(a.output, b.output);
+  EXPECT_FALSE(a.output.empty());
 }
 
 TEST_F(RunCli, StopStringEndsTheOutput) {
   auto free_run = sh(mla("run -m " + model() + " -p 'Attention' -n 24 --temperature 0 -q"));
-  ASSERT_EQ(free_run.rc, 0);
+  ASSERT_EQ(free_run.status, 0);
   // Two ASCII characters from the middle of the greedy text.
-  const std::string& t = free_run.out;
+  const std::string& t = free_run.output;
   std::string stop;
   for (size_t i = t.size() / 3; i + 1 < t.size() && stop.empty(); ++i)
     if (std::isalnum(static_cast<unsigned char>(t[i])) && std::isalnum(static_cast<unsigned char>(t[i + 1])))
       stop = t.substr(i, 2);
   ASSERT_FALSE(stop.empty()) << "no two letters in: " << t;
   auto r = sh(mla("run -m " + model() + " -p 'Attention' -n 24 --temperature 0 -q --stop " + stop));
-  ASSERT_EQ(r.rc, 0);
-  EXPECT_EQ(r.out, t.substr(0, t.find(stop))) << "stop '" << stop << "'";
+  ASSERT_EQ(r.status, 0);
+  EXPECT_EQ(r.output, t.substr(0, t.find(stop))) << "stop '" << stop << "'";
 }
 
 TEST_F(RunCli, ChatReadsPipedLines) {
   auto r = sh("printf 'Hello\\nAnd then?\\n/exit\\nnever read\\n' | " +
               mla("chat -m " + model() + " -n 6 --temperature 0 -q"));
-  ASSERT_EQ(r.rc, 0) << r.out;
-  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n') >= 2, true) << "one reply line per user line:\n" << r.out;
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n') >= 2, true) << "one reply line per user line:\n" << r.output;
   // The first reply is the greedy continuation of the rendered first turn.
   auto tok = mla::Tokenizer::load(model());
   nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", "Hello"}}});
   std::string text = mla::render_chat_template(tok.chat_template(), messages, true,
                                                {{"bos_token", tok.bos_token()}, {"eos_token", tok.eos_token()}});
   std::string first = library_greedy(tok.encode(text, false), 6);
-  EXPECT_EQ(r.out.substr(0, first.size() + 1), first + "\n");
+  EXPECT_EQ(r.output.substr(0, first.size() + 1), first + "\n");
   // Turn statistics: the second turn reuses the cached first turn.
   const fs::path err = *dir_ / "chat_err.txt";
   auto s = sh("printf 'Hello\\nAnd then?\\n' | " + mla("chat -m " + model() + " -n 6 --temperature 0") + " 2> " +
               err.string());
-  ASSERT_EQ(s.rc, 0);
+  ASSERT_EQ(s.status, 0);
   std::string e = read_file(err);
   std::smatch m;
   std::string::const_iterator from = e.begin();
@@ -190,43 +176,43 @@ TEST_F(RunCli, ChatReadsPipedLines) {
 
 TEST_F(RunCli, BadInputIsAnErrorNotACrash) {
   auto r = sh(mla("run -m " + model() + " -p x --top-p 0") + " 2>&1");
-  EXPECT_EQ(r.rc, 1);
-  EXPECT_NE(r.out.find("top_p"), std::string::npos) << r.out;
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("top_p"), std::string::npos) << r.output;
   auto k = sh(mla("run -m " + model() + " -p 'a long prompt' --kv-cache-gb 0.00000001") + " 2>&1");
-  EXPECT_EQ(k.rc, 1);
-  EXPECT_NE(k.out.find("KV cache"), std::string::npos) << k.out;
+  EXPECT_EQ(k.status, 1);
+  EXPECT_NE(k.output.find("KV cache"), std::string::npos) << k.output;
   auto d = sh(mla("run -m " + (*dir_ / "missing").string() + " -p x") + " 2>&1");
-  EXPECT_EQ(d.rc, 1);
-  EXPECT_NE(d.out.find("missing"), std::string::npos) << d.out;
+  EXPECT_EQ(d.status, 1);
+  EXPECT_NE(d.output.find("missing"), std::string::npos) << d.output;
 }
 
 TEST_F(RunCli, DemoPrintsItsFigures) {
   const std::string demo_dir = (*dir_ / "demo").string();
   auto r = sh(std::string(MLA_BINARY) + " demo --threads 1 --dir " + demo_dir + " -n 8 2>&1");
-  ASSERT_EQ(r.rc, 0) << r.out;
-  EXPECT_NE(r.out.find("written"), std::string::npos) << r.out;
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("written"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(demo_dir + "/config.json"));
   EXPECT_TRUE(fs::exists(demo_dir + "/tokenizer.json"));
-  EXPECT_NE(r.out.find("RANDOM weights"), std::string::npos);
+  EXPECT_NE(r.output.find("RANDOM weights"), std::string::npos);
   // demo_config: 4 layers, 16 heads x (64 + 64 + 64), kv_lora_rank 256 + rope 64.
-  EXPECT_NE(r.out.find("24,576 bytes"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("2,560 bytes"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("9.6x smaller"), std::string::npos) << r.out;
+  EXPECT_NE(r.output.find("24,576 bytes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("2,560 bytes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("9.6x smaller"), std::string::npos) << r.output;
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(max \|logit difference\|[^:]*: ([0-9.e+-]+))"))) << r.out;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(max \|logit difference\|[^:]*: ([0-9.e+-]+))"))) << r.output;
   EXPECT_LT(std::stod(m[1]), 1e-3) << "the two paths are the same function";
-  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(generated\s+(\d+) tokens\s+([0-9.]+) tokens/s)"))) << r.out;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(generated\s+(\d+) tokens\s+([0-9.]+) tokens/s)"))) << r.output;
   EXPECT_GE(std::stoi(m[1]), 1);
   EXPECT_LE(std::stoi(m[1]), 8);
   EXPECT_GT(std::stod(m[2]), 0.0);
   // Run again: the checkpoint is reused.
   auto again = sh(std::string(MLA_BINARY) + " demo --threads 1 --dir " + demo_dir + " -n 2 2>&1");
-  ASSERT_EQ(again.rc, 0) << again.out;
-  EXPECT_NE(again.out.find("reused"), std::string::npos) << again.out;
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("reused"), std::string::npos) << again.output;
   // A folder holding another checkpoint is never overwritten.
   auto other = sh(std::string(MLA_BINARY) + " demo --dir " + model() + " -n 2 2>&1");
-  EXPECT_EQ(other.rc, 1);
-  EXPECT_NE(other.out.find("not the demo's"), std::string::npos) << other.out;
+  EXPECT_EQ(other.status, 1);
+  EXPECT_NE(other.output.find("not the demo's"), std::string::npos) << other.output;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 
 #include "engine/analyze.h"
+#include "test_util.h"
 
 namespace {
 
@@ -24,15 +25,9 @@ std::set<std::string> keys(const json& j) {
 
 // Runs the mla binary; returns its exit status and stdout (stderr goes to stdout too).
 int run_mla(const std::string& args, std::string* out) {
-  std::string cmd = std::string(MLA_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  std::array<char, 4096> buf;
-  out->clear();
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out->append(buf.data(), n);
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  auto r = mla::test::run_mla(args);
+  *out = r.output;
+  return r.status;
 }
 
 TEST(Analyze, DeepSeekV3ByHand) {

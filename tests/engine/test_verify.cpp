@@ -12,6 +12,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
 #include "engine/verify.h"
+#include "test_util.h"
 
 namespace {
 
@@ -20,15 +21,9 @@ using nlohmann::json;
 const std::string kModel = std::string(MLA_SHARED_DIR) + "/fixtures/models/deepseek-v3-tiny";
 
 int run_mla(const std::string& args, std::string* out, bool with_stderr = true) {
-  std::string cmd = std::string(MLA_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  std::array<char, 4096> buf;
-  out->clear();
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out->append(buf.data(), n);
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  auto r = mla::test::run_mla(args, with_stderr);
+  *out = r.output;
+  return r.status;
 }
 
 TEST(Verify, CompareOutputs) {

@@ -12,30 +12,18 @@
 
 #include "deepseek_fixture.h"
 #include "tokenizer/tokenizer.h"
+#include "test_util.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
 
-struct RunResult {
-  int status;
-  std::string output;  // standard output, byte-exact
-};
+using RunResult = mla::test::CommandResult;
 
 // Runs `mla ARGS < stdin_path` (stderr folded into the output only when asked).
 RunResult run_mla(const std::string& args, const std::string& stdin_path, bool with_stderr = false) {
-  std::string command = std::string("'") + MLA_BINARY + "' " + args;
-  if (!stdin_path.empty()) command += " < '" + stdin_path + "'";
-  command += with_stderr ? " 2>&1" : " 2>/dev/null";
-  std::FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) throw std::runtime_error("popen failed: " + command);
-  std::string output;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) output.append(buf, n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+  return mla::test::run_mla(args + (stdin_path.empty() ? "" : " < '" + stdin_path + "'"), with_stderr);
 }
 
 std::vector<int32_t> parse_ids(const std::string& line) {
