@@ -24,6 +24,7 @@ int run(int argc, char** argv) {
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
   app.add_option("--runs", o.runs, "timed runs per figure, after one warm-up run");
   app.add_option("--decode-tokens", o.decode_tokens, "tokens per decode run (0: skip)");
+  app.add_option("--context", o.context, "tokens in the cache before decoding (a prompt of that length)");
   app.add_option("--prompt-tokens", o.prompt_tokens, "tokens of the prompt-processing run (0: skip)");
   app.add_option("--batches", o.batches, "batch sizes of the batched decode (0: skip)")->delimiter(',');
   app.add_option("--batch-steps", o.batch_steps, "decode steps per batched run");

@@ -224,6 +224,7 @@ Report run(const Options& opt) {
   rep.weights = opt.weights;
   rep.precision = opt.precision;
   rep.prompt_tokens = opt.prompt_tokens;
+  rep.context = opt.context;
   rep.bandwidth_bytes = opt.bandwidth_bytes;
   RandomWeights kind;
   if (opt.weights == "bf16") kind = RandomWeights::BF16;
@@ -294,10 +295,11 @@ Report run(const Options& opt) {
   // Decode, batch 1: a short prompt, then runs of decode_tokens single-token steps.
   if (opt.decode_tokens > 0) {
     say("decode (batch 1) ...");
-    const int64_t total = 8 + (opt.runs + 1) * opt.decode_tokens;
+    if (opt.context < 1) throw std::invalid_argument("--context must be at least 1");
+    const int64_t total = opt.context + (opt.runs + 1) * opt.decode_tokens;
     LatentPool pool = model->make_pool((total + 63) / 64 + 1, 64);
     PageTable seq;
-    auto prompt = ids(8);
+    auto prompt = ids(opt.context);
     SeqSlice s{&seq, prompt};
     model->forward(std::span<SeqSlice>(&s, 1), pool, fo, logits);
     // Each timed run is followed by a pass of the read loop: on shared cores the bandwidth
@@ -443,8 +445,8 @@ std::string format_report(const Report& r) {
   }
   o << ")\n";
   if (r.decode_tps.median > 0) {
-    std::snprintf(buf, sizeof buf, "decode, batch 1: %.2f tokens/s (median, range %.2f-%.2f)\n", r.decode_tps.median,
-                  r.decode_tps.min, r.decode_tps.max);
+    std::snprintf(buf, sizeof buf, "decode, batch 1, after %lld tokens: %.2f tokens/s (median, range %.2f-%.2f)\n",
+                  (long long)r.context, r.decode_tps.median, r.decode_tps.min, r.decode_tps.max);
     o << buf;
     std::snprintf(buf, sizeof buf,
                   "  bandwidth limit: read loop just after each run (from DRAM) %.1f GB/s (median, range %.1f-%.1f) -> %.2f tokens/s; "

@@ -76,6 +76,7 @@ struct Options {
   int threads = 0;                // 0: all
   int runs = 5;
   int64_t decode_tokens = 16;     // tokens per decode run
+  int64_t context = 8;            // tokens in the cache before the decode runs
   int64_t prompt_tokens = 512;
   std::vector<int64_t> batches = {1, 4, 16, 64};
   int64_t batch_steps = 4;        // decode steps per batched run
@@ -88,7 +89,7 @@ struct Options {
 struct Report {
   std::string dir, weights, precision;
   int threads = 0;
-  int64_t prompt_tokens = 0;
+  int64_t prompt_tokens = 0, context = 0;
   double bandwidth_gbps = 0;
   ActiveWeights active;
   std::map<std::string, size_t> bytes_by_format;

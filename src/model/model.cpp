@@ -250,8 +250,6 @@ void Model::attention(int64_t layer, std::span<SeqSlice> batch, const std::vecto
     const int64_t S = batch[b].seq->length + n, cached = batch[b].seq->length;
     const float* qb = q + first[b] * H * qk;
     float* ob = out + first[b] * H * vd;
-    latent.resize(size_t(S * dim));
-    pool.gather(layer, *batch[b].seq, 0, S, latent.data());
     lse.resize(size_t(n * H));
 
     if (path == AttnPath::Absorb) {
@@ -262,7 +260,10 @@ void Model::attention(int64_t layer, std::span<SeqSlice> batch, const std::vecto
       for (int64_t h = 0; h < H; ++h)
         jobs.push_back({qb + h * qk, n, H * qk, W.w_uk_t[size_t(h)], q_lat.data() + h * kvr, H * kvr});
       cpu::matmul_batch(jobs);
-      cpu::AbsorbArgs a{q_lat.data(), qb + nope, H * qk, qk, latent.data(), n, S, H, kvr, rope, cached, 0, scale};
+      // The latent rows come straight from the cache pages, a block of keys at a time.
+      const PageTable& seq = *batch[b].seq;
+      cpu::AbsorbArgs a{q_lat.data(), qb + nope, H * qk, qk, nullptr, n, S, H, kvr, rope, cached, 0, scale};
+      a.gather = [&pool, &seq, layer](int64_t s0, int64_t cnt, float* out) { pool.gather(layer, seq, s0, cnt, out); };
       cpu::attention_absorb(a, o_lat.data(), lse.data());
       jobs.clear();
       for (int64_t h = 0; h < H; ++h)
@@ -274,6 +275,8 @@ void Model::attention(int64_t layer, std::span<SeqSlice> batch, const std::vecto
     // Expand: key ranges expanded through kv_b_proj, merged by log-sum-exp. Plain expand is one
     // range over every key; chunked runs the cached prefix `prefix_chunk` tokens at a time, then
     // the new tokens' own causal part.
+    latent.resize(size_t(S * dim));
+    pool.gather(layer, *batch[b].seq, 0, S, latent.data());
     std::vector<std::pair<int64_t, int64_t>> ranges;
     if (path == AttnPath::Chunked) {
       const int64_t C = std::max<int64_t>(1, prefix_chunk);

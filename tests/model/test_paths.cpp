@@ -17,10 +17,11 @@ namespace {
 
 using nlohmann::json;
 
-// One attention layer at DeepSeek-V3's real sizes, computed both ways from the same random
-// latents, queries and kv_b_proj. Returns the max |expand - absorb| relative to max |out|.
-double expand_vs_absorb(int64_t T, int64_t S) {
-  const int64_t H = 128, kvr = 512, rope = 64, nope = 128, vd = 128, qk = nope + rope, dim = kvr + rope;
+// One attention layer at DeepSeek-V3's real sizes (H heads, 128 by default), computed both ways
+// from the same random latents, queries and kv_b_proj. Returns the max |expand - absorb|
+// relative to max |out|.
+double expand_vs_absorb(int64_t T, int64_t S, int64_t H = 128) {
+  const int64_t kvr = 512, rope = 64, nope = 128, vd = 128, qk = nope + rope, dim = kvr + rope;
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> kv_b(size_t(H * (nope + vd) * kvr)), latent(size_t(S * dim)), q(size_t(T * H * qk));
@@ -69,6 +70,14 @@ TEST(MlaPaths, ExpandEqualsAbsorbAtDeepSeekV3SizesDecode) { EXPECT_LT(expand_vs_
 // 150 new tokens after 50 cached: the expand path's query blocks (64 rows) each see a
 // different number of keys.
 TEST(MlaPaths, ExpandEqualsAbsorbOverSeveralQueryBlocks) { EXPECT_LT(expand_vs_absorb(150, 200), 1e-5); }
+// A long cache: the absorb path splits its 2600 keys over two threads (blocks of 256, online
+// softmax, partial results merged by log-sum-exp); three new tokens see different key counts.
+TEST(MlaPaths, ExpandEqualsAbsorbWithTheKeysSplitAcrossThreads) {
+  const int before = cpu::num_threads();
+  cpu::set_num_threads(2);
+  EXPECT_LT(expand_vs_absorb(3, 2600, 16), 1e-5);
+  cpu::set_num_threads(before);
+}
 
 // Rewrites a fixture's tensors under another layout.
 std::string repackage(const std::string& fixture, const std::string& dir, int shards, bool as_kimi_k25) {

@@ -1,11 +1,15 @@
 #include "backend/cpu/attention.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/vec_math.h"
 
 namespace mla::cpu {
 
@@ -60,29 +64,118 @@ void attention_expand(const ExpandArgs& a, float* out, float* lse) {
   }
 }
 
+namespace {
+
+// x[i] <- exp(x[i] - m) for i < n; returns the sum (float32 lanes, added in double).
+double exp_shifted(float* x, int64_t n, float m) {
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = vec::exp(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+    _mm512_storeu_ps(x + i, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, acc);
+  double s = 0;
+  for (float v : lanes) s += v;
+  for (; i < n; ++i) s += (x[i] = std::exp(x[i] - m));
+  return s;
+}
+
+// Keys per block of the absorb path's online softmax, and the shortest key range worth
+// splitting across threads.
+constexpr int64_t kKeyBlock = 256;
+constexpr int64_t kSplitKeys = 1024;
+
+}  // namespace
+
 void attention_absorb(const AbsorbArgs& a, float* out_lat, float* lse) {
-  const int64_t dim = a.kv_lora + a.rope, ldl = dim;
-  const int64_t rows_per_token = a.H;
-  const int64_t tb = std::max<int64_t>(1, std::min<int64_t>(a.T, kScoreBudget / std::max<int64_t>(1, a.S * a.H)));
-  std::vector<float> Q(static_cast<size_t>(tb * a.H * dim)), P(static_cast<size_t>(tb * a.H * a.S));
+  const int64_t dim = a.kv_lora + a.rope, kvr = a.kv_lora, H = a.H;
+  if (!a.latent && !a.gather) throw std::invalid_argument("attention_absorb: no latent rows and no gather");
+  // Token blocks bound the score block (rows x kKeyBlock) and the accumulators (rows x kv_lora).
+  const int64_t tb = std::max<int64_t>(1, std::min<int64_t>(a.T, kScoreBudget / (H * std::max(kKeyBlock, kvr))));
+  const int64_t nblocks = (a.S + kKeyBlock - 1) / kKeyBlock;
+  const int nthr = a.S >= kSplitKeys && !omp_in_parallel()
+                       ? int(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, nblocks)))
+                       : 1;
+  std::vector<float> Q(static_cast<size_t>(tb * H * dim));
+  std::vector<float> parts(static_cast<size_t>(nthr > 1 ? nthr * tb * H * kvr : 0)),
+      part_lse(static_cast<size_t>(nthr > 1 ? nthr * tb * H : 0));
   for (int64_t t0 = 0; t0 < a.T; t0 += tb) {
-    int64_t nt = std::min(tb, a.T - t0), M = nt * rows_per_token;
+    const int64_t nt = std::min(tb, a.T - t0), M = nt * H;
     for (int64_t t = 0; t < nt; ++t)
-      for (int64_t h = 0; h < a.H; ++h) {
-        float* dst = Q.data() + (t * a.H + h) * dim;
-        const float* ql = a.q_lat + ((t0 + t) * a.H + h) * a.kv_lora;
-        std::copy(ql, ql + a.kv_lora, dst);
+      for (int64_t h = 0; h < H; ++h) {
+        float* dst = Q.data() + (t * H + h) * dim;
+        const float* ql = a.q_lat + ((t0 + t) * H + h) * kvr;
+        std::copy(ql, ql + kvr, dst);
         const float* qp = a.q_pe + (t0 + t) * a.ld_qpe + h * a.head_stride_qpe;
-        std::copy(qp, qp + a.rope, dst + a.kv_lora);
+        std::copy(qp, qp + a.rope, dst + kvr);
       }
-    // One shared key per cached token for all heads: scores [M, S] = Q latent^T.
-    sgemm(false, true, M, a.S, dim, a.scale, Q.data(), dim, a.latent, ldl, 0.0f, P.data(), a.S);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < M; ++r)
-      lse[t0 * a.H + r] = causal_softmax(P.data() + r * a.S, a.S, a.q_pos0 + t0 + r / a.H, a.k_pos0);
-    // One shared value: out_lat [M, kv_lora] = P c_KV.
-    sgemm(false, false, M, a.kv_lora, a.S, 1.0f, P.data(), a.S, a.latent, ldl, 0.0f, out_lat + t0 * a.H * a.kv_lora,
-          a.kv_lora);
+    // One thread's share: key blocks [b0, b1) into acc [M, kv_lora] and its lse [M].
+    auto run = [&](int64_t b0, int64_t b1, float* acc, float* row_lse) {
+      thread_local std::vector<float> C, P, m, l;
+      if (a.gather) C.resize(static_cast<size_t>(kKeyBlock * dim));
+      P.resize(static_cast<size_t>(M * kKeyBlock));
+      m.assign(static_cast<size_t>(M), kNegInf);
+      l.assign(static_cast<size_t>(M), 0.0f);
+      std::fill(acc, acc + M * kvr, 0.0f);
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t j0 = b * kKeyBlock, n = std::min(kKeyBlock, a.S - j0);
+        // Keys past every query of this token block are masked for all of its rows.
+        const int64_t last_visible = a.q_pos0 + t0 + nt - 1 - a.k_pos0;
+        if (j0 > last_visible) break;
+        const float* rows = a.latent ? a.latent + j0 * dim : C.data();
+        if (!a.latent) a.gather(j0, n, C.data());
+        // One shared key per cached token for all heads: scores [M, n] = Q rows^T.
+        sgemm(false, true, M, n, dim, a.scale, Q.data(), dim, rows, dim, 0.0f, P.data(), n);
+        for (int64_t r = 0; r < M; ++r) {
+          float* p = P.data() + r * n;
+          const int64_t vis = std::clamp<int64_t>(a.q_pos0 + t0 + r / H - a.k_pos0 + 1 - j0, 0, n);
+          if (vis == 0) {
+            std::fill(p, p + n, 0.0f);
+            continue;
+          }
+          float bm = *std::max_element(p, p + vis);
+          const float mn = std::max(m[size_t(r)], bm);
+          const float keep = m[size_t(r)] == kNegInf ? 0.0f : std::exp(m[size_t(r)] - mn);
+          const double sum = exp_shifted(p, vis, mn);
+          std::fill(p + vis, p + n, 0.0f);
+          l[size_t(r)] = float(double(l[size_t(r)]) * keep + sum);
+          m[size_t(r)] = mn;
+          if (keep != 1.0f)
+            for (float* o = acc + r * kvr; o < acc + (r + 1) * kvr; ++o) *o *= keep;
+        }
+        // One shared value: acc [M, kv_lora] += P c_KV.
+        sgemm(false, false, M, kvr, n, 1.0f, P.data(), n, rows, dim, 1.0f, acc, kvr);
+      }
+      for (int64_t r = 0; r < M; ++r) {
+        if (l[size_t(r)] == 0.0f) {
+          row_lse[r] = kNegInf;
+          continue;
+        }
+        const float inv = 1.0f / l[size_t(r)];
+        for (float* o = acc + r * kvr; o < acc + (r + 1) * kvr; ++o) *o *= inv;
+        row_lse[r] = m[size_t(r)] + std::log(l[size_t(r)]);
+      }
+    };
+    float* out = out_lat + t0 * H * kvr;
+    float* out_lse = lse + t0 * H;
+    if (nthr == 1) {
+      run(0, nblocks, out, out_lse);
+      continue;
+    }
+#pragma omp parallel num_threads(nthr)
+    {
+      const int64_t id = omp_get_thread_num(), nt_ = omp_get_num_threads();
+      const int64_t b0 = nblocks * id / nt_, b1 = nblocks * (id + 1) / nt_;
+      run(b0, b1, parts.data() + id * M * kvr, part_lse.data() + id * M);
+    }
+    std::copy(parts.begin(), parts.begin() + M * kvr, out);
+    std::copy(part_lse.begin(), part_lse.begin() + M, out_lse);
+    for (int64_t id = 1; id < nthr; ++id)
+      merge_partial(out, out_lse, parts.data() + id * M * kvr, part_lse.data() + id * M, M, kvr);
   }
 }
 

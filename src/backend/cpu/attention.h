@@ -6,6 +6,7 @@
 // results over disjoint key ranges merge exactly (merge_partial).
 #pragma once
 #include <cstdint>
+#include <functional>
 
 namespace mla::cpu {
 
@@ -25,12 +26,18 @@ struct AbsorbArgs {
   const float* q_lat;   // [T, H, kv_lora]: q_nope mapped through W_UK
   const float* q_pe;    // [T, H, rope] with row stride ld_qpe between tokens (heads contiguous, rope apart)
   int64_t ld_qpe, head_stride_qpe;
-  const float* latent;  // [S, kv_lora + rope]: c_KV then k_pe per key
+  const float* latent;  // [S, kv_lora + rope]: c_KV then k_pe per key; or null, and then:
   int64_t T, S, H, kv_lora, rope;
   int64_t q_pos0, k_pos0;
   float scale;
+  // Writes keys [s0, s0 + n) as float32 rows of kv_lora + rope (e.g. LatentPool::gather); called
+  // from several threads at once on disjoint ranges. Used when latent is null.
+  std::function<void(int64_t s0, int64_t n, float* out)> gather = nullptr;
 };
 // out_lat: [T, H, kv_lora] (weighted sums of c_KV); lse: [T, H].
+// The keys go in blocks with an online softmax (running max and sum per row); long key ranges
+// are split across the threads, each thread's partial result merged by log-sum-exp, so decoding
+// on a long cache uses every core and never holds more than a block of keys in float32.
 void attention_absorb(const AbsorbArgs& a, float* out_lat, float* lse);
 
 // acc <- the exact merge of (acc, acc_lse) with (part, part_lse): rows of d values.
