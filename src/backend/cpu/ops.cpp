@@ -39,10 +39,13 @@ namespace {
 // Rows per dequantized block in the GEMM path: 64 rows of up to 18K floats stay in L2.
 constexpr int64_t kBlockRows = 64;
 // Up to this many tokens the products run on the GEMV kernels (gemv.h: weight rows streamed and
-// dotted with 4 tokens at a time, so 16 tokens read a weight 4 times, from cache after the
+// dotted with 4 tokens at a time, so 12 tokens read a weight 3 times, from cache after the
 // first). In the precise mode up to 16: its alternative, weights dequantized to float32 for
-// sgemm, measured 3-9x slower there (bench/int4_expert); the fast mode has AMX from 5 on.
-int64_t gemv_max_tokens() { return precision() == Precision::Precise ? 16 : 4; }
+// sgemm, measured 3-9x slower there (bench/int4_expert). In the fast mode up to 12: batched
+// decode of 64 sequences (5-12 tokens per expert) ran 62 tokens/s with oneDNN's bf16 GEMM from
+// 5 tokens on and 79-83 with the GEMV up to 12 (mla bench --batches 64); a 7168 x 2048 product
+// of 16 tokens is faster on oneDNN (bench/int4_expert).
+int64_t gemv_max_tokens() { return precision() == Precision::Precise ? 16 : 12; }
 
 }  // namespace
 
