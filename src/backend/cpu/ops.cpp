@@ -42,9 +42,10 @@ constexpr int64_t kBlockRows = 64;
 // dotted with 4 tokens at a time, so 12 tokens read a weight 3 times, from cache after the
 // first). In the precise mode up to 16: its alternative, weights dequantized to float32 for
 // sgemm, measured 3-9x slower there (bench/int4_expert). In the fast mode up to 12: batched
-// decode of 64 sequences (5-12 tokens per expert) ran 62 tokens/s with oneDNN's bf16 GEMM from
-// 5 tokens on and 79-83 with the GEMV up to 12 (mla bench --batches 64); a 7168 x 2048 product
-// of 16 tokens is faster on oneDNN (bench/int4_expert).
+// decode of 64 sequences (5-12 tokens per expert, mla bench --batches 64) ran 61-74 tokens/s
+// in bf16 with oneDNN's GEMM from 5 tokens on and 75-83 with the GEMV up to 12 (alternating
+// runs); FP8 and INT4, which oneDNN sees dequantized, gained more. A 7168 x 2048 product of
+// 16 tokens is faster on oneDNN (bench/int4_expert).
 int64_t gemv_max_tokens() { return precision() == Precision::Precise ? 16 : 12; }
 
 }  // namespace
