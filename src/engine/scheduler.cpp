@@ -238,7 +238,7 @@ bool Scheduler::free_pages_for(int64_t need, const Sequence*) {
 
 // ---- admission and preemption ----
 
-bool Scheduler::admit(Sequence& s) {
+bool Scheduler::admit(Sequence& s, int64_t keep_free) {
   const int64_t ps = pool_.page_size();
   const int64_t total = int64_t(s.tokens.size());
   // The longest page-aligned cached prefix, leaving at least one token to compute (for logits).
@@ -257,9 +257,9 @@ bool Scheduler::admit(Sequence& s) {
     pool_.fork(best->table, best_len, &s.table);  // full pages: shares, never copies
   }
   const int64_t need = pool_.pages_needed(s.table, total);
-  // Keep a page in hand for the running sequences' next tokens.
-  const int64_t watermark = running_.empty() ? 0 : 1;
-  if (!free_pages_for(need + watermark, &s)) {
+  // Leave the pages the running sequences' tokens of this step need (several sequences can
+  // cross a page boundary in the same step).
+  if (!free_pages_for(need + keep_free, &s)) {
     if (running_.empty() && cache_.empty() && need > pool_.free_pages()) {
       pool_.release(s.table);
       finish(s, FinishReason::KvCacheFull,
@@ -382,9 +382,14 @@ bool Scheduler::step_inner() {
       parts.push_back({s.get(), n});
       budget -= n;
     }
+  // Pages admissions leave free: what the running sequences' pending tokens still need this step
+  // (admitted sequences reserve all of theirs on admission, so this stays the same while
+  // admitting), and at least one page in hand for their next tokens.
+  int64_t pending_pages = 0;
+  for (auto& s : running_) pending_pages += pool_.pages_needed(s->table, int64_t(s->tokens.size()));
   while (!waiting_.empty() && budget > 0 && int64_t(running_.size()) < opt_.max_running) {
     Sequence& s = *waiting_.front();
-    if (!admit(s)) break;
+    if (!admit(s, std::max<int64_t>(pending_pages, running_.empty() ? 0 : 1))) break;
     auto owned = std::move(waiting_.front());
     waiting_.pop_front();
     if (owned->done) {

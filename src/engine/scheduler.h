@@ -161,7 +161,7 @@ class Scheduler {
   void retire(size_t running_index);
   bool free_pages_for(int64_t need, const Sequence* keep);  // evicts cache entries, then false
   void preempt(size_t running_index);
-  bool admit(Sequence& s);
+  bool admit(Sequence& s, int64_t keep_free);
   void handle_token(Sequence& s, int32_t id);
   void cache_insert(const Sequence& s);
   bool evict_one_cache_entry();

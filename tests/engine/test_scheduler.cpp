@@ -240,6 +240,26 @@ TEST(Scheduler, RefusesRequestsThatCannotRun) {
   }
 }
 
+// Two running sequences cross a page boundary in the same step while a long request waits: the
+// admission must leave both pages free (one page in hand is not enough), or the step's forward
+// pass finds the cache short and fails every request in the batch.
+TEST(Scheduler, AdmissionLeavesThePagesOfTheRunningSequencesStep) {
+  SchedulerOptions opt;
+  opt.prefix_cache = false;
+  auto s = make_scheduler(8, 4, opt);
+  Collector c;
+  const auto a = greedy(prompt_ids(4, 11), 6), b = greedy(prompt_ids(4, 12), 6), late = greedy(prompt_ids(20, 13), 3);
+  const int64_t ia = s->submit(a, c.cb()), ib = s->submit(b, c.cb());
+  s->step();  // both prefilled: 4 tokens each on one page, their next token starts a second page
+  const int64_t ic = s->submit(late, c.cb());  // 5 pages: fits the 6 free only if the two wait
+  s->run_until_idle();
+  for (int64_t id : {ia, ib, ic}) EXPECT_NE(c.results[id].reason, FinishReason::Error) << c.results[id].message;
+  EXPECT_EQ(c.results[ia].tokens, run_alone(a).tokens);
+  EXPECT_EQ(c.results[ib].tokens, run_alone(b).tokens);
+  EXPECT_EQ(c.results[ic].tokens, run_alone(late).tokens);
+  EXPECT_EQ(s->stats().kv_pages_free, 8);
+}
+
 TEST(Scheduler, CancelReturnsPages) {
   SchedulerOptions opt;
   opt.prefix_cache = false;
@@ -306,7 +326,7 @@ TEST(Scheduler, EngineThreadServesManyThreads) {
   for (size_t i = 0; i < reqs.size(); ++i) threads.emplace_back([&, i] { got[i] = s->generate(reqs[i]); });
   for (auto& t : threads) t.join();
   s->stop();
-  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, alone[i].tokens) << "request " << i;
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, alone[i].tokens) << "request " << i << " reason " << finish_reason_name(got[i].reason) << " " << got[i].message << " alone " << finish_reason_name(alone[i].reason);
   EXPECT_EQ(s->stats().requests_finished, int64_t(reqs.size()));
 }
 
