@@ -66,24 +66,6 @@ void attention_expand(const ExpandArgs& a, float* out, float* lse) {
 
 namespace {
 
-// x[i] <- exp(x[i] - m) for i < n; returns the sum (float32 lanes, added in double).
-double exp_shifted(float* x, int64_t n, float m) {
-  const __m512 mv = _mm512_set1_ps(m);
-  __m512 acc = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 e = vec::exp(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
-    _mm512_storeu_ps(x + i, e);
-    acc = _mm512_add_ps(acc, e);
-  }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, acc);
-  double s = 0;
-  for (float v : lanes) s += v;
-  for (; i < n; ++i) s += (x[i] = std::exp(x[i] - m));
-  return s;
-}
-
 // Keys per block of the absorb path's online softmax, and the shortest key range worth
 // splitting across threads.
 constexpr int64_t kKeyBlock = 256;
@@ -140,7 +122,7 @@ void attention_absorb(const AbsorbArgs& a, float* out_lat, float* lse) {
           float bm = *std::max_element(p, p + vis);
           const float mn = std::max(m[size_t(r)], bm);
           const float keep = m[size_t(r)] == kNegInf ? 0.0f : std::exp(m[size_t(r)] - mn);
-          const double sum = exp_shifted(p, vis, mn);
+          const double sum = vec::exp_shifted(p, vis, mn);
           std::fill(p + vis, p + n, 0.0f);
           l[size_t(r)] = float(double(l[size_t(r)]) * keep + sum);
           m[size_t(r)] = mn;

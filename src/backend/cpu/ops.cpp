@@ -83,7 +83,7 @@ void matmul_batch(std::span<const MatmulJob> jobs) {
   small.clear();
   for (const auto& j : jobs) {
     if (j.T <= 0 || j.W.rows <= 0) continue;
-    if (j.T <= gemv_max_tokens()) small.push_back(GemvJob{j.x, j.T, j.ldx, j.W, j.y, j.ldy});
+    if (j.T <= gemv_max_tokens()) small.push_back(j);
     else matmul(j.x, j.T, j.ldx, j.W, j.y, j.ldy);
   }
   gemv_batch(small);
@@ -130,25 +130,9 @@ float softmax_inplace(float* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] = 0;
     return m;
   }
-  // Sixteen partial sums in float32, then added in double: the rows are at most a context long.
-  const __m512 mv = _mm512_set1_ps(m);
-  __m512 acc = _mm512_setzero_ps();
+  const double s = vec::exp_shifted(x, n, m);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 e = vec::exp(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
-    _mm512_storeu_ps(x + i, e);
-    acc = _mm512_add_ps(acc, e);
-  }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, acc);
-  double s = 0;
-  for (float v : lanes) s += v;
-  for (; i < n; ++i) {
-    x[i] = std::exp(x[i] - m);
-    s += x[i];
-  }
   const __m512 inv = _mm512_set1_ps(float(1.0 / s));
-  i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
   for (; i < n; ++i) x[i] *= float(1.0 / s);
   return m + float(std::log(s));

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <span>
 
+#include "backend/cpu/gemv.h"
 #include "tensor/matrix.h"
 
 namespace mla::cpu {
@@ -18,13 +19,7 @@ inline void matmul(const float* x, int64_t T, const MatrixView& W, float* y) { m
 // Several products y = W x, each computed as matmul computes it; the few-token ones (decode)
 // run together in one parallel region (rows of all their weights split across the threads).
 // Jobs may share x; outputs must not overlap.
-struct MatmulJob {
-  const float* x;
-  int64_t T, ldx;
-  MatrixView W;
-  float* y;
-  int64_t ldy;
-};
+using MatmulJob = GemvJob;  // backend/cpu/gemv.h
 void matmul_batch(std::span<const MatmulJob> jobs);
 
 // Row-major float32 GEMM, C[M,N] = alpha * op(A) op(B) + beta * C (oneDNN sgemm).

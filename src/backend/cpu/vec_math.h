@@ -10,6 +10,9 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <cmath>
+#include <cstdint>
+
 namespace mla::cpu::vec {
 
 inline __m512 exp(__m512 x) {
@@ -29,6 +32,25 @@ inline __m512 exp(__m512 x) {
   const __m512 r2 = _mm512_mul_ps(r, r);
   p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_scalef_ps(p, n);
+}
+
+// x[i] <- exp(x[i] - m) for i < n; returns their sum (sixteen float32 lane sums, added in
+// double: the rows of a softmax are at most a context long).
+inline double exp_shifted(float* x, int64_t n, float m) {
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = exp(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+    _mm512_storeu_ps(x + i, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, acc);
+  double s = 0;
+  for (float v : lanes) s += v;
+  for (; i < n; ++i) s += (x[i] = std::exp(x[i] - m));
+  return s;
 }
 
 }  // namespace mla::cpu::vec
