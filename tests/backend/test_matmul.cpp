@@ -496,6 +496,48 @@ TEST(Matmul, BatchOfJobsEqualsEachAlone) {
   expect_close(m2.view, xs[0].data(), 1, 256, y_shared, ref_shared, 700, 1e-5, "batch job sharing x");
 }
 
+TEST(Matmul, FastPrecisionPromptSizedProducts) {
+  // The fast precision's GEMM path (AMX tiles where the CPU has them, else oneDNN) over the token
+  // counts that exercise its token groups of 16 and 48 and its passes of tokens, with a short
+  // last block of weight rows, against W x in double on bf16-rounded activations. The sums run in
+  // float32 in another order: per output at most one rounding per pair of columns plus a few,
+  // (cols / 2 + 16) * 2^-24 of the sum of the terms' magnitudes.
+  std::mt19937 rng(11);
+  PrecisionScope scope(mla::cpu::Precision::Fast);
+  for (WeightFormat f : {WeightFormat::BF16, WeightFormat::FP8_BLOCK128, WeightFormat::INT4_GROUP})
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{77, 2048}, {64, 96}}) {
+      Owned m = random_matrix(f, rows, cols, rng);
+      for (int64_t T : {13, 16, 47, 48, 49, 100, 300}) {
+        if (cols < 1000 && T > 100) continue;
+        const int64_t ldx = cols + 3, ldy = rows + 5;
+        auto x = random_vec(size_t(T * ldx), rng);
+        std::vector<float> y(size_t(T * ldy), -1.0f);
+        mla::cpu::matmul_bf16(x.data(), T, ldx, m.view, y.data(), ldy);
+        std::vector<float> row(static_cast<size_t>(cols));
+        const double tol = (double(cols) / 2 + 16) * std::ldexp(1.0, -24);
+        int bad = 0;
+        for (int64_t n = 0; n < rows; ++n) {
+          m.view.dequant_row(n, row.data());
+          for (int64_t t = 0; t < T; ++t) {
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < cols; ++k) {
+              const double p = double(mla::bf16_to_f32(mla::f32_to_bf16(row[size_t(k)]))) *
+                               mla::bf16_to_f32(mla::f32_to_bf16(x[size_t(t * ldx + k)]));
+              ref += p;
+              mag += std::fabs(p);
+            }
+            const float a = y[size_t(t * ldy + n)];
+            if (!(std::fabs(double(a) - ref) <= tol * mag) && bad++ < 5)
+              ADD_FAILURE() << mla::weight_format_name(f) << " " << rows << "x" << cols << " T=" << T << " row " << n
+                            << " token " << t << ": " << a << " vs " << ref << " (terms " << mag << ")";
+          }
+        }
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t n = rows; n < ldy; ++n) ASSERT_EQ(y[size_t(t * ldy + n)], -1.0f) << "wrote past the rows";
+      }
+    }
+}
+
 TEST(Precision, ParsesNames) {
   EXPECT_EQ(mla::cpu::parse_precision("fast"), mla::cpu::Precision::Fast);
   EXPECT_EQ(mla::cpu::parse_precision("precise"), mla::cpu::Precision::Precise);

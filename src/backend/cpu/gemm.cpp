@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cpu/amx.h"
 #include "backend/cpu/decode_avx512.h"
 
 namespace mla::cpu {
@@ -73,9 +74,48 @@ inline void store_bf16x32(uint16_t* dst, __m512 a, __m512 b) {
 }
 
 struct Scratch {
-  std::vector<uint16_t> a, w;
+  std::vector<uint16_t> a, w, p;
   std::vector<float> c;
 };
+
+constexpr int64_t kAmxRows = 32;
+
+// Tokens per pass of the AMX path. The packed activations of a pass (2 K bytes per token) are
+// read again for every 32 weight rows, so a pass keeps them within about 2 MiB (L2): 512 tokens
+// at K = 2048, 144 at K = 7168, and a multiple of 48 (the kernel's token group).
+int64_t amx_pass_tokens(int64_t K) { return std::clamp<int64_t>((int64_t(1) << 20) / K / 48 * 48, 48, 512); }
+
+// The AMX path of matmul_bf16: activations packed once per pass of tokens, the weight rows split
+// across the threads 32 at a time. bf16 weights are read where they lie; other formats are
+// decoded to bf16 32 rows at a time into a per-thread buffer. A short last block is padded.
+void matmul_amx(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy, Scratch& s) {
+  const int64_t N = W.rows, K = W.cols;
+  const bool direct = W.format == WeightFormat::BF16;
+  const int64_t blocks = (N + kAmxRows - 1) / kAmxRows;
+  const int64_t pass = amx_pass_tokens(K);
+  for (int64_t t0 = 0; t0 < T; t0 += pass) {
+    const int64_t tn = std::min(pass, T - t0);
+    if (s.a.size() < size_t(tn * K)) s.a.resize(size_t(tn * K));
+    if (s.p.size() < size_t(amx_packed_size(tn, K))) s.p.resize(size_t(amx_packed_size(tn, K)));
+    activations_bf16(x + t0 * ldx, tn, ldx, K, W.format, !direct, s.a.data(), K);
+    amx_pack_activations(s.a.data(), tn, K, K, s.p.data());
+    const uint16_t* xp = s.p.data();
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t n0 = b * kAmxRows, nr = std::min(kAmxRows, N - n0);
+      thread_local std::vector<uint16_t> rows;  // decoded or padded rows
+      const uint16_t* w = static_cast<const uint16_t*>(W.data) + n0 * K;
+      if (!direct || nr < kAmxRows) {
+        if (rows.size() < size_t(kAmxRows * K)) rows.resize(size_t(kAmxRows * K));
+        if (direct) std::copy(w, w + nr * K, rows.data());
+        else dequant_rows_bf16(W, n0, n0 + nr, rows.data(), K);
+        std::fill(rows.begin() + nr * K, rows.begin() + kAmxRows * K, uint16_t(0));
+        w = rows.data();
+      }
+      amx_gemm_rows32(xp, tn, K, w, K, nr, direct && nr == kAmxRows, y + t0 * ldy + n0, ldy);
+    }
+  }
+}
 
 }  // namespace
 
@@ -186,12 +226,13 @@ void matmul_bf16(const float* x, int64_t T, int64_t ldx, const MatrixView& W, fl
     throw std::invalid_argument("matmul_bf16: INT4 group size " + std::to_string(W.group_size) +
                                 " is not a multiple of 32");
   thread_local Scratch s;
+  if (amx_available() && K % kChunk == 0) {
+    matmul_amx(x, T, ldx, W, y, ldy, s);
+    return;
+  }
   const bool direct = W.format == WeightFormat::BF16;  // used in place, natural column order
-  // oneDNN's matmul (AMX where the CPU has it) on bf16 operands: bf16 weights as they are
-  // stored, other formats dequantized a block of rows at a time. A kernel of our own that
-  // dequantized 32 rows at a time straight into AMX tiles measured slower in `mla bench` for
-  // every format (prompt GFLOPS over oneDNN's 2048^3 rate: bf16 0.28 against 0.33, FP8 0.18
-  // against 0.24, INT4 0.33 against 0.34) and was removed.
+  // Without AMX (or with K not a multiple of 32): oneDNN's matmul on bf16 operands, bf16
+  // weights as they are stored, other formats dequantized a block of rows at a time.
   const int64_t Mp = bucket_rows(T);
   if (s.a.size() < size_t(Mp * K)) s.a.resize(size_t(Mp * K));
   activations_bf16(x, T, ldx, K, W.format, !direct, s.a.data(), K);

@@ -1,6 +1,7 @@
-// Prompt-sized matrix products in fast precision: bf16 x bf16 -> float32 GEMMs on oneDNN's
-// matmul primitive (AMX where the CPU has it). Weights in bf16 are used in place; other formats
-// are dequantized block by block into bf16 with the AVX-512 decoders.
+// Prompt-sized matrix products in fast precision: bf16 x bf16 -> float32 GEMMs, on our AMX
+// kernel (amx.h) where the CPU has AMX and the inner dimension is a multiple of 32, else on
+// oneDNN's matmul primitive. Weights in bf16 are used in place; other formats are dequantized
+// block by block into bf16 with the AVX-512 decoders.
 #pragma once
 #include <cstdint>
 
