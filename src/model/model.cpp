@@ -306,16 +306,20 @@ void Model::attention(int64_t layer, std::span<SeqSlice> batch, const std::vecto
 
 void Model::mlp(const Mlp& m, const float* x, int64_t T, float* out, bool accumulate, const float* row_weights) {
   const int64_t I = m.gate.rows, D = cfg_.hidden_size;
-  std::vector<float> gu(static_cast<size_t>(T * 2 * I)), act(static_cast<size_t>(T * I)), y(static_cast<size_t>(T * D));
+  const size_t scratch = size_t(T * (3 * I + D));
+  if (mlp_scratch_.size() < scratch) mlp_scratch_.resize(scratch);
+  float* const gu = mlp_scratch_.data();
+  float* const act = gu + T * 2 * I;
+  float* const y = act + T * I;
   std::vector<cpu::MatmulJob> jobs;
-  push_gate_up(jobs, m, x, T, D, gu.data());
+  push_gate_up(jobs, m, x, T, D, gu);
   cpu::matmul_batch(jobs);
-  cpu::silu_mul(gu.data(), T, I, act.data());
-  matmul(act.data(), T, m.down, y.data());
+  cpu::silu_mul(gu, T, I, act);
+  matmul(act, T, m.down, y);
   for (int64_t t = 0; t < T; ++t) {
     float w = row_weights ? row_weights[t] : 1.0f;
     for (int64_t i = 0; i < D; ++i) {
-      float v = w * y[size_t(t * D + i)];
+      float v = w * y[t * D + i];
       out[t * D + i] = accumulate ? out[t * D + i] + v : v;
     }
   }
@@ -387,8 +391,14 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   std::vector<int64_t> row0(static_cast<size_t>(E + 1), 0);
   for (int64_t e = 0; e < E; ++e) row0[size_t(e + 1)] = row0[size_t(e)] + int64_t(tokens_of[size_t(e)].size());
   const int64_t R = row0[size_t(E)];
-  std::vector<float> xe(static_cast<size_t>(R * D)), gu(static_cast<size_t>(R * 2 * I)), act(static_cast<size_t>(R * I)),
-      ye(static_cast<size_t>(R * D)), gus(static_cast<size_t>(T * 2 * Is)), acts(static_cast<size_t>(T * Is));
+  const size_t scratch = size_t(R * (2 * D + 3 * I) + T * 3 * Is);
+  if (mlp_scratch_.size() < scratch) mlp_scratch_.resize(scratch);
+  float* const xe = mlp_scratch_.data();  // every part below is written before it is read
+  float* const gu = xe + R * D;
+  float* const act = gu + R * 2 * I;
+  float* const ye = act + R * I;
+  float* const gus = ye + R * D;
+  float* const acts = gus + T * 2 * Is;
   std::vector<cpu::MatmulJob> jobs;
   std::vector<int64_t> active;
   for (int64_t e = 0; e < E; ++e) {
@@ -396,7 +406,7 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
     if (toks.empty()) continue;
     active.push_back(e);
     const int64_t r0 = row0[size_t(e)], n = int64_t(toks.size());
-    for (int64_t i = 0; i < n; ++i) std::copy(x + toks[size_t(i)] * D, x + (toks[size_t(i)] + 1) * D, xe.data() + (r0 + i) * D);
+    for (int64_t i = 0; i < n; ++i) std::copy(x + toks[size_t(i)] * D, x + (toks[size_t(i)] + 1) * D, xe + (r0 + i) * D);
   }
   // A prompt gives each routed expert a few dozen tokens: products too small to split well
   // across threads. Then each expert runs whole (gate/up, SiLU, down) on one thread, the
@@ -405,10 +415,10 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   const bool expert_per_thread = threads > 1 && int64_t(active.size()) >= 4 * threads && R >= 8 * int64_t(active.size());
   if (expert_per_thread) {
     if (W.has_shared) {
-      push_gate_up(jobs, W.shared, x, T, D, gus.data());
+      push_gate_up(jobs, W.shared, x, T, D, gus);
       cpu::matmul_batch(jobs);
-      cpu::silu_mul(gus.data(), T, Is, acts.data());
-      cpu::matmul(acts.data(), T, Is, W.shared.down, out, D);
+      cpu::silu_mul(gus, T, Is, acts);
+      cpu::matmul(acts, T, Is, W.shared.down, out, D);
     } else {
       std::fill(out, out + T * D, 0.0f);
     }
@@ -417,27 +427,27 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
     for (int64_t i = 0; i < na; ++i) {
       const int64_t e = active[size_t(i)], r0 = row0[size_t(e)], n = row0[size_t(e + 1)] - r0;
       std::vector<cpu::MatmulJob> mine;
-      push_gate_up(mine, W.experts[size_t(e)], xe.data() + r0 * D, n, D, gu.data() + r0 * 2 * I);
+      push_gate_up(mine, W.experts[size_t(e)], xe + r0 * D, n, D, gu + r0 * 2 * I);
       cpu::matmul_batch(mine);
-      cpu::silu_mul(gu.data() + r0 * 2 * I, n, I, act.data() + r0 * I);
-      cpu::matmul(act.data() + r0 * I, n, I, W.experts[size_t(e)].down, ye.data() + r0 * D, D);
+      cpu::silu_mul(gu + r0 * 2 * I, n, I, act + r0 * I);
+      cpu::matmul(act + r0 * I, n, I, W.experts[size_t(e)].down, ye + r0 * D, D);
     }
   } else {
-    if (W.has_shared) push_gate_up(jobs, W.shared, x, T, D, gus.data());
+    if (W.has_shared) push_gate_up(jobs, W.shared, x, T, D, gus);
     for (int64_t e : active) {
       const int64_t r0 = row0[size_t(e)], n = row0[size_t(e + 1)] - r0;
-      push_gate_up(jobs, W.experts[size_t(e)], xe.data() + r0 * D, n, D, gu.data() + r0 * 2 * I);
+      push_gate_up(jobs, W.experts[size_t(e)], xe + r0 * D, n, D, gu + r0 * 2 * I);
     }
     cpu::matmul_batch(jobs);
-    if (W.has_shared) cpu::silu_mul(gus.data(), T, Is, acts.data());
-    cpu::silu_mul(gu.data(), R, I, act.data());
+    if (W.has_shared) cpu::silu_mul(gus, T, Is, acts);
+    cpu::silu_mul(gu, R, I, act);
     jobs.clear();
     // The shared experts' output is the sum's first term: written straight into out.
-    if (W.has_shared) jobs.push_back({acts.data(), T, Is, W.shared.down, out, D});
+    if (W.has_shared) jobs.push_back({acts, T, Is, W.shared.down, out, D});
     else std::fill(out, out + T * D, 0.0f);
     for (int64_t e : active) {
       const int64_t r0 = row0[size_t(e)], n = row0[size_t(e + 1)] - r0;
-      jobs.push_back({act.data() + r0 * I, n, I, W.experts[size_t(e)].down, ye.data() + r0 * D, D});
+      jobs.push_back({act + r0 * I, n, I, W.experts[size_t(e)].down, ye + r0 * D, D});
     }
     cpu::matmul_batch(jobs);
   }
@@ -445,7 +455,7 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
     const auto& toks = tokens_of[size_t(e)];
     for (size_t i = 0; i < toks.size(); ++i) {
       const float w = weights_of[size_t(e)][i];
-      const float* y = ye.data() + (row0[size_t(e)] + int64_t(i)) * D;
+      const float* y = ye + (row0[size_t(e)] + int64_t(i)) * D;
       for (int64_t d = 0; d < D; ++d) out[toks[i] * D + d] += w * y[d];
     }
   }

@@ -85,6 +85,10 @@ class Model {
   PathCounters counters_;
   AttnPath last_path_ = AttnPath::Auto;
   ForwardProfile* profile_ = nullptr;
+  // The MLP and MoE layers' activations (gathered inputs, gate/up, SiLU, outputs): kept between
+  // layers and passes, so a prompt does not allocate and zero ~100 MB of fresh pages per layer.
+  // Grows to the largest batch seen.
+  std::vector<float> mlp_scratch_;
 };
 
 }  // namespace mla

@@ -8,7 +8,10 @@
 #include <stdexcept>
 #include <vector>
 
+#include "backend/cpu/amx.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/precision.h"
 #include "backend/cpu/vec_math.h"
 
 namespace mla::cpu {
@@ -28,6 +31,59 @@ float causal_softmax(float* s, int64_t S, int64_t qpos, int64_t k_pos0) {
   return softmax_inplace(s, S);
 }
 
+int64_t round32(int64_t n) { return (n + 31) / 32 * 32; }
+
+// The fast precision's expand path on AMX tiles: per head, the keys [S, nope + rope] and the
+// values transposed [v, S] as bf16 (zero-padded to 32 rows and columns), then per block of
+// query rows the scores Q K^T and the output P V as bf16 products with float32 sums, the softmax
+// in float32 between them. Same blocks, masking and lse as the float32 path below.
+void attention_expand_amx(const ExpandArgs& a, int64_t tb, float* out, float* lse) {
+  const int64_t qk = a.nope + a.rope, ldkv = a.H * (a.nope + a.v);
+  const int64_t S32 = round32(a.S), V32 = round32(a.v);
+#pragma omp parallel
+  {
+    std::vector<uint16_t> K(static_cast<size_t>(S32 * qk)), Vt(static_cast<size_t>(V32 * S32), 0),
+        Qb(static_cast<size_t>(tb * qk)), Qp(static_cast<size_t>(amx_packed_size(tb, qk))),
+        Pb(static_cast<size_t>(tb * S32)), Pp(static_cast<size_t>(amx_packed_size(tb, S32)));
+    std::vector<float> Q(static_cast<size_t>(tb * qk)), P(static_cast<size_t>(tb * S32)), row(static_cast<size_t>(qk));
+#pragma omp for schedule(dynamic)
+    for (int64_t h = 0; h < a.H; ++h) {
+      for (int64_t j = 0; j < a.S; ++j) {
+        const float* src = a.kv + j * ldkv + h * (a.nope + a.v);
+        std::copy(src, src + a.nope, row.data());
+        std::copy(a.k_pe + j * a.ld_kpe, a.k_pe + j * a.ld_kpe + a.rope, row.data() + a.nope);
+        activations_bf16(row.data(), 1, qk, qk, WeightFormat::BF16, false, K.data() + j * qk, qk);
+        for (int64_t d = 0; d < a.v; ++d) Vt[size_t(d * S32 + j)] = f32_to_bf16(src[a.nope + d]);
+      }
+      std::fill(K.begin() + a.S * qk, K.end(), uint16_t(0));
+      for (int64_t t0 = 0; t0 < a.T; t0 += tb) {
+        const int64_t nt = std::min(tb, a.T - t0);
+        for (int64_t t = 0; t < nt; ++t) {
+          const float* src = a.q + ((t0 + t) * a.H + h) * qk;
+          for (int64_t d = 0; d < qk; ++d) Q[size_t(t * qk + d)] = src[d] * a.scale;
+        }
+        activations_bf16(Q.data(), nt, qk, qk, WeightFormat::BF16, false, Qb.data(), qk);
+        amx_pack_activations(Qb.data(), nt, qk, qk, Qp.data());
+        const int64_t S = std::clamp<int64_t>(a.q_pos0 + t0 + nt - a.k_pos0, 0, a.S), Sp = round32(S);
+        for (int64_t j0 = 0; j0 < S; j0 += 32)
+          amx_gemm_rows32(Qp.data(), nt, qk, K.data() + j0 * qk, qk, std::min<int64_t>(32, S - j0), false,
+                          P.data() + j0, Sp);
+        for (int64_t t = 0; t < nt; ++t) {
+          float* p = P.data() + t * Sp;
+          lse[(t0 + t) * a.H + h] = causal_softmax(p, S, a.q_pos0 + t0 + t, a.k_pos0);
+          std::fill(p + S, p + Sp, 0.0f);
+        }
+        activations_bf16(P.data(), nt, Sp, Sp, WeightFormat::BF16, false, Pb.data(), Sp);
+        amx_pack_activations(Pb.data(), nt, Sp, Sp, Pp.data());
+        float* o = out + (t0 * a.H + h) * a.v;
+        for (int64_t d0 = 0; d0 < a.v; d0 += 32)
+          amx_gemm_rows32(Pp.data(), nt, Sp, Vt.data() + d0 * S32, S32, std::min<int64_t>(32, a.v - d0), false,
+                          o + d0, a.H * a.v);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void attention_expand(const ExpandArgs& a, float* out, float* lse) {
@@ -36,6 +92,10 @@ void attention_expand(const ExpandArgs& a, float* out, float* lse) {
   // causal prompt computes the lower triangle of the scores (and a few blocks' diagonal).
   const int64_t tb = std::max<int64_t>(
       1, std::min({a.T, kExpandRows, kScoreBudget / std::max<int64_t>(1, a.S)}));
+  if (precision() == Precision::Fast && qk % 32 == 0 && amx_available()) {
+    attention_expand_amx(a, tb, out, lse);
+    return;
+  }
 #pragma omp parallel
   {
     std::vector<float> K(static_cast<size_t>(a.S * qk)), Q(static_cast<size_t>(tb * qk)), P(static_cast<size_t>(tb * a.S));
