@@ -25,7 +25,11 @@ namespace {
 constexpr int64_t kBlock = 16;           // rows or tokens per tile
 constexpr int64_t kStep = 32;            // columns per tile step
 constexpr int64_t kTileValues = 512;     // bf16 values in one token tile (16 pairs x 16 tokens x 2)
-constexpr int64_t kPrefetchSteps = 8;    // weight columns fetched this many steps ahead
+// Weight columns are fetched this many steps ahead, one line per row. Measured on 256 experts of
+// 2816 x 2048 read cold from DRAM, 48 tokens each, 2 threads: 2-4 steps ahead 14.4-15.1 GB/s,
+// 8 steps 12.4-13.5, 12-16 steps 11.6-12.3; prefetching the next 32 rows in address order instead
+// (or as well) 10.6-11.4.
+constexpr int64_t kPrefetchSteps = 4;
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0;
