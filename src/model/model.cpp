@@ -338,6 +338,9 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   std::vector<std::vector<float>> weights_of(static_cast<size_t>(E));
   std::vector<float> scores(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
   std::vector<int64_t> idx(static_cast<size_t>(E));
+  // picks[t * K + k]: the k-th expert of token t (ascending) and the token's place in its list.
+  std::vector<std::pair<int64_t, int64_t>> picks;
+  picks.reserve(size_t(T * K));
   const float ninf = -std::numeric_limits<float>::infinity();
   // Descending by value, ties to the lower index (a stable sort of -value).
   auto top = [&](const std::vector<float>& v, int64_t k, std::vector<int64_t>& order) {
@@ -379,9 +382,13 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
     const bool normalise = c.norm_topk_prob && (c.scoring_func == ScoringFunc::Sigmoid || K > 1);
     for (int64_t k = 0; k < K; ++k) {
       double w = normalise ? wt[size_t(k)] / (sum + 1e-20) : wt[size_t(k)];
-      tokens_of[size_t(idx[size_t(k)])].push_back(t);
-      weights_of[size_t(idx[size_t(k)])].push_back(float(w * c.routed_scaling_factor));
+      const int64_t e = idx[size_t(k)];
+      picks.push_back({e, int64_t(tokens_of[size_t(e)].size())});
+      tokens_of[size_t(e)].push_back(t);
+      weights_of[size_t(e)].push_back(float(w * c.routed_scaling_factor));
     }
+    // Each token's outputs are summed in expert order.
+    std::sort(picks.end() - K, picks.end());
   }
   part.emplace(profile_, ForwardProfile::Experts);
   // Tokens grouped by expert: each selected expert's weights are read once for the batch. The
@@ -401,12 +408,12 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   float* const acts = gus + T * 2 * Is;
   std::vector<cpu::MatmulJob> jobs;
   std::vector<int64_t> active;
-  for (int64_t e = 0; e < E; ++e) {
-    const auto& toks = tokens_of[size_t(e)];
-    if (toks.empty()) continue;
-    active.push_back(e);
-    const int64_t r0 = row0[size_t(e)], n = int64_t(toks.size());
-    for (int64_t i = 0; i < n; ++i) std::copy(x + toks[size_t(i)] * D, x + (toks[size_t(i)] + 1) * D, xe + (r0 + i) * D);
+  for (int64_t e = 0; e < E; ++e)
+    if (!tokens_of[size_t(e)].empty()) active.push_back(e);
+#pragma omp parallel for schedule(static) if (R >= 64)
+  for (int64_t i = 0; i < T * K; ++i) {
+    const auto [e, j] = picks[size_t(i)];
+    std::copy(x + (i / K) * D, x + (i / K + 1) * D, xe + (row0[size_t(e)] + j) * D);
   }
   // A prompt gives each routed expert a few dozen tokens: products too small to split well
   // across threads. Then each expert runs whole (gate/up, SiLU, down) on one thread, the
@@ -451,14 +458,14 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
     }
     cpu::matmul_batch(jobs);
   }
-  for (int64_t e = 0; e < E; ++e) {
-    const auto& toks = tokens_of[size_t(e)];
-    for (size_t i = 0; i < toks.size(); ++i) {
-      const float w = weights_of[size_t(e)][i];
-      const float* y = ye + (row0[size_t(e)] + int64_t(i)) * D;
-      for (int64_t d = 0; d < D; ++d) out[toks[i] * D + d] += w * y[d];
+#pragma omp parallel for schedule(static) if (T >= 16)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      const auto [e, j] = picks[size_t(t * K + k)];
+      const float w = weights_of[size_t(e)][size_t(j)];
+      const float* y = ye + (row0[size_t(e)] + j) * D;
+      for (int64_t d = 0; d < D; ++d) out[t * D + d] += w * y[d];
     }
-  }
 }
 
 }  // namespace mla

@@ -100,10 +100,17 @@ void matmul_amx(const float* x, int64_t T, int64_t ldx, const MatrixView& W, flo
     const int64_t tn = std::min(pass, T - t0);
     if (s.a.size() < size_t(tn * K)) s.a.resize(size_t(tn * K));
     if (s.p.size() < size_t(amx_packed_size(tn, K))) s.p.resize(size_t(amx_packed_size(tn, K)));
-    activations_bf16(x + t0 * ldx, tn, ldx, K, W.format, !direct, s.a.data(), K);
-    amx_pack_activations(s.a.data(), tn, K, K, s.p.data());
     const uint16_t* xp = s.p.data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel
+    {
+    // Activations to bf16 and packed, 16 tokens (one token tile) per iteration.
+#pragma omp for schedule(static)
+    for (int64_t tb = 0; tb < (tn + 15) / 16; ++tb) {
+      const int64_t m0 = tb * 16, mn = std::min<int64_t>(16, tn - m0);
+      activations_bf16(x + (t0 + m0) * ldx, mn, ldx, K, W.format, !direct, s.a.data() + m0 * K, K);
+      amx_pack_activations(s.a.data() + m0 * K, mn, K, K, s.p.data() + m0 * K);
+    }
+#pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t n0 = b * kAmxRows, nr = std::min(kAmxRows, N - n0);
       thread_local std::vector<uint16_t> rows;  // decoded or padded rows
@@ -116,6 +123,7 @@ void matmul_amx(const float* x, int64_t T, int64_t ldx, const MatrixView& W, flo
         w = rows.data();
       }
       amx_gemm_rows32(xp, tn, K, w, K, nr, direct && nr == kAmxRows, y + t0 * ldy + n0, ldy);
+    }
     }
   }
 }

@@ -101,6 +101,7 @@ void rmsnorm(const float* x, int64_t T, int64_t n, int64_t ldx, const float* w, 
 }
 
 void silu_mul(const float* gate_up, int64_t T, int64_t n, float* out) {
+#pragma omp parallel for schedule(static) if (T * n >= (int64_t(1) << 16))
   for (int64_t t = 0; t < T; ++t) {
     const float* g = gate_up + t * 2 * n;
     const float* u = g + n;
