@@ -122,10 +122,11 @@ __attribute__((target("amx-tile"))) void load_tile_config() {
 
 __attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
 
-// out[j] = column j of the 16 x 16 row-major block in (four rounds of AVX-512 shuffles).
-inline void transpose16(const float* in, __m512 out[16]) {
+// out[j] = column j of the 16 x 16 block in (rows ld floats apart; rows from `rows` on read as
+// zero), in four rounds of AVX-512 shuffles.
+inline void transpose16(const float* in, int64_t ld, int64_t rows, __m512 out[16]) {
   __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(in + 16 * i);
+  for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(in + ld * i) : _mm512_setzero_ps();
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
@@ -156,21 +157,14 @@ bool amx_available() {
 int64_t amx_packed_size(int64_t M, int64_t K) { return (M + kBlock - 1) / kBlock * kBlock * K; }
 
 void amx_pack_activations(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, uint16_t* out) {
+  // Per token block and step: the 16 tokens' 16 column pairs, transposed (a pair is 32 bits).
   const int64_t Mb = (M + kBlock - 1) / kBlock, Kc = K / kStep;
-  uint32_t* o = reinterpret_cast<uint32_t*>(out);
   for (int64_t tb = 0; tb < Mb; ++tb)
-    for (int64_t m = 0; m < kBlock; ++m) {
-      const int64_t t = tb * kBlock + m;
-      for (int64_t s = 0; s < Kc; ++s) {
-        uint32_t* tile = o + (tb * Kc + s) * (kTileValues / 2);
-        if (t < M) {
-          uint32_t pairs[16];
-          std::memcpy(pairs, x + t * ldx + s * kStep, sizeof pairs);
-          for (int p = 0; p < 16; ++p) tile[p * kBlock + m] = pairs[p];
-        } else {
-          for (int p = 0; p < 16; ++p) tile[p * kBlock + m] = 0;
-        }
-      }
+    for (int64_t s = 0; s < Kc; ++s) {
+      __m512 pairs[16];
+      transpose16(reinterpret_cast<const float*>(x + tb * kBlock * ldx + s * kStep), ldx / 2, M - tb * kBlock, pairs);
+      float* tile = reinterpret_cast<float*>(out + (tb * Kc + s) * kTileValues);
+      for (int p = 0; p < 16; ++p) _mm512_storeu_ps(tile + p * kBlock, pairs[p]);
     }
 }
 
@@ -192,7 +186,7 @@ void amx_gemm_rows32(const uint16_t* xp, int64_t M, int64_t K, const uint16_t* W
         const int64_t r0 = rb * kBlock, nr = std::min(kBlock, rows - r0);
         if (nr <= 0) continue;
         __m512 col[16];  // col[m]: token m's 16 rows
-        transpose16(c + (rb * 3 + j) * kBlock * kBlock, col);
+        transpose16(c + (rb * 3 + j) * kBlock * kBlock, kBlock, kBlock, col);
         const __mmask16 keep = __mmask16((1u << nr) - 1);
         for (int64_t m = 0; m < nt_rows; ++m) _mm512_mask_storeu_ps(y + (t0 + m) * ldy + r0, keep, col[m]);
       }

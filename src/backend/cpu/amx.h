@@ -14,8 +14,9 @@ bool amx_available();
 // Size in bf16 values of the packed activations of M tokens (M rounded up to 16) by K columns.
 int64_t amx_packed_size(int64_t M, int64_t K);
 
-// Packs x [M, K] (bf16, row stride ldx, K % 32 == 0) into B tiles: for each block of 16 tokens
-// and each step of 32 columns, 16 column pairs x 16 tokens x 2 values. Tokens past M are zero.
+// Packs x [M, K] (bf16, row stride ldx even, K % 32 == 0) into B tiles: for each block of 16
+// tokens and each step of 32 columns, 16 column pairs x 16 tokens x 2 values. Tokens past M are
+// zero.
 void amx_pack_activations(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, uint16_t* out);
 
 // y[t, r] = sum over k of W[r, k] x[t, k] for r < rows (at most 32), t < M, with xp packed by
