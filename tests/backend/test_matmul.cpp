@@ -497,18 +497,18 @@ TEST(Matmul, BatchOfJobsEqualsEachAlone) {
 }
 
 TEST(Matmul, FastPrecisionPromptSizedProducts) {
-  // The fast precision's GEMM path (AMX tiles where the CPU has them, else oneDNN) over the token
-  // counts that exercise its token groups of 16 and 48 and its passes of tokens, with a short
-  // last block of weight rows, against W x in double on bf16-rounded activations. The sums run in
+  // The fast precision's GEMM paths (AMX tiles where the CPU has them, up to 127 tokens; oneDNN
+  // above and without AMX) over token counts that exercise the kernel's token groups of 16 and 48
+  // and its passes of tokens (K = 7168: 48 tokens a pass), with a short last block of rows, against W x in double on bf16-rounded activations. The sums run in
   // float32 in another order: per output at most one rounding per pair of columns plus a few,
   // (cols / 2 + 16) * 2^-24 of the sum of the terms' magnitudes.
   std::mt19937 rng(11);
   PrecisionScope scope(mla::cpu::Precision::Fast);
   for (WeightFormat f : {WeightFormat::BF16, WeightFormat::FP8_BLOCK128, WeightFormat::INT4_GROUP})
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{77, 2048}, {64, 96}}) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{77, 2048}, {40, 7168}, {64, 96}}) {
       Owned m = random_matrix(f, rows, cols, rng);
-      for (int64_t T : {13, 16, 47, 48, 49, 100, 300}) {
-        if (cols < 1000 && T > 100) continue;
+      for (int64_t T : {13, 16, 47, 48, 49, 100, 127, 300}) {
+        if (cols != 2048 && T > 127) continue;
         const int64_t ldx = cols + 3, ldy = rows + 5;
         auto x = random_vec(size_t(T * ldx), rng);
         std::vector<float> y(size_t(T * ldy), -1.0f);
