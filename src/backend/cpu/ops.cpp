@@ -41,19 +41,24 @@ constexpr int64_t kBlockRows = 64;
 // Up to this many tokens the products run on the GEMV kernels (gemv.h: weight rows streamed and
 // dotted with 4 tokens at a time, so 12 tokens read a weight 3 times, from cache after the
 // first). In the precise mode up to 16: its alternative, weights dequantized to float32 for
-// sgemm, measured 3-9x slower there (bench/int4_expert). In the fast mode up to 12: batched
-// decode of 64 sequences (5-12 tokens per expert, mla bench --batches 64) ran 61-74 tokens/s
-// in bf16 with oneDNN's GEMM from 5 tokens on and 75-83 with the GEMV up to 12 (alternating
-// runs); FP8 and INT4, which oneDNN sees dequantized, gained more. A 7168 x 2048 product of
-// 16 tokens is faster on oneDNN (bench/int4_expert).
-int64_t gemv_max_tokens() { return precision() == Precision::Precise ? 16 : 12; }
+// sgemm, measured 3-9x slower there (bench/int4_expert). In the fast mode, FP8 and INT4 weights
+// up to 12 tokens: batched decode of 64 sequences (5-12 tokens per expert, mla bench --batches
+// 64) ran 61-74 tokens/s in bf16 with oneDNN's GEMM from 5 tokens on and 75-83 with the GEMV up
+// to 12 (alternating runs); FP8 and INT4 gained more, and against the AMX kernel (dequantizing
+// 32 rows at a time) they still ran 104-112 against 100-104 (FP8) and 130-132 against 108-110
+// (INT4). bf16 weights, which the AMX kernel reads in place, go to it from 5 tokens on: 95-106
+// tokens/s at batch 64 with the GEMV up to 12, 106-124 with it up to 4 (alternating runs).
+int64_t gemv_max_tokens(const MatrixView& W) {
+  if (precision() == Precision::Precise) return 16;
+  return W.format == WeightFormat::BF16 ? 4 : 12;
+}
 
 }  // namespace
 
 void matmul(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
   const int64_t N = W.rows, K = W.cols;
   if (T <= 0 || N <= 0) return;
-  if (T <= gemv_max_tokens()) {
+  if (T <= gemv_max_tokens(W)) {
     gemv(x, T, ldx, W, y, ldy);
     return;
   }
@@ -83,7 +88,7 @@ void matmul_batch(std::span<const MatmulJob> jobs) {
   small.clear();
   for (const auto& j : jobs) {
     if (j.T <= 0 || j.W.rows <= 0) continue;
-    if (j.T <= gemv_max_tokens()) small.push_back(j);
+    if (j.T <= gemv_max_tokens(j.W)) small.push_back(j);
     else matmul(j.x, j.T, j.ldx, j.W, j.y, j.ldy);
   }
   gemv_batch(small);
