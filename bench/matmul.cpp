@@ -1,6 +1,7 @@
 // Throughput of cpu::matmul on decode- and prompt-sized products, per weight format, against the
 // limits measured in the same run: the AVX-512 read loop's bandwidth (for few tokens, where the
-// weights are read once per product) and oneDNN's bf16 matmul on the same shape (for many).
+// weights are read once per product) and oneDNN's bf16 matmul on the same shape (for many, and
+// for a prompt's share of tokens per expert).
 // The weights (about 2 GB per format) are larger than the caches, so every product reads DRAM.
 //
 //   bench/matmul [--quick] [--threads N] [--huge 0|1] [--l2]   (--l2: only the in-cache table)
@@ -197,6 +198,42 @@ int main(int argc, char** argv) {
     mla::cpu::set_num_threads(saved_threads);
     mla::cpu::set_gemv_bf16_max_tokens(saved_bf16);
     mla::cpu::set_precision(mla::cpu::Precision::Precise);
+  }
+
+  // A prompt's routed experts: 48 tokens through each of 2816 x 2048 bf16 experts (DeepSeek-V2-
+  // Lite's gate and up projections), one expert per thread, the set larger than the caches.
+  // The fast path (our AMX kernel where the CPU has AMX) against oneDNN's matmul on the same
+  // bf16 operands, which packs each expert's weights on every call.
+  if (!l2_only) {
+    const int64_t T = 48, N = 2816, K = 2048;
+    const int count = int(std::max<size_t>(4, target / size_t(N * K * 2)));
+    Set s = make_set(mla::WeightFormat::BF16, N, K, count, huge);
+    mla::cpu::set_precision(mla::cpu::Precision::Fast);
+    std::vector<float> x(size_t(T * K), 0.01f);
+    std::vector<uint16_t> a(size_t(T * K), mla::f32_to_bf16(0.01f));
+    const int nt = mla::cpu::num_threads();
+    std::vector<std::vector<float>> y(size_t(nt), std::vector<float>(size_t(T * N)));
+    auto pass = [&](bool ours) {
+      double best = 1e30;
+      for (int r = 0; r < reps; ++r) {
+        auto t = Clock::now();
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int e = 0; e < count; ++e) {
+          float* out = y[size_t(omp_get_thread_num())].data();
+          if (ours) mla::cpu::matmul(x.data(), T, K, s.views[size_t(e)], out, N);
+          else mla::cpu::gemm_bf16_nt(a.data(), T, K, static_cast<const uint16_t*>(s.views[size_t(e)].data), N, K, K, out, N);
+        }
+        best = std::min(best, since(t));
+      }
+      return best;
+    };
+    const double ours = pass(true), onednn = pass(false);
+    std::printf("\nexperts: %d of %lldx%lld bf16, %lld tokens each, one per thread: fast path %.1f ms (%.1f GB/s, %.0f "
+                "GFLOPS), oneDNN %.1f ms (%.1f GB/s); ours / oneDNN time %.2f\n",
+                count, (long long)N, (long long)K, (long long)T, ours * 1e3, double(s.bytes) / ours / 1e9,
+                2.0 * T * N * K * count / ours / 1e9, onednn * 1e3, double(s.bytes) / onednn / 1e9, ours / onednn);
+    mla::cpu::set_precision(mla::cpu::Precision::Precise);
+    munmap(const_cast<void*>(s.views[0].data), s.bytes);
   }
 
   // Prompt: 512 tokens through a 2048 x 2048 bf16 matrix, fast (AMX) and precise.

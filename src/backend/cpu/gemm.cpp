@@ -240,9 +240,9 @@ void matmul_bf16(const float* x, int64_t T, int64_t ldx, const MatrixView& W, fl
   thread_local Scratch s;
   // Our AMX kernel for up to kAmxMaxTokens tokens (an expert's share of a prompt or of a batch),
   // oneDNN's matmul above: on one 2816 x 2048 bf16 matrix split over 2 threads, ours ran 796,
-  // 932 and 935 GFLOPS at 64, 128 and 256 tokens against oneDNN's 820, 1006 and 1213; on 256
-  // cold 48-token experts, one per thread, ours read 17.9 GB/s of weights, oneDNN (which packs
-  // the weights on every call) well under half of that.
+  // 932 and 935 GFLOPS at 64, 128 and 256 tokens against oneDNN's 820, 1006 and 1213; on 186
+  // experts of that shape read from DRAM, 48 tokens each, one per thread (bench/matmul), ours
+  // read 19.9 GB/s of weights and oneDNN, which packs the weights on every call, 14.3.
   if (amx_available() && K % kChunk == 0 && T < kAmxMaxTokens) {
     matmul_amx(x, T, ldx, W, y, ldy, s);
     return;
