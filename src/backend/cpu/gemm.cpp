@@ -84,7 +84,8 @@ constexpr int64_t kAmxMaxTokens = 128;
 // Tokens per pass of the AMX path. The packed activations of a pass (2 K bytes per token) are
 // read again for every 32 weight rows, so a pass keeps them within about 1 MiB, half of L2: 240
 // tokens at K = 2048, 48 at K = 7168, a multiple of 48 (the kernel's token group). Measured on
-// 2048 x 2816 products (2 threads): 256 tokens ran 1.17 TFLOPS, 512 tokens in one pass 1.05.
+// 2816 x 2048 experts, one per thread (2 threads): 256 tokens in one pass ran 1.17 TFLOPS, 512
+// tokens 1.05.
 int64_t amx_pass_tokens(int64_t K) { return std::clamp<int64_t>((int64_t(1) << 19) / K / 48 * 48, 48, 512); }
 
 // The AMX path of matmul_bf16: activations packed once per pass of tokens, the weight rows split
@@ -248,8 +249,9 @@ void matmul_bf16(const float* x, int64_t T, int64_t ldx, const MatrixView& W, fl
     return;
   }
   const bool direct = W.format == WeightFormat::BF16;  // used in place, natural column order
-  // Without AMX (or with K not a multiple of 32): oneDNN's matmul on bf16 operands, bf16
-  // weights as they are stored, other formats dequantized a block of rows at a time.
+  // 128 tokens and more, or no AMX, or K not a multiple of 32: oneDNN's matmul on bf16
+  // operands, bf16 weights as they are stored, other formats dequantized a block of rows at a
+  // time.
   const int64_t Mp = bucket_rows(T);
   if (s.a.size() < size_t(Mp * K)) s.a.resize(size_t(Mp * K));
   activations_bf16(x, T, ldx, K, W.format, !direct, s.a.data(), K);
