@@ -130,6 +130,31 @@ bool has_bf16_kernel(WeightFormat f) {
   return f == WeightFormat::BF16 || f == WeightFormat::FP8_BLOCK128 || f == WeightFormat::INT4_GROUP;
 }
 
+// y against W x in double on bf16-rounded activations (and, with round_weights, bf16-rounded
+// weights, as the GEMM paths see them): |y - ref| <= tol * sum_k |w_k x_k| + slack per output.
+void expect_close_bf16(const MatrixView& W, const float* x, int64_t T, int64_t ldx, const std::vector<float>& y,
+                       int64_t ldy, double tol, double slack, bool round_weights, const std::string& what) {
+  std::vector<float> row(static_cast<size_t>(W.cols));
+  int bad = 0;
+  for (int64_t n = 0; n < W.rows; ++n) {
+    W.dequant_row(n, row.data());
+    if (round_weights)
+      for (auto& w : row) w = mla::bf16_to_f32(mla::f32_to_bf16(w));
+    for (int64_t t = 0; t < T; ++t) {
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < W.cols; ++k) {
+        const double p = double(row[size_t(k)]) * mla::bf16_to_f32(mla::f32_to_bf16(x[t * ldx + k]));
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const float a = y[size_t(t * ldy + n)];
+      if (!(std::fabs(double(a) - ref) <= tol * mag + slack) && bad++ < 5)
+        ADD_FAILURE() << what << " row " << n << " token " << t << ": " << a << " vs reference " << ref << " (terms "
+                      << mag << ", error " << std::fabs(double(a) - ref) / mag << " of them, bound " << tol << ")";
+    }
+  }
+}
+
 // The fast precision's bf16 kernels (bf16, FP8, INT4 weights) against W x computed in double on
 // the activations rounded to bf16, as those kernels see them. Each product of a bf16 activation
 // and a decoded weight (exact in bf16; INT4's group scale and FP8's block scale multiply partial
@@ -143,25 +168,8 @@ bool has_bf16_kernel(WeightFormat f) {
 // keep the float32 kernels and are checked as in precise mode.
 void expect_close_fast(const MatrixView& W, const float* x, int64_t T, int64_t ldx, const std::vector<float>& y,
                        int64_t ldy, const std::string& what) {
-  std::vector<float> row(static_cast<size_t>(W.cols));
   const double m = double(W.cols) / 8 + 3.0 * double(W.cols % 64) + 12;
-  const double tol = m * std::ldexp(1.0, -24);
-  int bad = 0;
-  for (int64_t n = 0; n < W.rows; ++n) {
-    W.dequant_row(n, row.data());
-    for (int64_t t = 0; t < T; ++t) {
-      double ref = 0, mag = 0;
-      for (int64_t k = 0; k < W.cols; ++k) {
-        const double p = double(row[size_t(k)]) * mla::bf16_to_f32(mla::f32_to_bf16(x[t * ldx + k]));
-        ref += p;
-        mag += std::fabs(p);
-      }
-      const float a = y[size_t(t * ldy + n)];
-      if (!(std::fabs(double(a) - ref) <= tol * mag + 1e-30) && bad++ < 5)
-        ADD_FAILURE() << what << " row " << n << " token " << t << ": " << a << " vs reference " << ref << " (terms "
-                      << mag << ", error " << std::fabs(double(a) - ref) / mag << " of them, bound " << tol << ")";
-    }
-  }
+  expect_close_bf16(W, x, T, ldx, y, ldy, m * std::ldexp(1.0, -24), 1e-30, false, what);
 }
 
 const WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16, WeightFormat::FP8_BLOCK128,
@@ -498,10 +506,11 @@ TEST(Matmul, BatchOfJobsEqualsEachAlone) {
 
 TEST(Matmul, FastPrecisionPromptSizedProducts) {
   // The fast precision's GEMM paths (AMX tiles where the CPU has them, up to 127 tokens; oneDNN
-  // above and without AMX) over token counts that exercise the kernel's token groups of 16 and 48
-  // and its passes of tokens (K = 7168: 48 tokens a pass), with a short last block of rows, against W x in double on bf16-rounded activations. The sums run in
-  // float32 in another order: per output at most one rounding per pair of columns plus a few,
-  // (cols / 2 + 16) * 2^-24 of the sum of the terms' magnitudes.
+  // above and without AMX) over token counts that exercise the kernel's token groups of 16 and
+  // 48 and its passes of tokens (K = 7168: 48 tokens a pass), with a short last block of rows,
+  // against W x in double on bf16-rounded weights and activations. The sums run in float32 in
+  // another order: per output at most one rounding per pair of columns plus a few, (cols / 2 +
+  // 16) * 2^-24 of the sum of the terms' magnitudes.
   std::mt19937 rng(11);
   PrecisionScope scope(mla::cpu::Precision::Fast);
   for (WeightFormat f : {WeightFormat::BF16, WeightFormat::FP8_BLOCK128, WeightFormat::INT4_GROUP})
@@ -513,25 +522,9 @@ TEST(Matmul, FastPrecisionPromptSizedProducts) {
         auto x = random_vec(size_t(T * ldx), rng);
         std::vector<float> y(size_t(T * ldy), -1.0f);
         mla::cpu::matmul_bf16(x.data(), T, ldx, m.view, y.data(), ldy);
-        std::vector<float> row(static_cast<size_t>(cols));
-        const double tol = (double(cols) / 2 + 16) * std::ldexp(1.0, -24);
-        int bad = 0;
-        for (int64_t n = 0; n < rows; ++n) {
-          m.view.dequant_row(n, row.data());
-          for (int64_t t = 0; t < T; ++t) {
-            double ref = 0, mag = 0;
-            for (int64_t k = 0; k < cols; ++k) {
-              const double p = double(mla::bf16_to_f32(mla::f32_to_bf16(row[size_t(k)]))) *
-                               mla::bf16_to_f32(mla::f32_to_bf16(x[size_t(t * ldx + k)]));
-              ref += p;
-              mag += std::fabs(p);
-            }
-            const float a = y[size_t(t * ldy + n)];
-            if (!(std::fabs(double(a) - ref) <= tol * mag) && bad++ < 5)
-              ADD_FAILURE() << mla::weight_format_name(f) << " " << rows << "x" << cols << " T=" << T << " row " << n
-                            << " token " << t << ": " << a << " vs " << ref << " (terms " << mag << ")";
-          }
-        }
+        expect_close_bf16(m.view, x.data(), T, ldx, y, ldy, (double(cols) / 2 + 16) * std::ldexp(1.0, -24), 0.0, true,
+                          std::string(mla::weight_format_name(f)) + " " + std::to_string(rows) + "x" +
+                              std::to_string(cols) + " T=" + std::to_string(T));
         for (int64_t t = 0; t < T; ++t)
           for (int64_t n = rows; n < ldy; ++n) ASSERT_EQ(y[size_t(t * ldy + n)], -1.0f) << "wrote past the rows";
       }
