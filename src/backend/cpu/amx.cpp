@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <initializer_list>
 
 namespace mla::cpu {
