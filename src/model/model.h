@@ -89,6 +89,11 @@ class Model {
   // layers and passes, so a prompt does not allocate and zero ~100 MB of fresh pages per layer.
   // Grows to the largest batch seen.
   std::vector<float> mlp_scratch_;
+  // The forward pass's own activations (residual stream, normed input, q, latents, attention
+  // output, layer output), reused the same way: fresh vectors cost a prompt ~20 ms of page faults.
+  struct ForwardScratch {
+    std::vector<float> h, x, qa, q, kv, attn, delta;
+  } fwd_;
 };
 
 }  // namespace mla

@@ -254,10 +254,18 @@ void matmul_bf16(const float* x, int64_t T, int64_t ldx, const MatrixView& W, fl
   // time.
   const int64_t Mp = bucket_rows(T);
   if (s.a.size() < size_t(Mp * K)) s.a.resize(size_t(Mp * K));
-  activations_bf16(x, T, ldx, K, W.format, !direct, s.a.data(), K);
-  std::fill(s.a.begin() + T * K, s.a.begin() + Mp * K, uint16_t(0));
+  uint16_t* const a = s.a.data();  // the workers below see this thread's scratch through these
+  // The conversion and the copy of the result run on every thread: a prompt makes dozens of
+  // these calls, and on one thread they left the others idle for milliseconds each.
+#pragma omp parallel for schedule(static) if (T >= 64)
+  for (int64_t t0 = 0; t0 < T; t0 += 16)
+    activations_bf16(x + t0 * ldx, std::min<int64_t>(16, T - t0), ldx, K, W.format, !direct, a + t0 * K, K);
+  std::fill(a + T * K, a + Mp * K, uint16_t(0));
   const int64_t nb = direct ? kBlockN : std::min(kBlockN, kDequantRows);
-  if (s.c.size() < size_t(Mp * std::min(N, nb))) s.c.resize(size_t(Mp * std::min(N, nb)));
+  // When no rows were padded, oneDNN writes y itself.
+  const bool in_place = Mp == T;
+  if (!in_place && s.c.size() < size_t(Mp * std::min(N, nb))) s.c.resize(size_t(Mp * std::min(N, nb)));
+  float* const c = s.c.data();
   for (int64_t n0 = 0; n0 < N; n0 += nb) {
     const int64_t bn = std::min(nb, N - n0);
     const uint16_t* B;
@@ -270,8 +278,13 @@ void matmul_bf16(const float* x, int64_t T, int64_t ldx, const MatrixView& W, fl
       for (int64_t r = 0; r < bn; r += 16) dequant_rows_bf16(W, n0 + r, std::min(bn, r + 16) + n0, w + r * K, K);
       B = w;
     }
-    gemm_bf16_nt(s.a.data(), Mp, K, B, bn, K, K, s.c.data(), bn);
-    for (int64_t t = 0; t < T; ++t) std::copy(s.c.data() + t * bn, s.c.data() + (t + 1) * bn, y + t * ldy + n0);
+    if (in_place) {
+      gemm_bf16_nt(a, Mp, K, B, bn, K, K, y + n0, ldy);
+      continue;
+    }
+    gemm_bf16_nt(a, Mp, K, B, bn, K, K, c, bn);
+#pragma omp parallel for schedule(static) if (T >= 64)
+    for (int64_t t = 0; t < T; ++t) std::copy(c + t * bn, c + (t + 1) * bn, y + t * ldy + n0);
   }
 }
 

@@ -95,6 +95,7 @@ void matmul_batch(std::span<const MatmulJob> jobs) {
 }
 
 void rmsnorm(const float* x, int64_t T, int64_t n, int64_t ldx, const float* w, float eps, float* out, int64_t ldo) {
+#pragma omp parallel for schedule(static) if (T * n >= (int64_t(1) << 16))
   for (int64_t t = 0; t < T; ++t) {
     const float* xr = x + t * ldx;
     double ss = 0;

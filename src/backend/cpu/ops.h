@@ -26,7 +26,8 @@ void matmul_batch(std::span<const MatmulJob> jobs);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
-// out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of n values with the given strides.
+// out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, rows of n values with the given strides (split
+// across the threads when there are many). out may be x.
 void rmsnorm(const float* x, int64_t T, int64_t n, int64_t ldx, const float* w, float eps, float* out, int64_t ldo);
 
 // gate_up: [T, 2n] as (gate | up) per row -> out[T, n] = silu(gate) * up.
