@@ -23,6 +23,8 @@
 #include <algorithm>
 #include <initializer_list>
 
+#include "backend/cpu/vec_math.h"
+
 namespace mla::cpu {
 
 namespace {
@@ -121,31 +123,6 @@ __attribute__((target("amx-tile"))) void load_tile_config() {
 
 __attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
 
-// out[j] = column j of the 16 x 16 block in (rows ld floats apart; rows from `rows` on read as
-// zero), in four rounds of AVX-512 shuffles.
-inline void transpose16(const float* in, int64_t ld, int64_t rows, __m512 out[16]) {
-  __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(in + ld * i) : _mm512_setzero_ps();
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int j = 0; j < 4; ++j) {
-    r[4 * j + 0] = _mm512_shuffle_ps(t[4 * j], t[4 * j + 2], 0x44);
-    r[4 * j + 1] = _mm512_shuffle_ps(t[4 * j], t[4 * j + 2], 0xEE);
-    r[4 * j + 2] = _mm512_shuffle_ps(t[4 * j + 1], t[4 * j + 3], 0x44);
-    r[4 * j + 3] = _mm512_shuffle_ps(t[4 * j + 1], t[4 * j + 3], 0xEE);
-  }
-  for (int i : {0, 1, 2, 3, 8, 9, 10, 11}) {
-    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
-  }
-  for (int i = 0; i < 8; ++i) {
-    out[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-    out[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
-  }
-}
-
 }  // namespace
 
 bool amx_available() {
@@ -161,7 +138,8 @@ void amx_pack_activations(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, 
   for (int64_t tb = 0; tb < Mb; ++tb)
     for (int64_t s = 0; s < Kc; ++s) {
       __m512 pairs[16];
-      transpose16(reinterpret_cast<const float*>(x + tb * kBlock * ldx + s * kStep), ldx / 2, M - tb * kBlock, pairs);
+      vec::transpose16(reinterpret_cast<const float*>(x + tb * kBlock * ldx + s * kStep), ldx / 2, M - tb * kBlock,
+                       pairs);
       float* tile = reinterpret_cast<float*>(out + (tb * Kc + s) * kTileValues);
       for (int p = 0; p < 16; ++p) _mm512_storeu_ps(tile + p * kBlock, pairs[p]);
     }
@@ -185,7 +163,7 @@ void amx_gemm_rows32(const uint16_t* xp, int64_t M, int64_t K, const uint16_t* W
         const int64_t r0 = rb * kBlock, nr = std::min(kBlock, rows - r0);
         if (nr <= 0) continue;
         __m512 col[16];  // col[m]: token m's 16 rows
-        transpose16(c + (rb * 3 + j) * kBlock * kBlock, kBlock, kBlock, col);
+        vec::transpose16(c + (rb * 3 + j) * kBlock * kBlock, kBlock, kBlock, col);
         const __mmask16 keep = __mmask16((1u << nr) - 1);
         for (int64_t m = 0; m < nt_rows; ++m) _mm512_mask_storeu_ps(y + (t0 + m) * ldy + r0, keep, col[m]);
       }

@@ -24,11 +24,12 @@ constexpr int64_t kScoreBudget = int64_t(1) << 22;
 // Query rows per block of the expand path's causal attention.
 constexpr int64_t kExpandRows = 64;
 
-// Masks row r (query position qpos) of scores [*, S] and normalises it; returns its lse.
+// Masks row r (query position qpos) of scores [*, S] and normalises it; returns its lse. The
+// masked scores get probability 0 without an exponential.
 float causal_softmax(float* s, int64_t S, int64_t qpos, int64_t k_pos0) {
-  int64_t visible = std::clamp<int64_t>(qpos - k_pos0 + 1, 0, S);
-  for (int64_t j = visible; j < S; ++j) s[j] = kNegInf;
-  return softmax_inplace(s, S);
+  const int64_t visible = std::clamp<int64_t>(qpos - k_pos0 + 1, 0, S);
+  std::fill(s + visible, s + S, 0.0f);
+  return softmax_inplace(s, visible);
 }
 
 int64_t round32(int64_t n) { return (n + 31) / 32 * 32; }
@@ -45,17 +46,25 @@ void attention_expand_amx(const ExpandArgs& a, int64_t tb, float* out, float* ls
     std::vector<uint16_t> K(static_cast<size_t>(S32 * qk)), Vt(static_cast<size_t>(V32 * S32), 0),
         Qb(static_cast<size_t>(tb * qk)), Qp(static_cast<size_t>(amx_packed_size(tb, qk))),
         Pb(static_cast<size_t>(tb * S32)), Pp(static_cast<size_t>(amx_packed_size(tb, S32)));
-    std::vector<float> Q(static_cast<size_t>(tb * qk)), P(static_cast<size_t>(tb * S32)), row(static_cast<size_t>(qk));
+    std::vector<float> Q(static_cast<size_t>(tb * qk)), P(static_cast<size_t>(tb * S32));
+    // The keys' rope part is every head's.
+    activations_bf16(a.k_pe, a.S, a.ld_kpe, a.rope, WeightFormat::BF16, false, K.data() + a.nope, qk);
 #pragma omp for schedule(dynamic)
     for (int64_t h = 0; h < a.H; ++h) {
-      for (int64_t j = 0; j < a.S; ++j) {
-        const float* src = a.kv + j * ldkv + h * (a.nope + a.v);
-        std::copy(src, src + a.nope, row.data());
-        std::copy(a.k_pe + j * a.ld_kpe, a.k_pe + j * a.ld_kpe + a.rope, row.data() + a.nope);
-        activations_bf16(row.data(), 1, qk, qk, WeightFormat::BF16, false, K.data() + j * qk, qk);
-        for (int64_t d = 0; d < a.v; ++d) Vt[size_t(d * S32 + j)] = f32_to_bf16(src[a.nope + d]);
-      }
-      std::fill(K.begin() + a.S * qk, K.end(), uint16_t(0));
+      const float* kvh = a.kv + h * (a.nope + a.v);
+      activations_bf16(kvh, a.S, ldkv, a.nope, WeightFormat::BF16, false, K.data(), qk);
+      // Vt[d, j] = V[j, d], 16 x 16 blocks at a time (keys past S read as zero).
+      const int64_t v16 = a.v / 16 * 16;
+      for (int64_t j0 = 0; j0 < a.S; j0 += 16)
+        for (int64_t d0 = 0; d0 < v16; d0 += 16) {
+          __m512 col[16];
+          vec::transpose16(kvh + j0 * ldkv + a.nope + d0, ldkv, std::min<int64_t>(16, a.S - j0), col);
+          for (int i = 0; i < 16; ++i)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(Vt.data() + (d0 + i) * S32 + j0),
+                                reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(col[i])));
+        }
+      for (int64_t j = 0; j < a.S; ++j)
+        for (int64_t d = v16; d < a.v; ++d) Vt[size_t(d * S32 + j)] = f32_to_bf16(kvh[j * ldkv + a.nope + d]);
       for (int64_t t0 = 0; t0 < a.T; t0 += tb) {
         const int64_t nt = std::min(tb, a.T - t0);
         for (int64_t t = 0; t < nt; ++t) {

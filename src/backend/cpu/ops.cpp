@@ -132,7 +132,13 @@ void rope_interleaved(float* x, const float* cos, const float* sin, int64_t half
 
 float softmax_inplace(float* x, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  int64_t k = 0;
+  if (n >= 16) {
+    __m512 mv = _mm512_set1_ps(m);
+    for (; k + 16 <= n; k += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + k));
+    m = _mm512_reduce_max_ps(mv);
+  }
+  for (; k < n; ++k) m = std::max(m, x[k]);
   if (m == -std::numeric_limits<float>::infinity()) {
     for (int64_t i = 0; i < n; ++i) x[i] = 0;
     return m;

@@ -1,9 +1,10 @@
-// exp on 16 float lanes (AVX-512), for the element-wise parts of the forward pass: SiLU and the
-// attention softmax, tens of millions of exponentials per prompt. Cody-Waite reduction
+// AVX-512 helpers of the CPU kernels. exp on 16 float lanes, for the element-wise parts of the
+// forward pass: SiLU and the attention softmax, tens of millions of exponentials per prompt. Cody-Waite reduction
 // x = n ln2 + r (|r| <= ln2/2, ln2 split in two so r is exact to float rounding), a degree-6
 // polynomial for e^r (Cephes' expf coefficients), and 2^n applied by vscalefps, which also
 // gives +inf above ~88.7 and 0 / subnormals below. Within 2 ulp of expf over the float range
-// (tests/backend/test_matmul.cpp checks it against std::exp). Internal to src/backend/cpu.
+// (tests/backend/test_matmul.cpp checks it against std::exp). A 16 x 16 float transpose (the AMX
+// kernel's packing and results, the attention's values). Internal to src/backend/cpu.
 #pragma once
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on _mm512_undefined_ps() (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -12,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 
 namespace mla::cpu::vec {
 
@@ -51,6 +53,31 @@ inline double exp_shifted(float* x, int64_t n, float m) {
   for (float v : lanes) s += v;
   for (; i < n; ++i) s += (x[i] = std::exp(x[i] - m));
   return s;
+}
+
+// out[j] = column j of the 16 x 16 block in (rows ld floats apart; rows from `rows` on read as
+// zero), in four rounds of AVX-512 shuffles.
+inline void transpose16(const float* in, int64_t ld, int64_t rows, __m512 out[16]) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(in + ld * i) : _mm512_setzero_ps();
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[4 * j + 0] = _mm512_shuffle_ps(t[4 * j], t[4 * j + 2], 0x44);
+    r[4 * j + 1] = _mm512_shuffle_ps(t[4 * j], t[4 * j + 2], 0xEE);
+    r[4 * j + 2] = _mm512_shuffle_ps(t[4 * j + 1], t[4 * j + 3], 0x44);
+    r[4 * j + 3] = _mm512_shuffle_ps(t[4 * j + 1], t[4 * j + 3], 0xEE);
+  }
+  for (int i : {0, 1, 2, 3, 8, 9, 10, 11}) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
+  }
+  for (int i = 0; i < 8; ++i) {
+    out[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    out[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+  }
 }
 
 }  // namespace mla::cpu::vec
