@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <span>
 #include <sstream>
@@ -139,6 +140,95 @@ double ReadLoop::measure(int passes) {
     }
     best = std::max(best, double(per_) * threads_ / seconds_since(t0) / 1e9);
     sink_ += total;
+  }
+  return best;
+}
+
+namespace {
+
+// Adds the 64-byte lines of [p, p + n) to four accumulators (loads of whole lines only: a span's
+// last partial line, at most 63 bytes, is left out).
+inline void read_lines(const uint8_t* p, size_t n, __m512& a0, __m512& a1, __m512& a2, __m512& a3) {
+  const uint8_t* const end = p + n / 64 * 64;
+  for (; p + 256 <= end; p += 256) {
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(reinterpret_cast<const float*>(p)));
+    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(reinterpret_cast<const float*>(p + 64)));
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(reinterpret_cast<const float*>(p + 128)));
+    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(reinterpret_cast<const float*>(p + 192)));
+  }
+  for (; p < end; p += 64) a0 = _mm512_add_ps(a0, _mm512_loadu_ps(reinterpret_cast<const float*>(p)));
+}
+
+}  // namespace
+
+TokenRead::TokenRead(const ModelWeights& w, const ModelConfig& c, uint32_t seed)
+    : w_(w), experts_per_token_(c.num_experts_per_tok), rng_state_(seed) {
+  auto add = [&](const MatrixView& m) {
+    if (!m.data) return;
+    fixed_.push_back({static_cast<const uint8_t*>(m.data), m.bytes()});
+    if (m.scales) fixed_.push_back({static_cast<const uint8_t*>(m.scales), m.scale_bytes()});
+  };
+  for (const auto& L : w.layers) {
+    for (const MatrixView* m : {&L.q_a, &L.q_b, &L.q, &L.kv_a, &L.kv_b, &L.o}) add(*m);
+    if (L.moe) {
+      add(L.router);
+      if (L.has_shared) add(L.shared.gate), add(L.shared.up), add(L.shared.down);
+    } else {
+      add(L.dense.gate), add(L.dense.up), add(L.dense.down);
+    }
+  }
+  add(w.lm_head);
+}
+
+void TokenRead::draw() {
+  std::mt19937 rng(rng_state_++);
+  spans_ = fixed_;
+  auto add = [&](const MatrixView& m) {
+    spans_.push_back({static_cast<const uint8_t*>(m.data), m.bytes()});
+    if (m.scales) spans_.push_back({static_cast<const uint8_t*>(m.scales), m.scale_bytes()});
+  };
+  for (const auto& L : w_.layers) {
+    if (!L.moe || L.experts.empty()) continue;
+    std::vector<int64_t> order(L.experts.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int64_t k = 0; k < std::min<int64_t>(experts_per_token_, int64_t(order.size())); ++k) {
+      const Mlp& e = L.experts[size_t(order[size_t(k)])];
+      add(e.gate), add(e.up), add(e.down);
+    }
+  }
+  const int64_t row = int64_t(rng() % uint32_t(std::max<int64_t>(1, w_.embed.rows)));
+  spans_.push_back({static_cast<const uint8_t*>(w_.embed.data) + size_t(row) * w_.embed.row_bytes(), w_.embed.row_bytes()});
+  bytes_ = 0;
+  for (const Span& s : spans_) bytes_ += double(s.n);
+}
+
+double TokenRead::measure(int passes) {
+  double best = 0;
+  for (int r = 0; r < std::max(1, passes); ++r) {
+    draw();
+    const auto& spans = spans_;
+    const double total = bytes_;
+    auto t0 = Clock::now();
+    float sum = 0;
+    // Each thread reads an equal share of the spans laid end to end.
+#pragma omp parallel reduction(+ : sum)
+    {
+      const int nt = omp_get_num_threads(), me = omp_get_thread_num();
+      const double lo = total * me / nt, hi = total * (me + 1) / nt;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      double at = 0;
+      for (const Span& s : spans) {
+        const double s0 = std::max(lo, at), s1 = std::min(hi, at + double(s.n));
+        if (s1 > s0) read_lines(s.p + size_t(s0 - at), size_t(s1 - s0), a0, a1, a2, a3);
+        at += double(s.n);
+      }
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+      sum += lanes[0];
+    }
+    best = std::max(best, total / seconds_since(t0) / 1e9);
+    sink_ += sum;
   }
   return best;
 }
@@ -304,7 +394,8 @@ Report run(const Options& opt) {
     model->forward(std::span<SeqSlice>(&s, 1), pool, fo, logits);
     // Each timed run is followed by a pass of the read loop: on shared cores the bandwidth
     // moves with the load, so each run is set against the limit measured next to it.
-    std::vector<double> tps, bws, ratios;
+    std::vector<double> tps, bws, ratios, token_bws, token_ratios;
+    TokenRead token_read(model->weights(), c);
     ForwardProfile prof;
     for (int r = 0; r <= opt.runs; ++r) {
       model->set_profile(r > 0 ? &prof : nullptr);
@@ -321,12 +412,17 @@ Report run(const Options& opt) {
       // own buffer in a large L3 and read faster: the figure at the end.)
       bws.push_back(loop.measure(1));
       ratios.push_back(tps.back() / (bws.back() * 1e9 / rep.active.bytes));
+      // And one read of a token's own weights where they lie: the same bytes, the same pages.
+      token_bws.push_back(token_read.measure(1));
+      token_ratios.push_back(tps.back() / (token_bws.back() * 1e9 / token_read.bytes_per_pass()));
     }
     model->set_profile(nullptr);
     rep.decode_parts_ms = per_pass_ms(prof, double(prof.passes));
     rep.decode_tps = summarize(tps);
     rep.decode_bandwidth = summarize(bws);
     rep.decode_ratio = summarize(ratios);
+    rep.token_bandwidth = summarize(token_bws);
+    rep.token_ratio = summarize(token_ratios);
     say("  " + std::to_string(rep.decode_tps.median) + " tokens/s");
   }
 
@@ -454,6 +550,14 @@ std::string format_report(const Report& r) {
                   r.decode_bandwidth.median, r.decode_bandwidth.min, r.decode_bandwidth.max,
                   r.decode_bandwidth.median * 1e9 / r.active.bytes, r.decode_ratio.median, r.decode_ratio.min,
                   r.decode_ratio.max);
+    o << buf;
+    std::snprintf(buf, sizeof buf,
+                  "  read of a token's own weights where they lie (the same bytes, routed experts drawn afresh each pass) "
+                  "just after each run %.1f GB/s (median, range %.1f-%.1f) -> %.2f tokens/s; ratio to it per run %.2f "
+                  "(median, range %.2f-%.2f)\n",
+                  r.token_bandwidth.median, r.token_bandwidth.min, r.token_bandwidth.max,
+                  r.token_bandwidth.median * 1e9 / r.active.bytes, r.token_ratio.median, r.token_ratio.min,
+                  r.token_ratio.max);
     o << buf;
     std::snprintf(buf, sizeof buf, "  against the read loop at the end (best of back-to-back passes, partly from L3: %.1f GB/s -> %.2f tokens/s): %.2f\n",
                   r.bandwidth_gbps, r.limit_tps(), r.limit_tps() > 0 ? r.decode_tps.median / r.limit_tps() : 0.0);

@@ -34,6 +34,30 @@ class ReadLoop {
   float sink_ = 0;
 };
 
+// The same loop over the bytes one decoded token reads, where the model holds them (see
+// ActiveWeights): every weight but the routed experts, plus num_experts_per_tok routed experts
+// per MoE layer and one embedding row drawn afresh for each pass, as a router's choice and a new
+// token are. The limit a decode step can reach on this machine for exactly its own weights.
+class TokenRead {
+ public:
+  TokenRead(const ModelWeights& w, const ModelConfig& c, uint32_t seed = 7);
+  double measure(int passes);  // best of `passes`, GB/s
+  double bytes_per_pass() const { return bytes_; }
+
+ private:
+  struct Span {
+    const uint8_t* p;
+    size_t n;
+  };
+  void draw();  // this pass's spans
+  const ModelWeights& w_;
+  int64_t experts_per_token_;
+  uint32_t rng_state_;
+  std::vector<Span> fixed_, spans_;
+  double bytes_ = 0;
+  float sink_ = 0;
+};
+
 struct Summary {
   double median = 0, min = 0, max = 0;
 };
@@ -96,7 +120,8 @@ struct Report {
   size_t rss_bytes = 0, rss_anon_bytes = 0, rss_file_bytes = 0;
   size_t arena_bytes = 0, arena_huge_bytes = 0;  // weights copied at load, of which on huge pages
   Summary decode_tps, prompt_tps;
-  Summary decode_bandwidth, decode_ratio;  // the read loop before each decode run; the ratio per run
+  Summary decode_bandwidth, decode_ratio;  // the read loop after each decode run; the ratio per run
+  Summary token_bandwidth, token_ratio;    // TokenRead after each decode run; the ratio per run
   double prompt_flops = 0;                  // per prompt
   int64_t gemm_n = 0;
   Summary prompt_gemm_gflops, prompt_ratio;  // the GEMM probe before each prompt run; prompt GFLOPS over it
