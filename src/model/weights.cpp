@@ -65,11 +65,17 @@ class Loader {
   }
 
  private:
-  // Weight absorption: W_UV[h] is a row slice of kv_b; W_UK[h]^T is a transposed copy, kept in
-  // bf16 when kv_b is bf16 (exact) and in float32 otherwise.
+  // Weight absorption: W_UV[h] is a row slice of kv_b; W_UK[h]^T is a transposed copy. bf16 kv_b
+  // gives a bf16 copy. Block-FP8 kv_b gives an FP8 copy (the same codes, transposed, each 128 x 128
+  // block keeping its scale) when every head's rows start on a scale block, (nope + v) % 128 == 0
+  // as in DeepSeek-V3 and Kimi K2: a quarter of the float32 copy's bytes. Otherwise float32.
   void absorb(LayerWeights& L) {
     const int64_t H = cfg_.num_attention_heads, nope = cfg_.qk_nope_head_dim, vd = cfg_.v_head_dim,
                   kvr = cfg_.kv_lora_rank;
+    if (L.kv_b.format == WeightFormat::FP8_BLOCK128 && L.kv_b.row0 == 0 && (nope + vd) % 128 == 0) {
+      absorb_fp8(L);
+      return;
+    }
     const bool bf16 = L.kv_b.format == WeightFormat::BF16;
     const size_t esize = bf16 ? 2 : 4;
     auto buf = std::make_unique<std::vector<uint8_t>>(size_t(H * kvr * nope) * esize);
@@ -92,6 +98,39 @@ class Loader {
       L.w_uv.push_back(L.kv_b.slice_rows(h * (nope + vd) + nope, vd));
     }
     w_.bytes_by_format[std::string(bf16 ? "bf16" : "f32") + " (derived W_UK^T)"] += buf->size();
+    w_.owned.push_back(std::move(buf));
+  }
+
+  // W_UK[h]^T as block-FP8 [kvr, nope]: codes kv_b[h (nope + v) + d, k] at [k, d]; the scale of
+  // block (i, j) is kv_b's block (h (nope + v) / 128 + j, i).
+  void absorb_fp8(LayerWeights& L) {
+    const int64_t H = cfg_.num_attention_heads, nope = cfg_.qk_nope_head_dim, vd = cfg_.v_head_dim,
+                  kvr = cfg_.kv_lora_rank;
+    const int64_t sr = (kvr + 127) / 128, sc = (nope + 127) / 128;  // scale blocks of one head's copy
+    const size_t codes = size_t(H * kvr * nope), scale_off = (codes + 63) / 64 * 64;
+    auto buf = std::make_unique<std::vector<uint8_t>>(scale_off + size_t(H * sr * sc) * sizeof(float));
+    uint8_t* const out = buf->data();
+    float* const out_scales = reinterpret_cast<float*>(out + scale_off);
+    const uint8_t* const kb = static_cast<const uint8_t*>(L.kv_b.data);
+    const float* const kb_scales = static_cast<const float*>(L.kv_b.scales);
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t r0 = h * (nope + vd);
+      for (int64_t d = 0; d < nope; ++d)
+        for (int64_t k = 0; k < kvr; ++k) out[size_t((h * kvr + k) * nope + d)] = kb[size_t((r0 + d) * kvr + k)];
+      for (int64_t i = 0; i < sr; ++i)
+        for (int64_t j = 0; j < sc; ++j)
+          out_scales[(h * sr + i) * sc + j] = kb_scales[(r0 / 128 + j) * L.kv_b.scale_cols + i];
+      MatrixView uk;
+      uk.format = WeightFormat::FP8_BLOCK128;
+      uk.rows = kvr;
+      uk.cols = nope;
+      uk.data = out + size_t(h * kvr * nope);
+      uk.scales = out_scales + h * sr * sc;
+      uk.scale_cols = sc;
+      L.w_uk_t.push_back(uk);
+      L.w_uv.push_back(L.kv_b.slice_rows(r0 + nope, vd));
+    }
+    w_.bytes_by_format["fp8-block128 (derived W_UK^T)"] += buf->size();
     w_.owned.push_back(std::move(buf));
   }
 

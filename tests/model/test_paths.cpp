@@ -162,5 +162,55 @@ TEST(Packaging, MtpLayerIsSkipped) {
   EXPECT_NE(ck.find("model.layers.3.self_attn.kv_b_proj.weight"), nullptr);
 }
 
+// Block-FP8 kv_b_proj whose heads start on scale blocks ((nope + v) % 128 == 0, as in
+// DeepSeek-V3): the absorbed W_UK^T is an FP8 copy, the same codes transposed with each block's
+// scale. Its values equal kv_b's exactly, and the absorb path's logits follow the expand path's.
+TEST(MlaPaths, Fp8KvBAbsorbsIntoAnFp8Copy) {
+  std::ifstream f(test::fixture("deepseek-v3-fp8-tiny") + "/config.json");
+  json cfg = json::parse(f);
+  cfg["qk_nope_head_dim"] = 64;
+  cfg["v_head_dim"] = 64;
+  cfg["kv_lora_rank"] = 192;  // one whole and one partial block of 128
+  test::TempDir dir("fp8-absorb");
+  RandomCheckpointOptions ro;
+  ro.weights = RandomWeights::FP8;
+  write_random_checkpoint(dir.str(), cfg, ro);
+  auto model = Model::load(dir.str());
+  const ModelConfig& c = model->config();
+  const int64_t nope = c.qk_nope_head_dim, vd = c.v_head_dim, kvr = c.kv_lora_rank;
+  std::vector<float> kv_row(static_cast<size_t>(kvr)), uk_row(static_cast<size_t>(nope));
+  for (const auto& L : model->weights().layers) {
+    ASSERT_EQ(L.kv_b.format, WeightFormat::FP8_BLOCK128);
+    ASSERT_EQ(int64_t(L.w_uk_t.size()), c.num_attention_heads);
+    for (int64_t h = 0; h < c.num_attention_heads; ++h) {
+      const MatrixView& uk = L.w_uk_t[size_t(h)];
+      ASSERT_EQ(uk.format, WeightFormat::FP8_BLOCK128);
+      ASSERT_EQ(uk.rows, kvr);
+      ASSERT_EQ(uk.cols, nope);
+      for (int64_t d = 0; d < nope; ++d) {
+        L.kv_b.dequant_row(h * (nope + vd) + d, kv_row.data());
+        for (int64_t k = 0; k < kvr; ++k) {
+          uk.dequant_row(k, uk_row.data());
+          ASSERT_EQ(uk_row[size_t(d)], kv_row[size_t(k)]) << "head " << h << " k " << k << " d " << d;
+        }
+      }
+    }
+  }
+  const std::vector<int32_t> ids = {5, 17, 3, 99, 42, 8, 61, 7};
+  RunOptions expand, absorb;
+  expand.mode.kind = absorb.mode.kind = RunMode::Decode;
+  expand.path = AttnPath::Expand;
+  absorb.path = AttnPath::Absorb;
+  const auto le = run_logits(*model, ids, expand), la = run_logits(*model, ids, absorb);
+  ASSERT_EQ(le.size(), la.size());
+  double maxdiff = 0, maxabs = 0;
+  for (size_t i = 0; i < le.size(); ++i) {
+    maxdiff = std::max(maxdiff, double(std::fabs(le[i] - la[i])));
+    maxabs = std::max(maxabs, double(std::fabs(le[i])));
+  }
+  // float32 throughout (the default precise mode); the two algorithms sum in different orders.
+  EXPECT_LT(maxdiff, 1e-4 * maxabs);
+}
+
 }  // namespace
 }  // namespace mla
