@@ -77,4 +77,20 @@ TEST(VecMath, SiluMulAndSoftmaxMatchDouble) {
   EXPECT_EQ(s[40], 0.0f);
 }
 
+// The attention's softmax runs with subnormals flushed; the flag is the calling thread's and
+// only while the guard lives.
+TEST(VecMath, FlushDenormalsHoldsOnlyInItsScope) {
+  const unsigned before = _mm_getcsr();
+  volatile float tiny = 1e-30f, factor = 1e-10f;  // their product, 1e-40, is subnormal
+  {
+    const mla::cpu::vec::FlushDenormals flush;
+    const float flushed = tiny * factor;
+    EXPECT_EQ(flushed, 0.0f);
+  }
+  EXPECT_EQ(_mm_getcsr(), before);
+  const float kept = tiny * factor;
+  EXPECT_GT(kept, 0.0f);
+  EXPECT_LT(kept, std::numeric_limits<float>::min());
+}
+
 }  // namespace

@@ -43,6 +43,7 @@ void attention_expand_amx(const ExpandArgs& a, int64_t tb, float* out, float* ls
   const int64_t S32 = round32(a.S), V32 = round32(a.v);
 #pragma omp parallel
   {
+    const vec::FlushDenormals flush;
     std::vector<uint16_t> K(static_cast<size_t>(S32 * qk)), Vt(static_cast<size_t>(V32 * S32), 0),
         Qb(static_cast<size_t>(tb * qk)), Qp(static_cast<size_t>(amx_packed_size(tb, qk))),
         Pb(static_cast<size_t>(tb * S32)), Pp(static_cast<size_t>(amx_packed_size(tb, S32)));
@@ -107,6 +108,7 @@ void attention_expand(const ExpandArgs& a, float* out, float* lse) {
   }
 #pragma omp parallel
   {
+    const vec::FlushDenormals flush;
     std::vector<float> K(static_cast<size_t>(a.S * qk)), Q(static_cast<size_t>(tb * qk)), P(static_cast<size_t>(tb * a.S));
 #pragma omp for schedule(dynamic)
     for (int64_t h = 0; h < a.H; ++h) {
@@ -166,6 +168,7 @@ void attention_absorb(const AbsorbArgs& a, float* out_lat, float* lse) {
       }
     // One thread's share: key blocks [b0, b1) into acc [M, kv_lora] and its lse [M].
     auto run = [&](int64_t b0, int64_t b1, float* acc, float* row_lse) {
+      const vec::FlushDenormals flush;
       thread_local std::vector<float> C, P, m, l;
       if (a.gather) C.resize(static_cast<size_t>(kKeyBlock * dim));
       P.resize(static_cast<size_t>(M * kKeyBlock));
