@@ -153,8 +153,12 @@ void dequant_rows_bf16(const MatrixView& W, int64_t n0, int64_t n1, uint16_t* ds
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = static_cast<const uint8_t*>(W.data) + size_t(n) * W.row_bytes();
     uint16_t* out = dst + (n - n0) * ld;
+    // The rows come from memory (a prompt's experts, read once): each decoder's prefetch runs
+    // ahead as in the GEMV kernels. A 512-token FP8 prompt (mla bench) ran 479-499 tokens/s with
+    // it against 408-427 without, INT4 559-570 against 506-546 (alternating runs).
     auto run = [&](const auto& dec, auto&& scale_of) {
       for (int64_t c = 0; c < Kc; ++c) {
+        dec.prefetch(c);
         __m512 a, b;
         dec.decode(c, a, b);
         const __m512 s = scale_of(c);
@@ -166,6 +170,7 @@ void dequant_rows_bf16(const MatrixView& W, int64_t n0, int64_t n1, uint16_t* ds
       const __m512 up = _mm512_set1_ps(1329227995784915872903807060280344576.0f);  // 2^120
       const DecFP8 dec{row};
       for (int64_t c = 0; c < Kc; ++c) {
+        dec.prefetch(c);
         __m512 a, b;
         dec.decode(c, a, b);
         const __m512 s = _mm512_set1_ps(bs[(c * kChunk) / 128]);
