@@ -102,6 +102,17 @@ std::string parts_line(const char* what, const std::vector<std::pair<std::string
   return o.str();
 }
 
+// A decode limit: a bandwidth measured after each run (median, range), the tokens/s it allows
+// for `bytes` per token, and decode's ratio to it per run.
+std::string limit_line(const std::string& what, const Summary& bw, const Summary& ratio, double bytes) {
+  char buf[192];
+  std::snprintf(buf, sizeof buf,
+                " %.1f GB/s (median, range %.1f-%.1f) -> %.2f tokens/s; ratio to it per run %.2f (median, range "
+                "%.2f-%.2f)\n",
+                bw.median, bw.min, bw.max, bw.median * 1e9 / bytes, ratio.median, ratio.min, ratio.max);
+  return "  " + what + buf;
+}
+
 }  // namespace
 
 ReadLoop::ReadLoop(size_t bytes) {
@@ -544,21 +555,11 @@ std::string format_report(const Report& r) {
     std::snprintf(buf, sizeof buf, "decode, batch 1, after %lld tokens: %.2f tokens/s (median, range %.2f-%.2f)\n",
                   (long long)r.context, r.decode_tps.median, r.decode_tps.min, r.decode_tps.max);
     o << buf;
-    std::snprintf(buf, sizeof buf,
-                  "  bandwidth limit: read loop just after each run (from DRAM) %.1f GB/s (median, range %.1f-%.1f) -> %.2f tokens/s; "
-                  "ratio to it per run %.2f (median, range %.2f-%.2f)\n",
-                  r.decode_bandwidth.median, r.decode_bandwidth.min, r.decode_bandwidth.max,
-                  r.decode_bandwidth.median * 1e9 / r.active.bytes, r.decode_ratio.median, r.decode_ratio.min,
-                  r.decode_ratio.max);
-    o << buf;
-    std::snprintf(buf, sizeof buf,
-                  "  read of a token's own weights where they lie (the same bytes, routed experts drawn afresh each pass) "
-                  "just after each run %.1f GB/s (median, range %.1f-%.1f) -> %.2f tokens/s; ratio to it per run %.2f "
-                  "(median, range %.2f-%.2f)\n",
-                  r.token_bandwidth.median, r.token_bandwidth.min, r.token_bandwidth.max,
-                  r.token_bandwidth.median * 1e9 / r.active.bytes, r.token_ratio.median, r.token_ratio.min,
-                  r.token_ratio.max);
-    o << buf;
+    o << limit_line("bandwidth limit: read loop just after each run (from DRAM)", r.decode_bandwidth, r.decode_ratio,
+                    r.active.bytes);
+    o << limit_line("read of a token's own weights where they lie (the same bytes, routed experts drawn afresh each "
+                    "pass) just after each run",
+                    r.token_bandwidth, r.token_ratio, r.active.bytes);
     std::snprintf(buf, sizeof buf, "  against the read loop at the end (best of back-to-back passes, partly from L3: %.1f GB/s -> %.2f tokens/s): %.2f\n",
                   r.bandwidth_gbps, r.limit_tps(), r.limit_tps() > 0 ? r.decode_tps.median / r.limit_tps() : 0.0);
     o << buf;
