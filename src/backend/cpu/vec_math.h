@@ -1,10 +1,12 @@
-// AVX-512 helpers of the CPU kernels. exp on 16 float lanes, for the element-wise parts of the
-// forward pass: SiLU and the attention softmax, tens of millions of exponentials per prompt. Cody-Waite reduction
-// x = n ln2 + r (|r| <= ln2/2, ln2 split in two so r is exact to float rounding), a degree-6
-// polynomial for e^r (Cephes' expf coefficients), and 2^n applied by vscalefps, which also
-// gives +inf above ~88.7 and 0 / subnormals below. Within 2 ulp of expf over the float range
-// (tests/backend/test_matmul.cpp checks it against std::exp). A 16 x 16 float transpose (the AMX
-// kernel's packing and results, the attention's values). Internal to src/backend/cpu.
+// AVX-512 helpers of the CPU kernels. Internal to src/backend/cpu.
+// - exp on 16 float lanes, for the element-wise parts of the forward pass: SiLU and the attention
+//   softmax, tens of millions of exponentials per prompt. Cody-Waite reduction x = n ln2 + r
+//   (|r| <= ln2/2, ln2 split in two so r is exact to float rounding), a degree-6 polynomial for
+//   e^r (Cephes' expf coefficients), and 2^n applied by vscalefps, which also gives +inf above
+//   ~88.7 and 0 / subnormals below. Within 2 ulp of expf over the float range
+//   (tests/backend/test_vec_math.cpp checks it against std::exp).
+// - FlushDenormals, a scoped FTZ/DAZ for the attention's softmax.
+// - A 16 x 16 float transpose (the AMX kernel's packing and results, the attention's values).
 #pragma once
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on _mm512_undefined_ps() (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -59,7 +61,7 @@ inline double exp_shifted(float* x, int64_t n, float m) {
 // over widely spread scores makes probabilities below 2^-126: as subnormal floats each costs a
 // microcode assist in every instruction that touches it (a 512-token prompt's attention ran 2.5x
 // slower on the development VM with FP8 weights); flushed, they are 0, as the AMX products read
-// subnormal bf16 anyway. Values that small change no float32 sum they enter.
+// subnormal bf16 anyway. Such values are far below the rounding of the softmax's sums (at least 1).
 class FlushDenormals {
  public:
   FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }  // FTZ | DAZ
