@@ -353,7 +353,7 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   std::vector<float> logits(static_cast<size_t>(T * E));
   matmul(x, T, W.router, logits.data());
   // Each token's choice (independent of the others: split across the threads) as (expert,
-  // weight) pairs in ascending expert order, then the per-expert lists in token order.
+  // weight) pairs in ascending expert order, then each pick's row among its expert's tokens.
   std::vector<std::pair<int64_t, float>> chosen(static_cast<size_t>(T * K));
   const float ninf = -std::numeric_limits<float>::infinity();
   // Descending by value, ties to the lower index (a stable sort of -value).
@@ -409,15 +409,13 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
       std::sort(mine, mine + K, [](const auto& a, const auto& b) { return a.first < b.first; });
     }
   }
-  std::vector<std::vector<int64_t>> tokens_of(static_cast<size_t>(E));
-  std::vector<std::vector<float>> weights_of(static_cast<size_t>(E));
-  // picks[t * K + k]: the k-th expert of token t (ascending) and the token's place in its list.
+  // picks[t * K + k]: the k-th expert of token t (ascending) and the token's place among that
+  // expert's tokens (in token order); tokens_in[e]: how many tokens chose expert e.
+  std::vector<int64_t> tokens_in(static_cast<size_t>(E), 0);
   std::vector<std::pair<int64_t, int64_t>> picks(static_cast<size_t>(T * K));
   for (int64_t i = 0; i < T * K; ++i) {
-    const auto [e, w] = chosen[size_t(i)];
-    picks[size_t(i)] = {e, int64_t(tokens_of[size_t(e)].size())};
-    tokens_of[size_t(e)].push_back(i / K);
-    weights_of[size_t(e)].push_back(w);
+    const int64_t e = chosen[size_t(i)].first;
+    picks[size_t(i)] = {e, tokens_in[size_t(e)]++};
   }
   part.emplace(profile_, ForwardProfile::Experts);
   // Tokens grouped by expert: each selected expert's weights are read once for the batch. The
@@ -425,7 +423,7 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   // (every gate/up, then every down), so a decode step forks the thread pool twice per layer.
   const int64_t I = c.moe_intermediate_size, Is = W.has_shared ? W.shared.gate.rows : 0;
   std::vector<int64_t> row0(static_cast<size_t>(E + 1), 0);
-  for (int64_t e = 0; e < E; ++e) row0[size_t(e + 1)] = row0[size_t(e)] + int64_t(tokens_of[size_t(e)].size());
+  for (int64_t e = 0; e < E; ++e) row0[size_t(e + 1)] = row0[size_t(e)] + tokens_in[size_t(e)];
   const int64_t R = row0[size_t(E)];
   const size_t scratch = size_t(R * (2 * D + 3 * I) + T * 3 * Is);
   if (mlp_scratch_.size() < scratch) mlp_scratch_.resize(scratch);
@@ -438,7 +436,7 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   std::vector<cpu::MatmulJob> jobs;
   std::vector<int64_t> active;
   for (int64_t e = 0; e < E; ++e)
-    if (!tokens_of[size_t(e)].empty()) active.push_back(e);
+    if (tokens_in[size_t(e)] > 0) active.push_back(e);
 #pragma omp parallel for schedule(static) if (R >= 64)
   for (int64_t i = 0; i < T * K; ++i) {
     const auto [e, j] = picks[size_t(i)];
@@ -491,7 +489,7 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t k = 0; k < K; ++k) {
       const auto [e, j] = picks[size_t(t * K + k)];
-      const float w = weights_of[size_t(e)][size_t(j)];
+      const float w = chosen[size_t(t * K + k)].second;
       const float* y = ye + (row0[size_t(e)] + j) * D;
       for (int64_t d = 0; d < D; ++d) out[t * D + d] += w * y[d];
     }
