@@ -113,6 +113,41 @@ std::string limit_line(const std::string& what, const Summary& bw, const Summary
   return "  " + what + buf;
 }
 
+// Adds the 64-byte lines of [p, p + n) to four accumulators (loads of whole lines only: a span's
+// last partial line, at most 63 bytes, is left out).
+inline void read_lines(const uint8_t* p, size_t n, __m512& a0, __m512& a1, __m512& a2, __m512& a3) {
+  const uint8_t* const end = p + n / 64 * 64;
+  for (; p + 256 <= end; p += 256) {
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(reinterpret_cast<const float*>(p)));
+    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(reinterpret_cast<const float*>(p + 64)));
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(reinterpret_cast<const float*>(p + 128)));
+    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(reinterpret_cast<const float*>(p + 192)));
+  }
+  for (; p < end; p += 64) a0 = _mm512_add_ps(a0, _mm512_loadu_ps(reinterpret_cast<const float*>(p)));
+}
+
+// Every weight one decoded token reads but its routed experts and its embedding row, with the
+// part of the model it belongs to: f(part, view) for each view that holds data.
+template <class F>
+void each_fixed_weight(const ModelWeights& w, F&& f) {
+  auto visit = [&](const char* part, const MatrixView& m) {
+    if (m.data) f(part, m);
+  };
+  auto mlp = [&](const char* part, const Mlp& p) {
+    for (const MatrixView* m : {&p.gate, &p.up, &p.down}) visit(part, *m);
+  };
+  for (const auto& L : w.layers) {
+    for (const MatrixView* m : {&L.q_a, &L.q_b, &L.q, &L.kv_a, &L.kv_b, &L.o}) visit("attention", *m);
+    if (L.moe) {
+      visit("router", L.router);
+      if (L.has_shared) mlp("shared experts", L.shared);
+    } else {
+      mlp("dense mlp", L.dense);
+    }
+  }
+  visit("lm_head", w.lm_head);
+}
+
 }  // namespace
 
 ReadLoop::ReadLoop(size_t bytes) {
@@ -139,12 +174,7 @@ double ReadLoop::measure(int passes) {
     {
       const uint8_t* b = static_cast<const uint8_t*>(mem_) + per_ * size_t(omp_get_thread_num());
       __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (size_t i = 0; i < per_; i += 256) {
-        a0 = _mm512_add_ps(a0, _mm512_load_ps(reinterpret_cast<const float*>(b + i)));
-        a1 = _mm512_add_ps(a1, _mm512_load_ps(reinterpret_cast<const float*>(b + i + 64)));
-        a2 = _mm512_add_ps(a2, _mm512_load_ps(reinterpret_cast<const float*>(b + i + 128)));
-        a3 = _mm512_add_ps(a3, _mm512_load_ps(reinterpret_cast<const float*>(b + i + 192)));
-      }
+      read_lines(b, per_, a0, a1, a2, a3);
       alignas(64) float lanes[16];
       _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
       total += lanes[0];
@@ -155,49 +185,19 @@ double ReadLoop::measure(int passes) {
   return best;
 }
 
-namespace {
-
-// Adds the 64-byte lines of [p, p + n) to four accumulators (loads of whole lines only: a span's
-// last partial line, at most 63 bytes, is left out).
-inline void read_lines(const uint8_t* p, size_t n, __m512& a0, __m512& a1, __m512& a2, __m512& a3) {
-  const uint8_t* const end = p + n / 64 * 64;
-  for (; p + 256 <= end; p += 256) {
-    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(reinterpret_cast<const float*>(p)));
-    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(reinterpret_cast<const float*>(p + 64)));
-    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(reinterpret_cast<const float*>(p + 128)));
-    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(reinterpret_cast<const float*>(p + 192)));
-  }
-  for (; p < end; p += 64) a0 = _mm512_add_ps(a0, _mm512_loadu_ps(reinterpret_cast<const float*>(p)));
-}
-
-}  // namespace
-
 TokenRead::TokenRead(const ModelWeights& w, const ModelConfig& c, uint32_t seed)
     : w_(w), experts_per_token_(c.num_experts_per_tok), rng_state_(seed) {
-  auto add = [&](const MatrixView& m) {
-    if (!m.data) return;
-    fixed_.push_back({static_cast<const uint8_t*>(m.data), m.bytes()});
-    if (m.scales) fixed_.push_back({static_cast<const uint8_t*>(m.scales), m.scale_bytes()});
-  };
-  for (const auto& L : w.layers) {
-    for (const MatrixView* m : {&L.q_a, &L.q_b, &L.q, &L.kv_a, &L.kv_b, &L.o}) add(*m);
-    if (L.moe) {
-      add(L.router);
-      if (L.has_shared) add(L.shared.gate), add(L.shared.up), add(L.shared.down);
-    } else {
-      add(L.dense.gate), add(L.dense.up), add(L.dense.down);
-    }
-  }
-  add(w.lm_head);
+  each_fixed_weight(w, [&](const char*, const MatrixView& m) { add(fixed_, m); });
+}
+
+void TokenRead::add(std::vector<Span>& to, const MatrixView& m) {
+  to.push_back({static_cast<const uint8_t*>(m.data), m.bytes()});
+  if (m.scales) to.push_back({static_cast<const uint8_t*>(m.scales), m.scale_bytes()});
 }
 
 void TokenRead::draw() {
   std::mt19937 rng(rng_state_++);
   spans_ = fixed_;
-  auto add = [&](const MatrixView& m) {
-    spans_.push_back({static_cast<const uint8_t*>(m.data), m.bytes()});
-    if (m.scales) spans_.push_back({static_cast<const uint8_t*>(m.scales), m.scale_bytes()});
-  };
   for (const auto& L : w_.layers) {
     if (!L.moe || L.experts.empty()) continue;
     std::vector<int64_t> order(L.experts.size());
@@ -205,7 +205,7 @@ void TokenRead::draw() {
     std::shuffle(order.begin(), order.end(), rng);
     for (int64_t k = 0; k < std::min<int64_t>(experts_per_token_, int64_t(order.size())); ++k) {
       const Mlp& e = L.experts[size_t(order[size_t(k)])];
-      add(e.gate), add(e.up), add(e.down);
+      for (const MatrixView* m : {&e.gate, &e.up, &e.down}) add(spans_, *m);
     }
   }
   const int64_t row = int64_t(rng() % uint32_t(std::max<int64_t>(1, w_.embed.rows)));
@@ -262,28 +262,16 @@ Summary summarize(std::vector<double> v) {
 ActiveWeights active_weights(const ModelWeights& w, const ModelConfig& c) {
   ActiveWeights a;
   auto add = [&](const std::string& part, const MatrixView& m, double times = 1) {
-    if (!m.data) return;
     a.bytes += times * view_bytes(m);
     a.params += times * view_params(m);
     a.bytes_by_part[part] += times * view_bytes(m);
     a.params_by_part[part] += times * view_params(m);
   };
-  auto add_mlp = [&](const std::string& part, const Mlp& p, double times = 1) {
-    add(part, p.gate, times);
-    add(part, p.up, times);
-    add(part, p.down, times);
-  };
-  for (const auto& L : w.layers) {
-    for (const MatrixView* m : {&L.q_a, &L.q_b, &L.q, &L.kv_a, &L.kv_b, &L.o}) add("attention", *m);
-    if (L.moe) {
-      add("router", L.router);
-      if (L.has_shared) add_mlp("shared experts", L.shared);
-      if (!L.experts.empty()) add_mlp("routed experts", L.experts[0], double(c.num_experts_per_tok));
-    } else {
-      add_mlp("dense mlp", L.dense);
-    }
-  }
-  add("lm_head", w.lm_head);
+  each_fixed_weight(w, [&](const char* part, const MatrixView& m) { add(part, m); });
+  for (const auto& L : w.layers)
+    if (L.moe && !L.experts.empty())
+      for (const MatrixView* m : {&L.experts[0].gate, &L.experts[0].up, &L.experts[0].down})
+        if (m->data) add("routed experts", *m, double(c.num_experts_per_tok));
   a.bytes += double(w.embed.row_bytes());
   a.params += double(w.embed.cols);
   a.bytes_by_part["embedding row"] += double(w.embed.row_bytes());

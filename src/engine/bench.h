@@ -49,6 +49,7 @@ class TokenRead {
     const uint8_t* p;
     size_t n;
   };
+  static void add(std::vector<Span>& to, const MatrixView& m);  // m's weights and scales
   void draw();  // this pass's spans
   const ModelWeights& w_;
   int64_t experts_per_token_;
