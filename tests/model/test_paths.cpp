@@ -178,7 +178,7 @@ TEST(MlaPaths, Fp8KvBAbsorbsIntoAnFp8Copy) {
   auto model = Model::load(dir.str());
   const ModelConfig& c = model->config();
   const int64_t nope = c.qk_nope_head_dim, vd = c.v_head_dim, kvr = c.kv_lora_rank;
-  std::vector<float> kv_row(static_cast<size_t>(kvr)), uk_row(static_cast<size_t>(nope));
+  std::vector<float> uk_nope(static_cast<size_t>(nope * kvr)), uk_row(static_cast<size_t>(nope));
   for (const auto& L : model->weights().layers) {
     ASSERT_EQ(L.kv_b.format, WeightFormat::FP8_BLOCK128);
     ASSERT_EQ(int64_t(L.w_uk_t.size()), c.num_attention_heads);
@@ -187,12 +187,12 @@ TEST(MlaPaths, Fp8KvBAbsorbsIntoAnFp8Copy) {
       ASSERT_EQ(uk.format, WeightFormat::FP8_BLOCK128);
       ASSERT_EQ(uk.rows, kvr);
       ASSERT_EQ(uk.cols, nope);
-      for (int64_t d = 0; d < nope; ++d) {
-        L.kv_b.dequant_row(h * (nope + vd) + d, kv_row.data());
-        for (int64_t k = 0; k < kvr; ++k) {
-          uk.dequant_row(k, uk_row.data());
-          ASSERT_EQ(uk_row[size_t(d)], kv_row[size_t(k)]) << "head " << h << " k " << k << " d " << d;
-        }
+      // W_UK[h]: kv_b's rows h (nope + v) .. + nope, [nope, kvr].
+      for (int64_t d = 0; d < nope; ++d) L.kv_b.dequant_row(h * (nope + vd) + d, uk_nope.data() + d * kvr);
+      for (int64_t k = 0; k < kvr; ++k) {
+        uk.dequant_row(k, uk_row.data());
+        for (int64_t d = 0; d < nope; ++d)
+          ASSERT_EQ(uk_row[size_t(d)], uk_nope[size_t(d * kvr + k)]) << "head " << h << " k " << k << " d " << d;
       }
     }
   }
