@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/amx.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/ops.h"
@@ -164,11 +165,14 @@ void expect_close_bf16(const MatrixView& W, const float* x, int64_t T, int64_t l
 // apart, at most one per 16 columns in random bytes) and up to 3 per column of the scalar tail
 // (cols % 64: the weight's float value, the product, the sum). With u = 2^-24, the error is at
 // most m u sum_k |w_k x_k| with m = cols / 8 + 3 (cols % 64) + 12 (the reference's float32
-// weights, FP8's rounded value * scale, add one more): about 2e-6 for 256 columns. Other formats
-// keep the float32 kernels and are checked as in precise mode.
+// weights, FP8's rounded value * scale, add one more): about 2e-6 for 256 columns. FP8 products
+// of 2 to 16 tokens on AMX tiles (amx.h) sum in a longer chain: TDPBF16PS rounds once per column
+// pair, 32 per 64 columns, so there m = cols / 2 + 3 (cols % 64) + 12. Other formats keep the
+// float32 kernels and are checked as in precise mode.
 void expect_close_fast(const MatrixView& W, const float* x, int64_t T, int64_t ldx, const std::vector<float>& y,
                        int64_t ldy, const std::string& what) {
-  const double m = double(W.cols) / 8 + 3.0 * double(W.cols % 64) + 12;
+  const bool amx_tiles = W.format == WeightFormat::FP8_BLOCK128 && T >= 2 && mla::cpu::amx_available();
+  const double m = double(W.cols) / (amx_tiles ? 2 : 8) + 3.0 * double(W.cols % 64) + 12;
   expect_close_bf16(W, x, T, ldx, y, ldy, m * std::ldexp(1.0, -24), 1e-30, false, what);
 }
 
@@ -280,9 +284,34 @@ TEST(Gemv, FastPrecisionRowSlicesAcrossBlocksAndThreads) {
   }
 }
 
+TEST(Gemv, FastFp8OnAmxTilesUpToSixteenTokens) {
+  // FP8 products of 2 to 16 tokens run on AMX tiles where the CPU has them (amx.h): views that
+  // start inside a 128-row block and end inside another (tiles cut short at block edges), odd
+  // numbers of 64-column steps (a scale block of one step), column tails; random codes include
+  // the subnormals the tiles read as zero. Elsewhere the same calls check the other kernels.
+  PrecisionScope fast(mla::cpu::Precision::Fast);
+  std::mt19937 rng(29);
+  for (int64_t cols : {64, 129, 320, 1000}) {
+    Owned m = random_matrix(WeightFormat::FP8_BLOCK128, 400, cols, rng);
+    for (auto [first, count] : {std::pair<int64_t, int64_t>{0, 400}, {77, 290}, {250, 5}})
+      for (int64_t T : {2, 5, 11, 16, 17}) {
+        MatrixView v = m.view.slice_rows(first, count);
+        auto x = random_vec(size_t(T * cols), rng);
+        std::vector<float> y(size_t(T * (count + 3)), -1.0f);
+        mla::cpu::gemv(x.data(), T, cols, v, y.data(), count + 3);
+        expect_close_fast(v, x.data(), T, cols, y, count + 3,
+                          "fast fp8 " + std::to_string(first) + "+" + std::to_string(count) + "x" +
+                              std::to_string(cols) + " T=" + std::to_string(T));
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t n = count; n < count + 3; ++n) ASSERT_EQ(y[size_t(t * (count + 3) + n)], -1.0f);
+      }
+  }
+}
+
 TEST(Gemv, FastPrecisionUsesBf16KernelsForSingleTokensByDefault) {
   // Default dispatch: 1 token on the bf16 kernels (activations rounded to bf16), more tokens on
-  // the float32 kernels (float32 activations, as in precise mode).
+  // the float32 kernels (float32 activations, as in precise mode), except FP8 on AMX tiles,
+  // which round the activations to bf16 too.
   const auto saved = mla::cpu::precision();
   mla::cpu::set_precision(mla::cpu::Precision::Fast);
   ASSERT_EQ(mla::cpu::gemv_bf16_max_tokens(), 1);
@@ -294,7 +323,7 @@ TEST(Gemv, FastPrecisionUsesBf16KernelsForSingleTokensByDefault) {
       std::vector<float> y(size_t(T * 150)), ref(size_t(T * 150));
       mla::cpu::gemv(x.data(), T, 320, m.view, y.data(), 150);
       const std::string what = std::string("default fast ") + mla::weight_format_name(f) + " T=" + std::to_string(T);
-      if (T == 1) {
+      if (T == 1 || (f == WeightFormat::FP8_BLOCK128 && mla::cpu::amx_available())) {
         expect_close_fast(m.view, x.data(), T, 320, y, 150, what);
       } else {
         mla::cpu::gemv_reference(x.data(), T, 320, m.view, ref.data(), 150);

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <initializer_list>
 
+#include "backend/cpu/decode_avx512.h"
 #include "backend/cpu/vec_math.h"
 
 namespace mla::cpu {
@@ -110,20 +111,118 @@ __attribute__((target("amx-tile,amx-bf16"))) void tiles(const uint16_t* w, int64
   }
 }
 
+// GCC 12 does not see _tile_loadconfig read its operand and drops the stores that fill it in;
+// the empty asm reading the whole configuration keeps them. _tile_loadd is no better (an asm
+// without a memory operand): loads of memory written just before go after a compiler barrier.
+inline void barrier() { asm volatile("" : : : "memory"); }
+__attribute__((target("amx-tile"))) void load_config(const TileConfig& cfg) {
+  asm volatile("" : : "m"(cfg));
+  _tile_loadconfig(&cfg);
+}
+
 // Loaded at every call: the tile configuration does not survive everything a thread may run
 // in between (the dynamic linker's lazy binding saves and restores extended state).
-__attribute__((target("amx-tile"))) void load_tile_config() {
+void load_tile_config() {
   TileConfig cfg;
   for (int i = 0; i < 8; ++i) {
     cfg.rows[i] = kBlock;
     cfg.colsb[i] = 64;
   }
-  _tile_loadconfig(&cfg);
+  load_config(cfg);
 }
 
 __attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
 
+// ---- GEMV tiles: C = tiles 0 and 5 (16 rows x T floats), A = tiles 1, 2 (16 rows x 32 bf16),
+// B = tiles 3, 4 (16 pairs x T tokens) ----
+
+// The products of the FP8 codes of exponent field 0 among row r's 64 bytes of step s (mask),
+// which TDPBF16PS reads as zero: fix[t] += code / 512 * scale * x, x the step's B tiles.
+[[gnu::noinline, gnu::cold]] void fp8_subnormals(const uint8_t* bytes, uint64_t mask, const uint16_t* xb, int64_t T,
+                                                 float scale, float* fix) {
+  while (mask) {
+    const int i = __builtin_ctzll(mask);
+    mask &= mask - 1;
+    const int m = bytes[i] & 7;
+    if (m == 0) continue;
+    const float v = float(bytes[i] & 0x80 ? -m : m) * (1.0f / 512.0f) * scale;
+    const int w = avx512::BfDecFP8::word_of_byte(i);
+    const uint16_t* xs = xb + (w >> 1) * 2 * T + (w & 1);
+    for (int64_t t = 0; t < T; ++t) fix[t] += v * bf16_to_f32(xs[2 * t]);
+  }
+}
+
+// Row buffers of the A tiles, 16 rows x 64 bytes each (rows a short tile leaves stale only feed
+// rows of C that are not read), and the C tiles of two scale blocks.
+struct alignas(64) GemvBuffers {
+  uint16_t a0[16 * 32] = {}, a1[16 * 32] = {};
+  float c[2][kBlock * kBlock] = {};
+};
+
 }  // namespace
+
+void amx_gemv_begin(int64_t T) {
+  TileConfig cfg;
+  for (int i = 0; i < 6; ++i) cfg.rows[i] = kBlock;
+  cfg.colsb[0] = cfg.colsb[3] = cfg.colsb[4] = cfg.colsb[5] = uint16_t(4 * T);
+  cfg.colsb[1] = cfg.colsb[2] = 64;
+  load_config(cfg);
+}
+
+void amx_gemv_end() { release_tiles(); }
+
+__attribute__((target("amx-tile,amx-bf16"))) void amx_gemv_fp8_rows16(const uint8_t* w, int64_t row_bytes,
+                                                                        int64_t nr, int64_t S, int64_t T,
+                                                                        const uint16_t* xb, const float* scales,
+                                                                        int64_t prefetch, float* c, float* fix) {
+  thread_local GemvBuffers buf;
+  const int64_t ldb = 4 * T, step_values = 64 * T;
+  // Each block of 128 columns (2 steps) sums in a C tile of its own (0 and 5 in turn), added to
+  // acc times the block's scale after the next block's products are issued. acc holds the
+  // 16 x T floats of C in order (one scale for the whole tile: any grouping of them will do).
+  __m512 acc[kBlock];
+  for (int64_t v = 0; v < T; ++v) acc[v] = _mm512_setzero_ps();
+  auto add = [&](int64_t blk) {
+    const __m512 sc = _mm512_set1_ps(scales[blk]);
+    const float* cb = buf.c[blk & 1];
+    for (int64_t v = 0; v < T; ++v) acc[v] = _mm512_fmadd_ps(_mm512_load_ps(cb + 16 * v), sc, acc[v]);
+  };
+  const int64_t nblk = (S + 1) / 2;
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    const bool odd = blk & 1;
+    if (odd) _tile_zero(5);
+    else _tile_zero(0);
+    for (int64_t s = 2 * blk; s < std::min(S, 2 * blk + 2); ++s) {
+      for (int64_t r = 0; r < nr; ++r) {
+        const uint8_t* p = w + r * row_bytes + s * 64;
+        if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(p + prefetch), _MM_HINT_T1);
+        __m512i a, b;
+        const uint64_t special = avx512::BfDecFP8::words(_mm512_loadu_si512(p), a, b);
+        _mm512_store_si512(buf.a0 + r * 32, a);
+        _mm512_store_si512(buf.a1 + r * 32, b);
+        if (special) [[unlikely]]
+          fp8_subnormals(p, special, xb + s * step_values, T, scales[blk], fix + r * T);
+      }
+      barrier();
+      _tile_loadd(1, buf.a0, 64);
+      _tile_loadd(2, buf.a1, 64);
+      _tile_loadd(3, xb + s * step_values, ldb);
+      _tile_loadd(4, xb + s * step_values + 32 * T, ldb);
+      if (odd) {
+        _tile_dpbf16ps(5, 1, 3);
+        _tile_dpbf16ps(5, 2, 4);
+      } else {
+        _tile_dpbf16ps(0, 1, 3);
+        _tile_dpbf16ps(0, 2, 4);
+      }
+    }
+    if (odd) _tile_stored(5, buf.c[1], ldb);
+    else _tile_stored(0, buf.c[0], ldb);
+    if (blk > 0) add(blk - 1);
+  }
+  if (nblk > 0) add(nblk - 1);
+  for (int64_t v = 0; v < T; ++v) _mm512_storeu_ps(c + 16 * v, acc[v]);
+}
 
 bool amx_available() {
   static const bool ok = request_amx();

@@ -228,14 +228,19 @@ struct BfDecFP8 {
   }
   static constexpr int kHigh[8] = {4, 5, 6, -1, -1, -1, -1, 7};  // S0000EEE: E3..E1, sign
   static constexpr int kLow[8] = {-1, -1, -1, -1, 0, 1, 2, 3};   // EMMM0000: E0, mantissa
-  // The bytes with exponent field 0 (zero and the subnormals, which need fixing up).
-  uint64_t decode(int64_t s, __m512i& a, __m512i& b) const {
-    const __m512i raw = _mm512_loadu_si512(row + s * kStep);
+  // The words of 64 codes (a, b), and the codes with exponent field 0 (zero and the
+  // subnormals, which need fixing up).
+  static uint64_t words(__m512i raw, __m512i& a, __m512i& b) {
     const __m512i hi = _mm512_gf2p8affine_epi64_epi8(raw, _mm512_set1_epi64(int64_t(gf_matrix(kHigh))), 0);
     const __m512i lo = _mm512_gf2p8affine_epi64_epi8(raw, _mm512_set1_epi64(int64_t(gf_matrix(kLow))), 0);
     a = _mm512_unpacklo_epi8(lo, hi);
     b = _mm512_unpackhi_epi8(lo, hi);
     return _mm512_testn_epi8_mask(raw, _mm512_set1_epi8(0x78));
+  }
+  // The word (0..63: a, then b) that holds byte i of a step.
+  static constexpr int word_of_byte(int i) { return ((i >> 3) & 1) * 32 + (i >> 4) * 8 + (i & 7); }
+  uint64_t decode(int64_t s, __m512i& a, __m512i& b) const {
+    return words(_mm512_loadu_si512(row + s * kStep), a, b);
   }
   __m512 scale(int64_t s) const { return _mm512_set1_ps(scales[s / kStepsPerScale]); }
 };

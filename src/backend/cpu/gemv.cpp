@@ -11,7 +11,9 @@
 // and dotted by VDPBF16PS, whose products of two bf16 are exact in float32 and summed in
 // float32. FP8 block scales and INT4 group scales multiply the float32 partial sums of their
 // 128 / 32 columns. F32 and F16 weights keep the float32 kernels in both precisions, and so do
-// products of more tokens than gemv_bf16_max_tokens() (1 by default; see gemv.h).
+// products of more tokens than gemv_bf16_max_tokens() (1 by default; see gemv.h), except FP8
+// products of 2 to 16 tokens where the CPU has AMX: those run on tiles of 16 rows (amx.h), the
+// activations rounded to bf16 as above.
 #include "backend/cpu/gemv.h"
 
 #include <omp.h>
@@ -23,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/cpu/amx.h"
 #include "backend/cpu/decode_avx512.h"
 #include "backend/cpu/precision.h"
 #include "tensor/dtype.h"
@@ -227,7 +230,7 @@ template <int TT>
     const int m = bytes[i] & 7;
     if (m == 0) continue;
     const float v = float(bytes[i] & 0x80 ? -m : m) * (1.0f / 512.0f) * scale;
-    const int w = ((i >> 3) & 1) * 32 + (i >> 4) * 8 + (i & 7);  // the word of column i (Fp8Unpack)
+    const int w = BfDecFP8::word_of_byte(i);
     for (int t = 0; t < TT; ++t) fix[t] += v * bf16_to_f32(xs[t * ldxp + w]);
   }
 }
@@ -319,10 +322,11 @@ struct FastRows {
   const MatrixView* W;
   const float* x;
   int64_t ldx;
-  const uint16_t* xp;  // prepared bf16, [T, S * 64]
+  const uint16_t* xp;  // prepared bf16, [T, S * 64] (on AMX: B tiles, amx.h)
   int64_t T, S, Kc;    // steps of 64 columns, chunks of 32
   float* y;
   int64_t ldy;
+  bool amx = false;  // FP8 on AMX tiles (amx_gemv_fp8_rows16), xp in its B tiles' layout
 
   template <class D>
   D make(int slot, int64_t n, float* sbuf, const float* bs) const {
@@ -377,8 +381,35 @@ struct FastRows {
     }
   }
 
+  // The FP8 rows [n0, n1) on AMX, in tiles of up to 16 rows within one 128-row block.
+  void run_amx(int64_t n0, int64_t n1) const {
+    const uint8_t* base = static_cast<const uint8_t*>(W->data);
+    const int64_t rb = W->row_bytes();
+    alignas(64) float c[kAmxGemvRows * kAmxGemvTokens], fix[kAmxGemvRows * kAmxGemvTokens];
+    amx_gemv_begin(T);
+    for (int64_t n = n0; n < n1;) {
+      const int64_t blk = (W->row0 + n) / 128;
+      const int64_t e = std::min({n1, n + kAmxGemvRows, (blk + 1) * 128 - W->row0}), nr = e - n;
+      const float* scales = static_cast<const float*>(W->scales) + blk * W->scale_cols;
+      std::fill_n(fix, nr * T, 0.0f);
+      amx_gemv_fp8_rows16(base + n * rb, rb, nr, S, T, xp, scales, kAmxGemvRows * rb, c, fix);
+      for (int64_t r = 0; r < nr; ++r)
+        for (int64_t t = 0; t < T; ++t) {
+          float v = c[r * T + t] * kFp8FastPost + fix[r * T + t] * kFp8FastFix;
+          for (int64_t k = S * kStep; k < W->cols; ++k) v += element(*W, n + r, k) * round_bf16(x[t * ldx + k]);
+          y[t * ldy + n + r] = v;
+        }
+      n = e;
+    }
+    amx_gemv_end();
+  }
+
   void run(int64_t n0, int64_t n1) const {
     if (n0 >= n1) return;
+    if (amx) {
+      run_amx(n0, n1);
+      return;
+    }
     switch (W->format) {
       case WeightFormat::BF16: segment<BfDecBF16>(n0, n1, nullptr, 1.0f); break;
       case WeightFormat::INT4_GROUP: segment<BfDecInt4>(n0, n1, nullptr, 1.0f); break;
@@ -424,6 +455,23 @@ void prepare_bf16(const float* x, int64_t T, int64_t ldx, int64_t S, Layout64 la
     }
 }
 
+// prepare_bf16's values as amx_gemv_fp8_rows16's B tiles: out[s * 64T + p * 2T + 2t + i] holds
+// word 2p + i of step s for token t (pair p of the step's 32; pairs 0-15 make the first tile).
+// tmp: scratch of T * S * 64 values (unused for one token, whose layouts coincide).
+void prepare_amx(const float* x, int64_t T, int64_t ldx, int64_t S, Layout64 layout, float mul, uint16_t* tmp,
+                 uint16_t* out) {
+  if (T == 1) {
+    prepare_bf16(x, T, ldx, S, layout, mul, out);
+    return;
+  }
+  prepare_bf16(x, T, ldx, S, layout, mul, tmp);
+  const int64_t pairs = S * kStep / 2;
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(tmp);
+  uint32_t* dst = reinterpret_cast<uint32_t*>(out);
+  for (int64_t p = 0; p < pairs; ++p)
+    for (int64_t t = 0; t < T; ++t) dst[p * T + t] = src[t * pairs + p];
+}
+
 }  // namespace
 
 int64_t gemv_bf16_max_tokens() { return g_bf16_max_tokens.load(std::memory_order_relaxed); }
@@ -447,6 +495,7 @@ void gemv_batch(std::span<const GemvJob> jobs) {
   // formats with a bf16 kernel) and split across the threads by weight bytes.
   thread_local std::vector<float> prepared;
   thread_local std::vector<uint16_t> prepared16;
+  thread_local std::vector<uint16_t> amx_tmp;
   thread_local std::vector<Rows> rows;
   thread_local std::vector<FastRows> frows;
   thread_local std::vector<double> cum;  // weight bytes before each fast job
@@ -454,11 +503,17 @@ void gemv_batch(std::span<const GemvJob> jobs) {
   thread_local std::vector<Unit> units;
   const bool fast_precision = precision() == Precision::Fast;
   const int64_t bf16_max_tokens = g_bf16_max_tokens.load(std::memory_order_relaxed);
+  const bool amx = fast_precision && amx_available();
+  // FP8 weights and 2 to 16 tokens on AMX tiles in the fast precision (amx.h).
+  auto amx_job = [&](const GemvJob& j) {
+    return amx && j.T >= 2 && j.T <= kAmxGemvTokens && j.W.cols >= kStep && j.W.format == WeightFormat::FP8_BLOCK128;
+  };
   auto bf16_job = [&](const GemvJob& j) { return fast_precision && j.T <= bf16_max_tokens && bf16_kernel(j.W); };
   size_t need = 0, need16 = 0;
   for (const auto& j : jobs) {
     if (j.T <= 0 || j.W.rows <= 0 || !fast_supported(j.W)) continue;
-    if (bf16_job(j)) need16 += size_t(j.T * (j.W.cols / kStep) * kStep);
+    const size_t words = size_t(j.T * (j.W.cols / kStep) * kStep);
+    if (amx_job(j) || bf16_job(j)) need16 += words;
     else need += size_t(j.T * (j.W.cols / kChunk) * kChunk);
   }
   if (prepared.size() < need) prepared.resize(need);
@@ -476,7 +531,15 @@ void gemv_batch(std::span<const GemvJob> jobs) {
       gemv_reference(j.x, j.T, j.ldx, j.W, j.y, j.ldy);
       continue;
     }
-    if (bf16_job(j)) {
+    if (amx_job(j)) {
+      const int64_t S = j.W.cols / kStep, n = j.T * S * kStep;
+      uint16_t* xp = prepared16.data() + off16;
+      off16 += size_t(n);
+      if (amx_tmp.size() < size_t(n)) amx_tmp.resize(size_t(n));
+      prepare_amx(j.x, j.T, j.ldx, S, Layout64::Fp8Unpack, kFp8FastXScale, amx_tmp.data(), xp);
+      order.push_back({true, frows.size()});
+      frows.push_back(FastRows{&j.W, j.x, j.ldx, xp, j.T, S, j.W.cols / kChunk, j.y, j.ldy, true});
+    } else if (bf16_job(j)) {
       const int64_t S = j.W.cols / kStep;
       uint16_t* xp = prepared16.data() + off16;
       off16 += size_t(j.T * S * kStep);
@@ -521,7 +584,7 @@ void gemv_batch(std::span<const GemvJob> jobs) {
     for (const auto& [fast, k] : order) run(rows, frows, fast, k, 0, fast ? frows[k].W->rows : rows[k].W.rows);
     return;
   }
-  // Work units of about kUnitBytes of weights (whole multiples of 8 rows), handed out
+  // Work units of about kUnitBytes of weights (whole multiples of 16 rows: AMX tiles), handed out
   // dynamically: a thread that is descheduled for a while (shared cores) holds up one unit, not
   // half of the product.
   units.clear();
@@ -529,7 +592,7 @@ void gemv_batch(std::span<const GemvJob> jobs) {
     const auto [fast, k] = order[i];
     const int64_t N = fast ? frows[k].W->rows : rows[k].W.rows;
     const double row_bytes = (cum[i + 1] - cum[i]) / double(N);
-    const int64_t step = std::max<int64_t>(8, int64_t(kUnitBytes / std::max(1.0, row_bytes)) / 8 * 8);
+    const int64_t step = std::max<int64_t>(16, int64_t(kUnitBytes / std::max(1.0, row_bytes)) / 16 * 16);
     for (int64_t n = 0; n < N; n += step) units.push_back({fast, k, n, std::min(N, n + step)});
   }
   // The workers read this thread's lists (thread_local names would be their own).

@@ -7,6 +7,8 @@
 // fast: for bf16, FP8 and INT4 weights, the activations are rounded to bf16 (nearest even) once
 // per call and the weights decoded exactly to bf16 and dotted by VDPBF16PS (products exact,
 // sums float32): fewer instructions per weight byte. F32 and F16 weights: float32 in both.
+// With AMX, fast FP8 products of 2 to 16 tokens run on tiles instead (amx.h), also on bf16
+// activations: one tile product serves all the tokens.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -32,7 +34,7 @@ struct GemvJob {
 void gemv_batch(std::span<const GemvJob> jobs);
 
 // Fast precision: the bf16 kernels serve products of at most this many tokens (default 1), the
-// float32 kernels the rest. Measured on a Xeon with AVX512-BF16 (bench/matmul --l2): VDPBF16PS
+// float32 kernels the rest (FP8 on AMX excepted, above). Measured on a Xeon with AVX512-BF16 (bench/matmul --l2): VDPBF16PS
 // retires about 0.45 per cycle against 1.85 FMAs, so only at 1 token, where the cheaper decode
 // to bf16 pays, are the bf16 kernels faster (bf16, FP8: ~15-20% in L2; INT4: even); from 2
 // tokens on they are slower. Process-wide; tests raise it to reach the multi-token tiles.

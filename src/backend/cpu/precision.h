@@ -4,7 +4,8 @@
 //  fast (`mla run`, `chat`, `serve` and `bench` by default): activations rounded to bf16 (about
 //    3 significant digits) inside the products, float32 accumulation. Prompt-sized products run
 //    as bf16 x bf16 -> f32 GEMMs on oneDNN (AMX); single-token products of bf16, FP8 and INT4
-//    weights on the GEMV's VDPBF16PS kernels (gemv.h, gemv_bf16_max_tokens). `mla verify`
+//    weights on the GEMV's VDPBF16PS kernels (gemv.h, gemv_bf16_max_tokens), FP8 products of
+//    2 to 16 tokens on AMX tiles where the CPU has them (amx.h). `mla verify`
 //    reports the difference against float32.
 #pragma once
 #include <string>
