@@ -140,16 +140,10 @@ __attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
 // which TDPBF16PS reads as zero: fix[t] += code / 512 * scale * x, x the step's B tiles.
 [[gnu::noinline, gnu::cold]] void fp8_subnormals(const uint8_t* bytes, uint64_t mask, const uint16_t* xb, int64_t T,
                                                  float scale, float* fix) {
-  while (mask) {
-    const int i = __builtin_ctzll(mask);
-    mask &= mask - 1;
-    const int m = bytes[i] & 7;
-    if (m == 0) continue;
-    const float v = float(bytes[i] & 0x80 ? -m : m) * (1.0f / 512.0f) * scale;
-    const int w = avx512::BfDecFP8::word_of_byte(i);
+  avx512::BfDecFP8::subnormals(bytes, mask, scale, [&](int w, float v) {
     const uint16_t* xs = xb + (w >> 1) * 2 * T + (w & 1);
     for (int64_t t = 0; t < T; ++t) fix[t] += v * bf16_to_f32(xs[2 * t]);
-  }
+  });
 }
 
 // Row buffers of the A tiles, 16 rows x 64 bytes each (rows a short tile leaves stale only feed

@@ -237,8 +237,19 @@ struct BfDecFP8 {
     b = _mm512_unpackhi_epi8(lo, hi);
     return _mm512_testn_epi8_mask(raw, _mm512_set1_epi8(0x78));
   }
-  // The word (0..63: a, then b) that holds byte i of a step.
-  static constexpr int word_of_byte(int i) { return ((i >> 3) & 1) * 32 + (i >> 4) * 8 + (i & 7); }
+  // Calls add(w, v) for each subnormal code among a step's 64 bytes (mask: the codes of
+  // exponent field 0, as words() reports them; zeros are skipped): v = its value times scale,
+  // w = the word (0..63: a, then b) that holds it.
+  template <class Add>
+  static void subnormals(const uint8_t* bytes, uint64_t mask, float scale, Add&& add) {
+    while (mask) {
+      const int i = __builtin_ctzll(mask);
+      mask &= mask - 1;
+      const int m = bytes[i] & 7;
+      if (m == 0) continue;
+      add(((i >> 3) & 1) * 32 + (i >> 4) * 8 + (i & 7), float(bytes[i] & 0x80 ? -m : m) * (1.0f / 512.0f) * scale);
+    }
+  }
   uint64_t decode(int64_t s, __m512i& a, __m512i& b) const {
     return words(_mm512_loadu_si512(row + s * kStep), a, b);
   }

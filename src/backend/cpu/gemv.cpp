@@ -256,15 +256,9 @@ inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 template <int TT>
 [[gnu::noinline, gnu::cold]] void fp8_subnormals(const uint8_t* bytes, uint64_t mask, const uint16_t* xs, int64_t ldxp,
                                                  float scale, float* fix) {
-  while (mask) {
-    const int i = __builtin_ctzll(mask);
-    mask &= mask - 1;
-    const int m = bytes[i] & 7;
-    if (m == 0) continue;
-    const float v = float(bytes[i] & 0x80 ? -m : m) * (1.0f / 512.0f) * scale;
-    const int w = BfDecFP8::word_of_byte(i);
+  BfDecFP8::subnormals(bytes, mask, scale, [&](int w, float v) {
     for (int t = 0; t < TT; ++t) fix[t] += v * bf16_to_f32(xs[t * ldxp + w]);
-  }
+  });
 }
 
 template <int TT, int R, class D>
