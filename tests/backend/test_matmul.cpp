@@ -308,6 +308,46 @@ TEST(Gemv, FastFp8OnAmxTilesUpToSixteenTokens) {
   }
 }
 
+TEST(Gemv, FastPrecisionMixedBatchAsAnMoeDecodeStep) {
+  // One call as a batched decode step's experts make it, in the default dispatch: FP8 jobs of
+  // 1 token (VDPBF16PS kernel) and of 2 to 16 (AMX tiles where the CPU has them) beside an INT4
+  // job of 1 token and a bf16 job of 3 (float32 kernel), all sharing the threads' work units.
+  const auto saved = mla::cpu::precision();
+  mla::cpu::set_precision(mla::cpu::Precision::Fast);
+  std::mt19937 rng(31);
+  struct Case {
+    WeightFormat f;
+    int64_t T;
+  };
+  const Case cases[] = {{WeightFormat::FP8_BLOCK128, 1}, {WeightFormat::FP8_BLOCK128, 2},
+                        {WeightFormat::FP8_BLOCK128, 7}, {WeightFormat::FP8_BLOCK128, 16},
+                        {WeightFormat::INT4_GROUP, 1},   {WeightFormat::BF16, 3}};
+  const int64_t rows = 384, cols = 1024;
+  std::vector<Owned> mats;
+  std::vector<std::vector<float>> xs, ys;
+  std::vector<mla::cpu::GemvJob> jobs;
+  for (const auto& c : cases) {
+    mats.push_back(random_matrix(c.f, rows, cols, rng));
+    xs.push_back(random_vec(size_t(c.T * cols), rng));
+    ys.emplace_back(size_t(c.T * rows), -1.0f);
+  }
+  for (size_t i = 0; i < std::size(cases); ++i)
+    jobs.push_back({xs[i].data(), cases[i].T, cols, mats[i].view, ys[i].data(), rows});
+  mla::cpu::gemv_batch(jobs);
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    const auto& c = cases[i];
+    const std::string what = std::string("mixed batch ") + mla::weight_format_name(c.f) + " T=" + std::to_string(c.T);
+    if (c.T == 1 || (c.f == WeightFormat::FP8_BLOCK128 && mla::cpu::amx_available())) {
+      expect_close_fast(mats[i].view, xs[i].data(), c.T, cols, ys[i], rows, what);
+    } else {
+      std::vector<float> ref(size_t(c.T * rows));
+      mla::cpu::gemv_reference(xs[i].data(), c.T, cols, mats[i].view, ref.data(), rows);
+      expect_close(mats[i].view, xs[i].data(), c.T, cols, ys[i], ref, rows, 1e-5, what);
+    }
+  }
+  mla::cpu::set_precision(saved);
+}
+
 TEST(Gemv, FastPrecisionUsesBf16KernelsForSingleTokensByDefault) {
   // Default dispatch: 1 token on the bf16 kernels (activations rounded to bf16), more tokens on
   // the float32 kernels (float32 activations, as in precise mode), except FP8 on AMX tiles,
