@@ -126,11 +126,14 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
   for (auto& s : batch) pool.reserve(*s.seq, s.seq->length + int64_t(s.ids.size()));
 
   // Token-packed layout: sequence b's new tokens are rows [first[b], first[b+1]).
-  std::vector<int64_t> first(batch.size() + 1, 0);
+  std::vector<int64_t>& first = fwd_.first;
+  first.assign(batch.size() + 1, 0);
   for (size_t b = 0; b < batch.size(); ++b) first[b + 1] = first[b] + int64_t(batch[b].ids.size());
   const int64_t T = first.back();
-  std::vector<int64_t> pos(static_cast<size_t>(T));
-  std::vector<SeqShape> shapes;
+  std::vector<int64_t>& pos = fwd_.pos;
+  pos.resize(size_t(T));
+  std::vector<SeqShape>& shapes = fwd_.shapes;
+  shapes.clear();
   for (size_t b = 0; b < batch.size(); ++b) {
     for (int64_t i = 0; i < int64_t(batch[b].ids.size()); ++i) pos[size_t(first[b] + i)] = batch[b].seq->length + i;
     shapes.push_back({int64_t(batch[b].ids.size()), batch[b].seq->length});
@@ -158,7 +161,8 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
   f.kv.resize(size_t(T * c.latent_dim()));
   f.attn.resize(size_t(T * H * vd));
   std::vector<float>&h = f.h, &x = f.x, &qa = f.qa, &q = f.q, &kv = f.kv, &attn = f.attn, &delta = f.delta;
-  std::vector<int32_t> all_ids(static_cast<size_t>(T));
+  std::vector<int32_t>& all_ids = f.ids;
+  all_ids.resize(size_t(T));
   for (size_t b = 0; b < batch.size(); ++b) std::copy(batch[b].ids.begin(), batch[b].ids.end(), all_ids.begin() + first[b]);
   // A prompt's rows lie scattered over the table, each a fresh page: on the development VM 512 of
   // them took 18-24 ms on one thread, 10-12 ms on two.
@@ -193,7 +197,9 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
     }
 #pragma omp parallel if (T >= 16)
     {
-      std::vector<float> cosv(static_cast<size_t>(rope / 2)), sinv(static_cast<size_t>(rope / 2));
+      thread_local std::vector<float> cosv, sinv;
+      cosv.resize(size_t(rope / 2));
+      sinv.resize(size_t(rope / 2));
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < T; ++t) {
         float* row = kv.data() + t * c.latent_dim();
@@ -230,7 +236,8 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
   for (auto& s : batch) s.seq->length += int64_t(s.ids.size());
 
   // Final norm and lm_head, on every new token or on each sequence's last one.
-  std::vector<int64_t> rows;
+  std::vector<int64_t>& rows = f.rows;
+  rows.clear();
   if (opt.last_logits_only) {
     for (size_t b = 0; b < batch.size(); ++b)
       if (first[b + 1] > first[b]) rows.push_back(first[b + 1] - 1);
@@ -239,7 +246,8 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
     std::iota(rows.begin(), rows.end(), 0);
   }
   part.emplace(profile_, ForwardProfile::LmHead);
-  std::vector<float> xn(rows.size() * size_t(D));
+  std::vector<float>& xn = f.xn;
+  xn.resize(rows.size() * size_t(D));
   for (size_t r = 0; r < rows.size(); ++r)
     cpu::rmsnorm(h.data() + rows[r] * D, 1, D, D, w_.final_norm.data(), float(c.rms_norm_eps), xn.data() + r * size_t(D), D);
   if (opt.hidden) opt.hidden->push_back(xn);
@@ -261,7 +269,8 @@ void Model::attention(int64_t layer, std::span<SeqSlice> batch, const std::vecto
   const int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vd = c.v_head_dim,
                 kvr = c.kv_lora_rank, qk = nope + rope, dim = c.latent_dim();
   const float scale = float(c.softmax_scale());
-  std::vector<float> latent, kvx, part, part_lse, lse, q_lat, o_lat;
+  AttentionScratch& z = attn_;
+  auto& [latent, kvx, part, part_lse, lse, q_lat, o_lat, jobs, ranges] = z;
   for (size_t b = 0; b < batch.size(); ++b) {
     const int64_t n = first[b + 1] - first[b];
     if (n == 0) continue;
@@ -274,14 +283,20 @@ void Model::attention(int64_t layer, std::span<SeqSlice> batch, const std::vecto
       // q_lat[t, h] = W_UK[h]^T q_nope[t, h]; attention in latent space; then W_UV[h].
       q_lat.resize(size_t(n * H * kvr));
       o_lat.resize(size_t(n * H * kvr));
-      std::vector<cpu::MatmulJob> jobs;
+      jobs.clear();
       for (int64_t h = 0; h < H; ++h)
         jobs.push_back({qb + h * qk, n, H * qk, W.w_uk_t[size_t(h)], q_lat.data() + h * kvr, H * kvr});
       cpu::matmul_batch(jobs);
       // The latent rows come straight from the cache pages, a block of keys at a time.
       const PageTable& seq = *batch[b].seq;
       cpu::AbsorbArgs a{q_lat.data(), qb + nope, H * qk, qk, nullptr, n, S, H, kvr, rope, cached, 0, scale};
-      a.gather = [&pool, &seq, layer](int64_t s0, int64_t cnt, float* out) { pool.gather(layer, seq, s0, cnt, out); };
+      // One captured reference: the std::function holds it without allocating.
+      const struct {
+        LatentPool& pool;
+        const PageTable& seq;
+        int64_t layer;
+      } from{pool, seq, layer};
+      a.gather = [&from](int64_t s0, int64_t cnt, float* out) { from.pool.gather(from.layer, from.seq, s0, cnt, out); };
       cpu::attention_absorb(a, o_lat.data(), lse.data());
       jobs.clear();
       for (int64_t h = 0; h < H; ++h)
@@ -295,7 +310,7 @@ void Model::attention(int64_t layer, std::span<SeqSlice> batch, const std::vecto
     // the new tokens' own causal part.
     latent.resize(size_t(S * dim));
     pool.gather(layer, *batch[b].seq, 0, S, latent.data());
-    std::vector<std::pair<int64_t, int64_t>> ranges;
+    ranges.clear();
     if (path == AttnPath::Chunked) {
       const int64_t C = std::max<int64_t>(1, prefix_chunk);
       for (int64_t s0 = 0; s0 < cached; s0 += C) ranges.push_back({s0, std::min(cached, s0 + C)});
@@ -329,7 +344,8 @@ void Model::mlp(const Mlp& m, const float* x, int64_t T, float* out, bool accumu
   float* const gu = mlp_scratch_.data();
   float* const act = gu + T * 2 * I;
   float* const y = act + T * I;
-  std::vector<cpu::MatmulJob> jobs;
+  std::vector<cpu::MatmulJob>& jobs = mlp_jobs_;
+  jobs.clear();
   push_gate_up(jobs, m, x, T, D, gu);
   cpu::matmul_batch(jobs);
   cpu::silu_mul(gu, T, I, act);
@@ -350,23 +366,33 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   const int64_t E = c.n_routed_experts, K = c.num_experts_per_tok, D = c.hidden_size, G = c.n_group;
   std::optional<PartTimer> part;
   part.emplace(profile_, ForwardProfile::Router);
-  std::vector<float> logits(static_cast<size_t>(T * E));
+  MoeScratch& z = moe_;
+  auto& [logits, chosen, picks, tokens_in, row0, active, jobs] = z;
+  logits.resize(size_t(T * E));
   matmul(x, T, W.router, logits.data());
   // Each token's choice (independent of the others: split across the threads) as (expert,
   // weight) pairs in ascending expert order, then each pick's row among its expert's tokens.
-  std::vector<std::pair<int64_t, float>> chosen(static_cast<size_t>(T * K));
+  chosen.resize(size_t(T * K));
   const float ninf = -std::numeric_limits<float>::infinity();
-  // Descending by value, ties to the lower index (a stable sort of -value).
-  auto top = [](const std::vector<float>& v, int64_t k, std::vector<int64_t>& order) {
+  // The k largest, descending by value, ties to the lower index (as a stable sort of -value).
+  // A NaN counts as -inf (an order, where comparisons with NaN would give none).
+  auto top = [ninf](const std::vector<float>& v, int64_t k, std::vector<int64_t>& order) {
+    auto val = [&](int64_t i) { return std::isnan(v[size_t(i)]) ? ninf : v[size_t(i)]; };
     order.resize(v.size());
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return v[size_t(a)] > v[size_t(b)]; });
-    order.resize(size_t(k));
+    const auto mid = order.begin() + std::min<int64_t>(k, int64_t(order.size()));
+    std::partial_sort(order.begin(), mid, order.end(),
+                      [&](int64_t a, int64_t b) { return val(a) > val(b) || (val(a) == val(b) && a < b); });
+    order.erase(mid, order.end());
   };
 #pragma omp parallel if (T >= 16)
   {
-    std::vector<float> scores(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
-    std::vector<int64_t> idx(static_cast<size_t>(E));
+    // Each thread's working lists, kept between calls.
+    thread_local std::vector<float> scores, choice, group_score, members;
+    thread_local std::vector<int64_t> idx, keep;
+    thread_local std::vector<char> kept;
+    scores.resize(size_t(E));
+    choice.resize(size_t(E));
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
       const float* lg = logits.data() + t * E;
@@ -382,17 +408,16 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
         choice[size_t(e)] = scores[size_t(e)] + (W.router_bias.empty() ? 0.0f : W.router_bias[size_t(e)]);
       if (c.topk_method != TopkMethod::Greedy && G > 1) {
         const int64_t per = E / G;
-        std::vector<float> group_score(static_cast<size_t>(G));
+        group_score.resize(size_t(G));
         for (int64_t g = 0; g < G; ++g) {
-          std::vector<float> members(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+          members.assign(choice.begin() + g * per, choice.begin() + (g + 1) * per);
           std::sort(members.begin(), members.end(), std::greater<float>());
           group_score[size_t(g)] =
               c.topk_method == TopkMethod::NoauxTc ? members[0] + (per > 1 ? members[1] : 0.0f) : members[0];
         }
-        std::vector<int64_t> keep;
         top(group_score, c.topk_group, keep);
-        std::vector<bool> kept(static_cast<size_t>(G), false);
-        for (auto g : keep) kept[size_t(g)] = true;
+        kept.assign(size_t(G), 0);
+        for (auto g : keep) kept[size_t(g)] = 1;
         for (int64_t e = 0; e < E; ++e)
           if (!kept[size_t(e / per)]) choice[size_t(e)] = ninf;  // DeepSeek's fill for the other groups
       }
@@ -411,8 +436,8 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   }
   // picks[t * K + k]: the k-th expert of token t (ascending) and the token's place among that
   // expert's tokens (in token order); tokens_in[e]: how many tokens chose expert e.
-  std::vector<int64_t> tokens_in(static_cast<size_t>(E), 0);
-  std::vector<std::pair<int64_t, int64_t>> picks(static_cast<size_t>(T * K));
+  tokens_in.assign(size_t(E), 0);
+  picks.resize(size_t(T * K));
   for (int64_t i = 0; i < T * K; ++i) {
     const int64_t e = chosen[size_t(i)].first;
     picks[size_t(i)] = {e, tokens_in[size_t(e)]++};
@@ -422,7 +447,7 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   // shared experts (every token, weight 1) and the routed ones run as two batches of products
   // (every gate/up, then every down), so a decode step forks the thread pool twice per layer.
   const int64_t I = c.moe_intermediate_size, Is = W.has_shared ? W.shared.gate.rows : 0;
-  std::vector<int64_t> row0(static_cast<size_t>(E + 1), 0);
+  row0.assign(size_t(E + 1), 0);
   for (int64_t e = 0; e < E; ++e) row0[size_t(e + 1)] = row0[size_t(e)] + tokens_in[size_t(e)];
   const int64_t R = row0[size_t(E)];
   const size_t scratch = size_t(R * (2 * D + 3 * I) + T * 3 * Is);
@@ -433,8 +458,8 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   float* const ye = act + R * I;
   float* const gus = ye + R * D;
   float* const acts = gus + T * 2 * Is;
-  std::vector<cpu::MatmulJob> jobs;
-  std::vector<int64_t> active;
+  jobs.clear();
+  active.clear();
   for (int64_t e = 0; e < E; ++e)
     if (tokens_in[size_t(e)] > 0) active.push_back(e);
 #pragma omp parallel for schedule(static) if (R >= 64)
@@ -460,7 +485,8 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t i = 0; i < na; ++i) {
       const int64_t e = active[size_t(i)], r0 = row0[size_t(e)], n = row0[size_t(e + 1)] - r0;
-      std::vector<cpu::MatmulJob> mine;
+      thread_local std::vector<cpu::MatmulJob> mine;
+      mine.clear();
       push_gate_up(mine, W.experts[size_t(e)], xe + r0 * D, n, D, gu + r0 * 2 * I);
       cpu::matmul_batch(mine);
       cpu::silu_mul(gu + r0 * 2 * I, n, I, act + r0 * I);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/ops.h"
 #include "format/safetensors.h"
 #include "kv/latent_pool.h"
 #include "model/config.h"
@@ -91,9 +92,27 @@ class Model {
   std::vector<float> mlp_scratch_;
   // The forward pass's own activations (residual stream, normed input, q, latents, attention
   // output, layer output), reused the same way: fresh vectors cost a prompt ~20 ms of page faults.
+  // With the attention's and the router's working lists below, a decode step of a batch no larger
+  // than one before it allocates nothing (test Model.DecodeStepsAllocateNothing).
   struct ForwardScratch {
-    std::vector<float> h, x, qa, q, kv, attn, delta;
+    std::vector<float> h, x, qa, q, kv, attn, delta, xn;
+    std::vector<int32_t> ids;
+    std::vector<int64_t> rows, first, pos;
+    std::vector<SeqShape> shapes;
   } fwd_;
+  struct AttentionScratch {
+    std::vector<float> latent, kvx, part, part_lse, lse, q_lat, o_lat;
+    std::vector<cpu::MatmulJob> jobs;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+  } attn_;
+  struct MoeScratch {
+    std::vector<float> logits;
+    std::vector<std::pair<int64_t, float>> chosen;  // per token: (expert, weight), ascending experts
+    std::vector<std::pair<int64_t, int64_t>> picks;  // per choice: (expert, row among its tokens)
+    std::vector<int64_t> tokens_in, row0, active;
+    std::vector<cpu::MatmulJob> jobs;
+  } moe_;
+  std::vector<cpu::MatmulJob> mlp_jobs_;
 };
 
 }  // namespace mla

@@ -153,9 +153,13 @@ void attention_absorb(const AbsorbArgs& a, float* out_lat, float* lse) {
   const int nthr = a.S >= kSplitKeys && !omp_in_parallel()
                        ? int(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, nblocks)))
                        : 1;
-  std::vector<float> Q(static_cast<size_t>(tb * H * dim));
-  std::vector<float> parts(static_cast<size_t>(nthr > 1 ? nthr * tb * H * kvr : 0)),
-      part_lse(static_cast<size_t>(nthr > 1 ? nthr * tb * H : 0));
+  // Kept between calls (no allocation per decode step). The references are this thread's
+  // buffers also inside the parallel region below, where the thread_local names are the workers'.
+  thread_local std::vector<float> q_buf, parts_buf, part_lse_buf;
+  std::vector<float>&Q = q_buf, &parts = parts_buf, &part_lse = part_lse_buf;
+  Q.resize(size_t(tb * H * dim));
+  parts.resize(size_t(nthr > 1 ? nthr * tb * H * kvr : 0));
+  part_lse.resize(size_t(nthr > 1 ? nthr * tb * H : 0));
   for (int64_t t0 = 0; t0 < a.T; t0 += tb) {
     const int64_t nt = std::min(tb, a.T - t0), M = nt * H;
     for (int64_t t = 0; t < nt; ++t)
