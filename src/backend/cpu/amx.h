@@ -6,8 +6,6 @@
 #pragma once
 #include <cstdint>
 
-#include "tensor/matrix.h"
-
 namespace mla::cpu {
 
 // True when the CPU has AMX-BF16 and the kernel granted this process the tile state.
@@ -32,8 +30,8 @@ void amx_gemm_rows32(const uint16_t* xp, int64_t M, int64_t K, const uint16_t* W
 // One TDPBF16PS multiplies 16 weight rows x 32 columns by 16 column pairs x up to 16 tokens, in
 // about the time of 8 VDPBF16PS (5.6 ns against 0.62-0.74 ns here), whatever the token count.
 // The FP8 weights are decoded to bf16 in registers and stored to the A tiles' buffers first.
-// On the 2-core development machine (bench/matmul, 2 GB of experts read from DRAM), 4 tokens
-// streamed 16.5-16.9 GB/s against 12.3-12.5 for the float32 kernel; one token 17.1-17.9
+// On the 2-core development machine (bench/matmul --quick, 1 GB of experts read from DRAM),
+// 4 tokens streamed 15.1-17.8 GB/s against 11.7-12.5 for the float32 kernel; one token 17.1-17.9
 // against 19.7-20.3 for the VDPBF16PS kernel, which therefore keeps single tokens.
 constexpr int64_t kAmxGemvRows = 16, kAmxGemvTokens = 16;
 
