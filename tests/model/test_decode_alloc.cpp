@@ -68,4 +68,33 @@ TEST(Model, DecodeStepsAllocateNothing) {
 #endif
 }
 
+TEST(Model, BatchedDecodeStepsAllocateNothing) {
+#if !MLA_COUNT_NEW
+  GTEST_SKIP() << "the sanitizers replace operator new";
+#else
+  // Three sequences of different lengths decoding together, as the scheduler batches them.
+  const int saved_threads = cpu::num_threads();
+  cpu::set_num_threads(2);
+  auto model = Model::load(test::fixture("deepseek-v3-fp8-tiny"));
+  LatentPool pool = model->make_pool(8, 64);
+  PageTable seqs[3];
+  std::vector<std::vector<int32_t>> prompts = {{5, 17, 3}, {11, 7, 2, 9, 4, 6}, {8}};
+  std::vector<int32_t> next[3] = {{9}, {1}, {2}};
+  std::vector<float> logits;
+  for (int b = 0; b < 3; ++b) {
+    SeqSlice s{&seqs[b], prompts[size_t(b)]};
+    model->forward(std::span<SeqSlice>(&s, 1), pool, {}, logits);
+  }
+  SeqSlice batch[3] = {{&seqs[0], next[0]}, {&seqs[1], next[1]}, {&seqs[2], next[2]}};
+  for (int i = 0; i < 3; ++i) model->forward(std::span<SeqSlice>(batch, 3), pool, {}, logits);  // warm-up
+  g_news = 0;
+  g_counting = true;
+  for (int i = 0; i < 5; ++i) model->forward(std::span<SeqSlice>(batch, 3), pool, {}, logits);
+  g_counting = false;
+  EXPECT_EQ(g_news.load(), 0) << "allocations in 5 batched decode steps";
+  EXPECT_EQ(seqs[1].length, 6 + 8);
+  cpu::set_num_threads(saved_threads);
+#endif
+}
+
 }  // namespace
