@@ -366,6 +366,12 @@ struct FastRows {
     }
   }
 
+  // v plus row `row` times token t over the columns past the last step of 64, on bf16 activations.
+  float add_tail(float v, int64_t row, int64_t t) const {
+    for (int64_t k = S * kStep; k < W->cols; ++k) v += element(*W, row, k) * round_bf16(x[t * ldx + k]);
+    return v;
+  }
+
   // Rows n, n + gap, ... (R of them).
   template <class D, int TT, int R>
   void do_tile(int64_t n, int64_t gap, int64_t t0, const float* bs, float post, float* sbuf) const {
@@ -378,8 +384,7 @@ struct FastRows {
         const int64_t row = n + r * gap;
         float v = out[r][t] * post;
         if constexpr (std::is_same_v<D, BfDecFP8>) v += fix[r][t] * kFp8FastFix;
-        for (int64_t k = S * kStep; k < W->cols; ++k) v += element(*W, row, k) * round_bf16(x[(t0 + t) * ldx + k]);
-        y[(t0 + t) * ldy + row] = v;
+        y[(t0 + t) * ldy + row] = add_tail(v, row, t0 + t);
       }
   }
 
@@ -424,9 +429,7 @@ struct FastRows {
       for (int64_t r = 0; r < nr; ++r)
         for (int64_t t = 0; t < T; ++t) {
           const int64_t row = n + r * gap;
-          float v = c[r * T + t] * kFp8FastPost + fix[r * T + t] * kFp8FastFix;
-          for (int64_t k = S * kStep; k < W->cols; ++k) v += element(*W, row, k) * round_bf16(x[t * ldx + k]);
-          y[t * ldy + row] = v;
+          y[t * ldy + row] = add_tail(c[r * T + t] * kFp8FastPost + fix[r * T + t] * kFp8FastFix, row, t);
         }
     };
     amx_gemv_begin(T);
