@@ -13,7 +13,7 @@
 #include "backend/cpu/ops.h"
 #include "cli/command.h"
 #include "engine/analyze.h"
-#include "engine/generator.h"
+#include "engine/engine.h"
 #include "engine/run_modes.h"
 #include "model/checkpoint_writer.h"
 #include "tokenizer/tokenizer.h"
@@ -126,8 +126,12 @@ int demo(int argc, char** argv) {
 
   // 2. Text in, text out. Random weights give random text: the machinery is the point.
   auto ids = tokenizer.encode(prompt, true);
-  mla::Generator gen(*model, tokenizer);  // bf16 latent cache
-  mla::GenerateParams params;
+  mla::EngineOptions eo;  // bf16 latent cache, room for one context
+  eo.kv_pages = mla::kv_cache_pages(c, 0, eo.page_size, eo.kv_dtype, 1);
+  eo.max_running = 1;
+  eo.max_batch_tokens = eo.kv_pages * eo.page_size;
+  mla::Engine engine(*model, &tokenizer, eo);
+  mla::Request params;
   params.sampling.temperature = 0.8f;
   params.sampling.top_k = 40;
   params.sampling.seed = seed;
@@ -136,8 +140,9 @@ int demo(int argc, char** argv) {
   std::printf("\nprompt (%zu tokens): %s\n", ids.size(), printable(prompt).c_str());
   std::printf("output (random weights, so random text): ");
   std::fflush(stdout);
-  auto r = gen.generate(ids, params, [](std::string_view s) {
-    std::fputs(printable(s).c_str(), stdout);
+  params.prompt = ids;
+  auto r = engine.generate(params, [](const mla::RequestEvent& e) {
+    std::fputs(printable(e.text).c_str(), stdout);
     std::fflush(stdout);
   });
   std::printf("\n");
@@ -189,9 +194,9 @@ int demo(int argc, char** argv) {
   // 5. Throughput of the run above.
   std::printf("\nthroughput (CPU threads: %d):\n", mla::cpu::num_threads());
   std::printf("  prompt     %4lld tokens  %8.1f tokens/s  (one pass, path chosen by shape)\n",
-              (long long)r.prompt_tokens, r.prompt_tokens_per_second());
+              (long long)r.computed_prompt_tokens(), r.prompt_tokens_per_second());
   std::printf("  generated  %4zu tokens  %8.1f tokens/s  (one pass per token on the latent cache)   stopped by: %s\n",
-              r.tokens.size(), r.generated_tokens_per_second(), mla::stop_reason_name(r.reason));
+              r.tokens.size(), r.generated_tokens_per_second(), mla::finish_reason_name(r.reason));
   return 0;
 }
 

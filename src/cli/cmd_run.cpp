@@ -1,8 +1,12 @@
 // `mla run`: text in, text out. Streams the model's continuation of a prompt to stdout and
 // prints the throughput and the KV cache bytes per token to stderr.
 // `mla chat`: an interactive conversation through the model's chat template; lines from stdin
-// (a terminal or a pipe) until EOF or /exit. The cache is kept across turns: each turn feeds
-// only the tokens after what is already cached.
+// (a terminal or a pipe) until EOF or /exit.
+// Both are one-sequence clients of the Engine, stepped on this thread (submit, then
+// run_until_idle; the text streams from the event callback). The chat keeps its cache across
+// turns through the engine's prefix cache: a finished turn leaves its full pages there, so the
+// next turn computes only its new tokens plus at most one partial page (the last page the
+// previous turn did not fill, kv page size 64).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -16,7 +20,7 @@
 #include "backend/cpu/precision.h"
 #include "cli/command.h"
 #include "engine/generation_config.h"
-#include "engine/generator.h"
+#include "engine/engine.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -73,8 +77,8 @@ void add_options(CLI::App& app, RunOptions& o, bool chat_command) {
 struct Session {
   std::unique_ptr<mla::Model> model;
   std::unique_ptr<mla::Tokenizer> tokenizer;
-  std::unique_ptr<mla::Generator> generator;
-  mla::GenerateParams params;
+  std::unique_ptr<mla::Engine> engine;
+  mla::Request params;  // everything but the prompt
   std::string kv_dtype;
 };
 
@@ -83,9 +87,7 @@ Session open_session(RunOptions& o) {
   mla::cpu::set_precision(mla::cpu::parse_precision(o.precision));
   if (o.kv_cache_gb < 0) throw std::invalid_argument("--kv-cache-gb must not be negative");
   Session s;
-  mla::GeneratorOptions go;
-  go.kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
-  go.kv_cache_bytes = o.kv_cache_gb * 1e9;
+  const mla::KvDType kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
   s.kv_dtype = o.kv_dtype;
   s.model = mla::Model::load(o.model_dir, ::isatty(STDERR_FILENO) && !o.quiet);  // progress on a terminal
   s.tokenizer = std::make_unique<mla::Tokenizer>(mla::Tokenizer::load(o.model_dir));
@@ -113,7 +115,13 @@ Session open_session(RunOptions& o) {
     int64_t tok_eos = s.tokenizer->eos_id();
     if (tok_eos >= 0 && !gc.is_eos(tok_eos)) s.params.eos_token_ids.push_back(tok_eos);
   }
-  s.generator = std::make_unique<mla::Generator>(*s.model, *s.tokenizer, go);
+  mla::EngineOptions eo;
+  eo.kv_dtype = kv_dtype;
+  eo.kv_pages = mla::kv_cache_pages(s.model->config(), o.kv_cache_gb * 1e9, eo.page_size, kv_dtype, 1);
+  eo.max_running = 1;
+  // One sequence: its whole prompt in one forward pass, as far as the cache holds it.
+  eo.max_batch_tokens = eo.kv_pages * eo.page_size;
+  s.engine = std::make_unique<mla::Engine>(*s.model, s.tokenizer.get(), eo);
   return s;
 }
 
@@ -132,15 +140,36 @@ void stream_to_stdout(std::string_view s) {
   std::fflush(stdout);
 }
 
-void print_stats(const Session& s, const mla::GenerationResult& r, uint64_t seed) {
+// One turn: the request through the engine, its text streamed to stdout as it comes.
+mla::RequestResult generate(Session& s, const std::vector<int32_t>& ids) {
+  mla::Request req = s.params;
+  req.prompt = ids;
+  mla::RequestResult r;
+  s.engine->submit(std::move(req), [&r](const mla::RequestEvent& e) {
+    r.add(e);
+    stream_to_stdout(e.text);
+  });
+  s.engine->run_until_idle();
+  return r;
+}
+
+bool ran_out_of_room(const mla::RequestResult& r) {
+  return r.reason == mla::FinishReason::KvCacheFull || r.reason == mla::FinishReason::ContextLength;
+}
+
+// Prompt tokens/s: the prompt tokens computed (after those reused from the cache) over the time
+// to the first token. Generated tokens/s: the forward passes after the first token (one per
+// token) over the time from the first token to the end.
+void print_stats(const Session& s, const mla::RequestResult& r, uint64_t seed) {
   std::fprintf(stderr, "\n\n");
-  std::fprintf(stderr, "prompt     %6lld tokens  %9.1f tokens/s", (long long)r.prompt_tokens, r.prompt_tokens_per_second());
-  if (r.reused_tokens) std::fprintf(stderr, "   (%lld more reused from the cache)", (long long)r.reused_tokens);
+  std::fprintf(stderr, "prompt     %6lld tokens  %9.1f tokens/s", (long long)r.computed_prompt_tokens(),
+               r.prompt_tokens_per_second());
+  if (r.cached_tokens) std::fprintf(stderr, "   (%lld more reused from the cache)", (long long)r.cached_tokens);
   std::fprintf(stderr, "\ngenerated  %6zu tokens  %9.1f tokens/s   stopped by: %s\n", r.tokens.size(),
-               r.generated_tokens_per_second(), mla::stop_reason_name(r.reason));
+               r.generated_tokens_per_second(), mla::finish_reason_name(r.reason));
   const auto& c = s.model->config();
   std::fprintf(stderr, "KV cache   %6lld bytes per token (%s latent: %lld layers x (%lld + %lld) values)   seed %llu\n",
-               (long long)s.generator->kv_bytes_per_token(), s.kv_dtype.c_str(), (long long)c.num_hidden_layers,
+               (long long)s.engine->pool().bytes_per_token(), s.kv_dtype.c_str(), (long long)c.num_hidden_layers,
                (long long)c.kv_lora_rank, (long long)c.qk_rope_head_dim, (unsigned long long)seed);
   std::fprintf(stderr, "weights    %s\n", mla::weight_bytes_summary(s.model->weights()).c_str());
 }
@@ -166,8 +195,9 @@ int run_cmd(int argc, char** argv) {
   } else {
     ids = s.tokenizer->encode(o.prompt, true);
   }
-  auto r = s.generator->generate(ids, s.params, stream_to_stdout);
-  if (r.reason == mla::StopReason::KvCacheFull || r.reason == mla::StopReason::ContextLength) {
+  auto r = generate(s, ids);  // throws RequestError for a prompt that can never run
+  if (r.reason == mla::FinishReason::Error) throw std::runtime_error(r.message);
+  if (ran_out_of_room(r)) {
     if (r.tokens.empty()) throw std::runtime_error(r.message);
     std::fprintf(stderr, "\nmla run: %s\n", r.message.c_str());
   }
@@ -205,8 +235,7 @@ int chat_cmd(int argc, char** argv) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line == "/exit") break;
     if (line == "/reset") {
-      messages = start();
-      s.generator->clear();
+      messages = start();  // the prefix cache may still serve the system message
       continue;
     }
     if (line.empty()) continue;
@@ -214,25 +243,32 @@ int chat_cmd(int argc, char** argv) {
     std::string text = mla::render_chat_template(tmpl, messages, true, template_extra(*s.tokenizer));
     auto ids = s.tokenizer->encode(text, false);
     s.params.sampling.seed = o.seed + turn++;  // reproducible, and not the same draws every turn
-    // The generator feeds only the tokens after the longest prefix it already holds.
-    auto r = s.generator->generate(ids, s.params, stream_to_stdout);
+    // The prefix cache holds the earlier turns' full pages: only the rest is computed.
+    mla::RequestResult r;
+    try {
+      r = generate(s, ids);
+    } catch (const mla::RequestError& e) {
+      r.reason = mla::FinishReason::ContextLength;
+      r.message = e.what();
+    }
     stream_to_stdout("\n");
-    if (r.reason == mla::StopReason::KvCacheFull || r.reason == mla::StopReason::ContextLength)
+    if (ran_out_of_room(r) || r.reason == mla::FinishReason::Error)
       std::fprintf(stderr, "mla chat: %s; /reset starts a new conversation\n", r.message.c_str());
     if (!o.quiet)
       std::fprintf(stderr, "[prompt %lld new + %lld cached tokens, %.1f tokens/s | %zu generated, %.1f tokens/s | %s]\n",
-                   (long long)r.prompt_tokens, (long long)r.reused_tokens, r.prompt_tokens_per_second(),
-                   r.tokens.size(), r.generated_tokens_per_second(), mla::stop_reason_name(r.reason));
-    if (r.tokens.empty() && r.reason != mla::StopReason::Eos) {
+                   (long long)r.computed_prompt_tokens(), (long long)r.cached_tokens, r.prompt_tokens_per_second(),
+                   r.tokens.size(), r.generated_tokens_per_second(), mla::finish_reason_name(r.reason));
+    if (r.tokens.empty() && r.reason != mla::FinishReason::Eos) {
       messages.erase(messages.size() - 1);  // the turn did not happen
       continue;
     }
     messages.push_back({{"role", "assistant"}, {"content", r.text}});
   }
   if (!o.quiet)
-    std::fprintf(stderr, "KV cache: %lld bytes per token (%s latent), %zu tokens cached   seed %llu\n",
-                 (long long)s.generator->kv_bytes_per_token(), s.kv_dtype.c_str(), s.generator->tokens().size(),
-                 (unsigned long long)o.seed);
+    std::fprintf(stderr, "KV cache: %lld bytes per token (%s latent), %lld pages of %lld tokens in the prefix cache   seed %llu\n",
+                 (long long)s.engine->pool().bytes_per_token(), s.kv_dtype.c_str(),
+                 (long long)(s.engine->stats().kv_pages_total - s.engine->stats().kv_pages_free),
+                 (long long)s.engine->pool().page_size(), (unsigned long long)o.seed);
   return 0;
 }
 

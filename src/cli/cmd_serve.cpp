@@ -1,4 +1,4 @@
-// `mla serve`: the OpenAI-compatible HTTP server over the continuous-batching scheduler.
+// `mla serve`: the OpenAI-compatible HTTP server over the continuous-batching Engine.
 // Loads the checkpoint and its tokenizer, sizes one latent page pool, runs the engine thread
 // and serves /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics.
 // SIGINT / SIGTERM: stop accepting, answer the requests in flight, exit; a second signal
@@ -17,7 +17,7 @@
 #include "backend/cpu/precision.h"
 #include "cli/command.h"
 #include "engine/generation_config.h"
-#include "engine/scheduler.h"
+#include "engine/engine.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
@@ -81,31 +81,23 @@ int serve_cmd(int argc, char** argv) {
   auto generation = mla::GenerationConfig::load(o.model_dir, model->config());
   const mla::ModelConfig& c = model->config();
 
-  int64_t pages;
-  if (o.kv_cache_gb > 0) {
-    pages = mla::LatentPool::pages_for_budget(o.kv_cache_gb * 1e9, c.num_hidden_layers, c.kv_lora_rank,
-                                              c.qk_rope_head_dim, o.page_size, kv_dtype);
-  } else {
-    const int64_t context = c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096;
-    const int64_t cap = mla::LatentPool::pages_for_budget(double(1ull << 30), c.num_hidden_layers, c.kv_lora_rank,
-                                                          c.qk_rope_head_dim, o.page_size, kv_dtype);
-    pages = std::min((context + o.page_size - 1) / o.page_size * std::max<int64_t>(o.max_num_seqs, 1), cap);
-  }
-  if (pages < 1) throw std::invalid_argument("--kv-cache-gb is too small for one page of the KV cache");
-
-  mla::SchedulerOptions so;
-  so.max_batch_tokens = o.max_batch_tokens;
-  so.max_running = o.max_num_seqs;
-  so.prefix_cache = !o.no_prefix_cache;
-  mla::Scheduler scheduler(*model, model->make_pool(pages, o.page_size, kv_dtype), &tokenizer, so);
+  mla::EngineOptions eo;
+  eo.page_size = o.page_size;
+  eo.kv_dtype = kv_dtype;
+  eo.kv_pages = mla::kv_cache_pages(c, o.kv_cache_gb * 1e9, o.page_size, kv_dtype, std::max<int64_t>(o.max_num_seqs, 1));
+  eo.max_batch_tokens = o.max_batch_tokens;
+  eo.max_running = o.max_num_seqs;
+  eo.prefix_cache = !o.no_prefix_cache;
+  mla::Engine engine(*model, &tokenizer, eo);
+  const int64_t pages = eo.kv_pages;
 
   mla::server::ServerOptions sopt;
   sopt.host = o.host;
   sopt.port = o.port;
   sopt.model_name = o.served_model_name.empty() ? default_model_name(o.model_dir) : o.served_model_name;
-  mla::server::Server server(scheduler, tokenizer, generation, c, sopt);
+  mla::server::Server server(engine, tokenizer, generation, c, sopt);
   const int port = server.bind();
-  scheduler.start();
+  engine.start();
 
   std::atomic<bool> done{false};
   std::thread signal_thread([&] {
@@ -120,7 +112,7 @@ int serve_cmd(int argc, char** argv) {
         server.stop();
       } else {
         std::fprintf(stderr, "mla serve: cancelling the requests in flight\n");
-        scheduler.cancel_all();
+        engine.cancel_all();
       }
     }
   });
@@ -129,14 +121,14 @@ int serve_cmd(int argc, char** argv) {
                "mla serve: %s on http://%s:%d  (KV cache %lld pages x %lld tokens, %s, %lld bytes per token; "
                "batches of up to %lld tokens, %lld sequences)\n",
                sopt.model_name.c_str(), o.host.c_str(), port, (long long)pages, (long long)o.page_size,
-               o.kv_dtype.c_str(), (long long)scheduler.pool().bytes_per_token(), (long long)so.max_batch_tokens,
-               (long long)so.max_running);
+               o.kv_dtype.c_str(), (long long)engine.pool().bytes_per_token(), (long long)eo.max_batch_tokens,
+               (long long)eo.max_running);
   std::fflush(stderr);
   server.listen();
-  scheduler.stop();
+  engine.stop();
   done = true;
   signal_thread.join();
-  auto st = scheduler.stats();
+  auto st = engine.stats();
   std::fprintf(stderr, "mla serve: stopped after %lld requests, %lld tokens generated\n",
                (long long)st.requests_finished, (long long)st.generation_tokens);
   return 0;

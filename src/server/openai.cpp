@@ -205,7 +205,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingCo
     bad("logprobs", "logprobs are not supported");
   if (get_bool(body, "echo").value_or(false)) bad("echo", "echo is not supported");
 
-  ScheduledRequest& r = p.request;
+  Request& r = p.request;
   SamplingParams& sp = r.sampling;
   if (ctx.generation) sp = ctx.generation->apply(sp);  // the checkpoint's defaults, then the request's
   if (auto t = get_number(body, "temperature")) check_range("temperature", *t, 0, 2), sp.temperature = float(*t);
@@ -259,6 +259,19 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingCo
       r.eos_token_ids.push_back(eos);
   }
   return p;
+}
+
+const char* openai_finish_reason(FinishReason r) {
+  switch (r) {
+    case FinishReason::Eos:
+    case FinishReason::StopString: return "stop";
+    case FinishReason::MaxTokens:
+    case FinishReason::ContextLength:
+    case FinishReason::KvCacheFull: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Error: return "error";
+  }
+  return "error";
 }
 
 json Usage::to_json() const {

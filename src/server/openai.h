@@ -1,6 +1,7 @@
 // The OpenAI API's request and response shapes, apart from HTTP: a /v1/completions or
-// /v1/chat/completions body becomes a ScheduledRequest (prompt tokens, sampling, stop
-// conditions), and results become OpenAI's JSON objects and server-sent-event chunks.
+// /v1/chat/completions body becomes an engine Request (prompt tokens, sampling, stop
+// conditions), and results become OpenAI's JSON objects and server-sent-event chunks,
+// FinishReason included (openai_finish_reason).
 // A bad request raises ApiError carrying the HTTP status and OpenAI's error object fields.
 #pragma once
 #include <cstdint>
@@ -9,7 +10,7 @@
 #include <string>
 
 #include "engine/generation_config.h"
-#include "engine/scheduler.h"
+#include "engine/request.h"
 #include "tokenizer/tokenizer.h"
 
 namespace mla::server {
@@ -33,7 +34,7 @@ struct ServingContext {
   const GenerationConfig* generation = nullptr;
   std::string model_name;
   int64_t context_length = 0;       // the model's (0: unknown)
-  int64_t max_sequence_tokens = 0;  // the most tokens one request may hold (scheduler)
+  int64_t max_sequence_tokens = 0;  // the most tokens one request may hold (engine)
 };
 
 struct ParsedRequest {
@@ -41,13 +42,17 @@ struct ParsedRequest {
   std::string model;  // the served name (echoed in responses)
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  ScheduledRequest request;
+  Request request;
 };
 
 // Reads a request body (a JSON object). Unknown fields are ignored; known fields of the wrong
 // type or out of range, n != 1, an empty or too long prompt raise ApiError (400; a model name
 // other than the served one: 404).
 ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body, const ServingContext& ctx);
+
+// OpenAI's finish_reason: "stop" for EOS and stop strings, "length" for the token, context and
+// cache limits; "cancelled" / "error" otherwise.
+const char* openai_finish_reason(FinishReason r);
 
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "server/connection.h"
 #include "server/openai.h"
 
 namespace mla::server {
@@ -31,31 +32,35 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   res.set_content(dump(error_body(status, message, param, type, code)), "application/json");
 }
 
-// Events of one streamed request, filled by the engine thread, drained by the HTTP thread.
+// Events of one request, filled by the engine thread, drained by the HTTP thread.
 struct EventQueue {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<TokenEvent> events;
-  void push(const TokenEvent& e) {
+  std::deque<RequestEvent> events;
+  void push(const RequestEvent& e) {
     {
       std::lock_guard lk(mu);
       events.push_back(e);
     }
     cv.notify_one();
   }
-  std::deque<TokenEvent> pop_all() {
+  // The events so far; waits up to `timeout` for the first.
+  std::deque<RequestEvent> pop_for(std::chrono::milliseconds timeout) {
     std::unique_lock lk(mu);
-    cv.wait(lk, [&] { return !events.empty(); });
-    std::deque<TokenEvent> out;
+    cv.wait_for(lk, timeout, [&] { return !events.empty(); });
+    std::deque<RequestEvent> out;
     out.swap(events);
     return out;
   }
 };
 
+// How often a waiting HTTP thread looks at its client's connection.
+constexpr std::chrono::milliseconds kConnectionPoll{20};
+
 }  // namespace
 
 struct Server::Impl {
-  Scheduler& scheduler;
+  Engine& engine;
   const Tokenizer& tokenizer;
   const GenerationConfig& generation;
   const ModelConfig& model;
@@ -68,25 +73,25 @@ struct Server::Impl {
   // Counters for /metrics.
   std::atomic<int64_t> http_completions{0}, http_chat{0}, http_errors{0}, http_streams{0};
 
-  Impl(Scheduler& s, const Tokenizer& t, const GenerationConfig& g, const ModelConfig& m, ServerOptions o)
-      : scheduler(s), tokenizer(t), generation(g), model(m), opt(std::move(o)) {
+  Impl(Engine& e, const Tokenizer& t, const GenerationConfig& g, const ModelConfig& m, ServerOptions o)
+      : engine(e), tokenizer(t), generation(g), model(m), opt(std::move(o)) {
     ctx.tokenizer = &tokenizer;
     ctx.generation = &generation;
     ctx.model_name = opt.model_name;
     ctx.context_length = model.max_position_embeddings;
-    ctx.max_sequence_tokens = scheduler.max_sequence_tokens();
+    ctx.max_sequence_tokens = engine.max_sequence_tokens();
     routes();
   }
 
   void routes();
   void generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
-  void stream(const ParsedRequest& p, httplib::Response& res);
+  void stream(const ParsedRequest& p, const httplib::Request& req, httplib::Response& res);
   std::string metrics() const;
 };
 
 void Server::Impl::routes() {
   size_t threads = opt.http_threads > 0 ? size_t(opt.http_threads)
-                                        : size_t(std::max<int64_t>(16, scheduler.options().max_running + 4));
+                                        : size_t(std::max<int64_t>(16, engine.options().max_running + 4));
   http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http.set_payload_max_length(64u << 20);
 
@@ -103,7 +108,7 @@ void Server::Impl::routes() {
               {"object", "model"},
               {"created", started},
               {"owned_by", "mla"},
-              {"max_model_len", scheduler.max_sequence_tokens()}};
+              {"max_model_len", engine.max_sequence_tokens()}};
     res.set_content(dump({{"object", "list"}, {"data", json::array({m})}}), "application/json");
   });
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
@@ -146,12 +151,25 @@ void Server::Impl::generate(Endpoint endpoint, const httplib::Request& req, http
     p = parse_request(endpoint, body, ctx);
     if (stopping) throw ApiError(503, "the server is shutting down");
     if (p.stream) {
-      stream(p, res);
+      stream(p, req, res);
       return;
     }
     const std::string id = new_response_id(endpoint);
     const int64_t created = unix_time();
-    ScheduledResult r = scheduler.generate(p.request);
+    // Throws RequestError before anything is queued: answered 400 below.
+    auto queue = std::make_shared<EventQueue>();
+    const int64_t rid = engine.submit(p.request, [queue](const RequestEvent& e) { queue->push(e); });
+    ClientConnection conn(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
+    RequestResult r;
+    bool client_gone = false;
+    while (!r.finished) {
+      for (const RequestEvent& e : queue->pop_for(kConnectionPoll)) r.add(e);
+      if (!r.finished && !client_gone && conn.closed()) {
+        client_gone = true;
+        engine.cancel(rid);  // its last event comes within one engine step
+      }
+    }
+    if (client_gone) return;  // nobody to answer
     if (r.reason == FinishReason::Error) throw ApiError(500, "generation failed: " + r.message);
     if (r.reason == FinishReason::Cancelled) throw ApiError(503, "the request was cancelled: " + r.message);
     Usage u{r.prompt_tokens, int64_t(r.tokens.size()), r.cached_tokens};
@@ -164,26 +182,32 @@ void Server::Impl::generate(Endpoint endpoint, const httplib::Request& req, http
   }
 }
 
-void Server::Impl::stream(const ParsedRequest& p, httplib::Response& res) {
+void Server::Impl::stream(const ParsedRequest& p, const httplib::Request& req, httplib::Response& res) {
   ++http_streams;
   auto queue = std::make_shared<EventQueue>();
   // Throws RequestError before anything is sent: the caller answers 400.
-  const int64_t rid = scheduler.submit(p.request, [queue](const TokenEvent& e) { queue->push(e); });
+  const int64_t rid = engine.submit(p.request, [queue](const RequestEvent& e) { queue->push(e); });
   const std::string id = new_response_id(p.endpoint);
   const int64_t created = unix_time();
   auto sent_role = std::make_shared<bool>(false);
-  Scheduler* sched = &scheduler;
+  auto conn = std::make_shared<ClientConnection>(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
+  Engine* eng = &engine;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [queue, p, id, created, rid, sent_role, sched](size_t, httplib::DataSink& sink) {
+      [queue, p, id, created, rid, sent_role, conn, eng](size_t, httplib::DataSink& sink) {
         auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
         bool ok = true;
         if (p.endpoint == Endpoint::ChatCompletions && !*sent_role) {
           *sent_role = true;
           ok = write(sse_event(stream_chunk(p, id, created, "", nullptr, true)));
         }
-        for (const TokenEvent& e : queue->pop_all()) {
+        std::deque<RequestEvent> events;
+        while (ok && events.empty()) {
+          events = queue->pop_for(kConnectionPoll);
+          if (events.empty() && conn->closed()) ok = false;
+        }
+        for (const RequestEvent& e : events) {
           if (!ok) break;
           if (!e.text.empty()) ok = write(sse_event(stream_chunk(p, id, created, e.text, nullptr)));
           if (!e.finished) continue;
@@ -201,16 +225,16 @@ void Server::Impl::stream(const ParsedRequest& p, httplib::Response& res) {
           if (ok) sink.done();
           return ok;
         }
-        if (!ok) sched->cancel(rid);  // the client went away
+        if (!ok) eng->cancel(rid);  // the client went away
         return ok;
       },
-      [sched, rid](bool success) {
-        if (!success) sched->cancel(rid);
+      [eng, rid](bool success) {
+        if (!success) eng->cancel(rid);
       });
 }
 
 std::string Server::Impl::metrics() const {
-  SchedulerStats s = scheduler.stats();
+  EngineStats s = engine.stats();
   std::ostringstream o;
   auto line = [&](const char* name, const char* help, const char* type, int64_t v) {
     o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n" << name << " " << v << "\n";
@@ -221,7 +245,7 @@ std::string Server::Impl::metrics() const {
     << "mla_http_requests_total{endpoint=\"chat_completions\"} " << http_chat.load() << "\n";
   line("mla_http_streams_total", "streamed (server-sent events) responses", "counter", http_streams.load());
   line("mla_http_errors_total", "responses with an error status", "counter", http_errors.load());
-  line("mla_requests_submitted_total", "requests given to the scheduler", "counter", s.requests_submitted);
+  line("mla_requests_submitted_total", "requests given to the engine", "counter", s.requests_submitted);
   line("mla_requests_finished_total", "requests ended (any reason)", "counter", s.requests_finished);
   line("mla_requests_cancelled_total", "requests cancelled (client gone, shutdown)", "counter", s.requests_cancelled);
   line("mla_requests_running", "sequences in the running batch", "gauge", s.running);
@@ -248,9 +272,9 @@ std::string Server::Impl::metrics() const {
   return o.str();
 }
 
-Server::Server(Scheduler& scheduler, const Tokenizer& tokenizer, const GenerationConfig& generation,
+Server::Server(Engine& engine, const Tokenizer& tokenizer, const GenerationConfig& generation,
                const ModelConfig& model, ServerOptions opt)
-    : impl_(std::make_unique<Impl>(scheduler, tokenizer, generation, model, std::move(opt))) {}
+    : impl_(std::make_unique<Impl>(engine, tokenizer, generation, model, std::move(opt))) {}
 
 Server::~Server() { stop(); }
 

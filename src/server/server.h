@@ -1,15 +1,17 @@
-// The OpenAI-compatible HTTP server (cpp-httplib) over a Scheduler:
+// The OpenAI-compatible HTTP server (cpp-httplib) over the Engine:
 //   POST /v1/completions, POST /v1/chat/completions (JSON, or server-sent events with stream)
 //   GET  /v1/models, /health, /metrics (plain text)
 // Each HTTP request runs on one of the server's threads: it parses and tokenises, submits to
-// the scheduler and waits for (or streams) the tokens the engine thread produces. Bad requests
+// the engine and waits for (or streams) the tokens the engine thread produces. While it waits
+// it watches the client's connection (connection.h): a client that goes away, streamed or
+// not, has its request cancelled, and its pages freed, within one engine step. Bad requests
 // get OpenAI's error object with a 4xx status; nothing a client sends ends the process.
 #pragma once
 #include <memory>
 #include <string>
 
 #include "engine/generation_config.h"
-#include "engine/scheduler.h"
+#include "engine/engine.h"
 #include "model/config.h"
 #include "tokenizer/tokenizer.h"
 
@@ -19,13 +21,13 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;          // 0: a free port, chosen at bind()
   std::string model_name;   // the name /v1/models lists and responses carry
-  int http_threads = 0;     // 0: enough for the scheduler's running sequences and a few more
+  int http_threads = 0;     // 0: enough for the engine's running sequences and a few more
 };
 
 class Server {
  public:
-  // The scheduler (with its engine thread started), tokenizer and configs must outlive the server.
-  Server(Scheduler& scheduler, const Tokenizer& tokenizer, const GenerationConfig& generation,
+  // The engine (with its engine thread started), tokenizer and configs must outlive the server.
+  Server(Engine& engine, const Tokenizer& tokenizer, const GenerationConfig& generation,
          const ModelConfig& model, ServerOptions opt);
   ~Server();
   Server(const Server&) = delete;

@@ -155,23 +155,42 @@ TEST_F(RunCli, ChatReadsPipedLines) {
                                                {{"bos_token", tok.bos_token()}, {"eos_token", tok.eos_token()}});
   std::string first = library_greedy(tok.encode(text, false), 6);
   EXPECT_EQ(r.output.substr(0, first.size() + 1), first + "\n");
-  // Turn statistics: the second turn reuses the cached first turn.
+  // Turn statistics: the second turn takes the first turn's full pages (64 tokens each) from
+  // the prefix cache and computes only the rest: its new tokens and at most a partial page. A
+  // long system message makes the first turn span more than one page.
+  std::string system;
+  for (int i = 0; i < 240; ++i) system += char('a' + (i * 7 + i / 26) % 26);
+  nlohmann::json with_system = nlohmann::json::array({{{"role", "system"}, {"content", system}},
+                                                      {{"role", "user"}, {"content", "Hello"}}});
+  const int64_t first_len = int64_t(tok.encode(mla::render_chat_template(tok.chat_template(), with_system, true,
+                                                                          {{"bos_token", tok.bos_token()},
+                                                                           {"eos_token", tok.eos_token()}}),
+                                               false)
+                                        .size());
+  ASSERT_GT(first_len, 64);
   const fs::path err = *dir_ / "chat_err.txt";
-  auto s = sh("printf 'Hello\\nAnd then?\\n' | " + mla("chat -m " + model() + " -n 6 --temperature 0") + " 2> " +
-              err.string());
+  auto s = sh("printf 'Hello\\nAnd then?\\n' | " +
+              mla("chat -m " + model() + " --system " + system + " -n 6 --temperature 0") + " 2> " + err.string());
   ASSERT_EQ(s.status, 0);
   std::string e = read_file(err);
   std::smatch m;
   std::string::const_iterator from = e.begin();
-  std::vector<int> cached;
+  std::vector<int> fresh, cached;
   std::regex turn(R"(\[prompt (\d+) new \+ (\d+) cached tokens)");
   while (std::regex_search(from, e.cend(), m, turn)) {
+    fresh.push_back(std::stoi(m[1]));
     cached.push_back(std::stoi(m[2]));
     from = m[0].second;
   }
   ASSERT_EQ(cached.size(), 2u) << e;
   EXPECT_EQ(cached[0], 0);
-  EXPECT_GE(cached[1], int(tok.encode(text, false).size())) << "the first turn's prompt stays cached\n" << e;
+  EXPECT_EQ(fresh[0], first_len);
+  EXPECT_GE(cached[1], first_len / 64 * 64) << "the first turn's full pages are reused\n" << e;
+  EXPECT_GT(cached[1], 0);
+  EXPECT_EQ(cached[1] % 64, 0) << "whole pages";
+  // The second prompt repeats the first turn (prompt and up to 6 reply tokens) before its new
+  // text; what is computed is what follows the reused pages.
+  EXPECT_LT(fresh[1], 64 + 40) << "a partial page and the new turn's tokens\n" << e;
 }
 
 TEST_F(RunCli, BadInputIsAnErrorNotACrash) {

@@ -1,14 +1,18 @@
 // End-to-end tests of the OpenAI-compatible server on the deepseek-v3-tiny fixture with a
 // byte-level tokenizer: the server runs in-process on 127.0.0.1 (a free port) and httplib's
 // client sends completions, chat completions, streamed requests (checking the SSE framing),
-// concurrent requests and bad requests (OpenAI's error object). A last test runs the
-// `mla serve` binary and stops it with SIGTERM.
+// concurrent requests and bad requests (OpenAI's error object). A client that closes its
+// connection, streamed or not, has its request cancelled and its pages back within bounded
+// time. A last test runs the `mla serve` binary and stops it with SIGTERM.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -16,7 +20,7 @@
 #include <thread>
 
 #include "engine/generation_config.h"
-#include "engine/scheduler.h"
+#include "engine/engine.h"
 #include "server/openai.h"
 #include "server/server.h"
 #include "test_util.h"
@@ -37,7 +41,7 @@ class ServerTest : public ::testing::Test {
     std::unique_ptr<test::TempDir> dir;
     std::unique_ptr<Tokenizer> tokenizer;
     GenerationConfig generation;
-    std::unique_ptr<Scheduler> scheduler;
+    std::unique_ptr<Engine> engine;
     std::unique_ptr<server::Server> server;
     std::thread thread;
     int port = 0;
@@ -51,23 +55,25 @@ class ServerTest : public ::testing::Test {
     Tokenizer::write_byte_level_tokenizer(s->dir->str(), 512);
     s->tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(s->dir->str()));
     s->generation = GenerationConfig::load(test::fixture("deepseek-v3-tiny"), s->model->config());
-    SchedulerOptions so;
-    so.max_batch_tokens = 64;
-    s->scheduler = std::make_unique<Scheduler>(*s->model, s->model->make_pool(48, 16, KvDType::F32),
-                                               s->tokenizer.get(), so);
-    s->scheduler->start();
+    EngineOptions eo;
+    eo.kv_pages = 48;
+    eo.page_size = 16;
+    eo.kv_dtype = KvDType::F32;
+    eo.max_batch_tokens = 64;
+    s->engine = std::make_unique<Engine>(*s->model, s->tokenizer.get(), eo);
+    s->engine->start();
     server::ServerOptions opt;
     opt.host = "127.0.0.1";
     opt.port = 0;
     opt.model_name = "tiny";
-    s->server = std::make_unique<server::Server>(*s->scheduler, *s->tokenizer, s->generation, s->model->config(), opt);
+    s->server = std::make_unique<server::Server>(*s->engine, *s->tokenizer, s->generation, s->model->config(), opt);
     s->port = s->server->bind();
     s->thread = std::thread([] { s->server->listen(); });
   }
   static void TearDownTestSuite() {
     s->server->stop();
     s->thread.join();
-    s->scheduler->stop();
+    s->engine->stop();
     delete s;
     s = nullptr;
   }
@@ -116,20 +122,20 @@ class ServerTest : public ::testing::Test {
       EXPECT_EQ(j["error"]["param"], param) << r->body;
     }
   }
-  // The reference: the scheduler's own greedy output for these prompt tokens.
-  static ScheduledResult direct(const std::vector<int32_t>& prompt, int64_t max_new, std::vector<std::string> stop = {}) {
-    ScheduledRequest r;
+  // The reference: the engine's own greedy output for these prompt tokens.
+  static RequestResult direct(const std::vector<int32_t>& prompt, int64_t max_new, std::vector<std::string> stop = {}) {
+    Request r;
     r.prompt = prompt;
     r.sampling.temperature = 0;
     r.max_new_tokens = max_new;
     r.stop = std::move(stop);
     r.eos_token_ids = s->generation.eos_token_ids;
     if (s->tokenizer->eos_id() >= 0) r.eos_token_ids.push_back(s->tokenizer->eos_id());
-    return s->scheduler->generate(r);
+    return s->engine->generate(r);
   }
 };
 
-TEST_F(ServerTest, CompletionMatchesScheduler) {
+TEST_F(ServerTest, CompletionMatchesEngine) {
   auto r = post("/v1/completions", {{"model", "tiny"}, {"prompt", "The cat sat"}, {"max_tokens", 10}, {"temperature", 0}});
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
@@ -141,7 +147,7 @@ TEST_F(ServerTest, CompletionMatchesScheduler) {
   ASSERT_EQ(j["choices"].size(), 1u);
   auto ref = direct(s->tokenizer->encode("The cat sat", true), 10);
   EXPECT_EQ(j["choices"][0]["text"], ref.text);
-  EXPECT_EQ(j["choices"][0]["finish_reason"], ref.reason == FinishReason::MaxTokens ? "length" : "stop");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], server::openai_finish_reason(ref.reason));
   EXPECT_EQ(j["usage"]["prompt_tokens"], int64_t(s->tokenizer->encode("The cat sat", true).size()));
   EXPECT_EQ(j["usage"]["completion_tokens"], int64_t(ref.tokens.size()));
   EXPECT_EQ(j["usage"]["total_tokens"], j["usage"]["prompt_tokens"].get<int64_t>() + int64_t(ref.tokens.size()));
@@ -351,11 +357,120 @@ TEST_F(ServerTest, ModelsHealthMetrics) {
   EXPECT_GE(value("mla_generation_tokens_total"), 3);
   EXPECT_EQ(value("mla_kv_pages_total"), 48);
   EXPECT_EQ(value("mla_kv_pages_used") + value("mla_kv_pages_free"), 48);
-  EXPECT_EQ(value("mla_kv_bytes_per_token"), s->scheduler->pool().bytes_per_token());
+  EXPECT_EQ(value("mla_kv_bytes_per_token"), s->engine->pool().bytes_per_token());
   EXPECT_GE(value("mla_batches_total{path=\"absorb\"}") + value("mla_batches_total{path=\"expand\"}") +
                 value("mla_batches_total{path=\"chunked\"}"),
             1);
   EXPECT_GE(value("mla_http_requests_total{endpoint=\"completions\"}"), 1);
+}
+
+// A spawned process, killed (SIGKILL) and reaped when the object goes, unless pid was reset.
+struct ChildProcess {
+  pid_t pid = 0;
+  ChildProcess() = default;
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  ~ChildProcess() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+TEST(OpenAiNames, FinishReasons) {
+  EXPECT_STREQ(server::openai_finish_reason(FinishReason::Eos), "stop");
+  EXPECT_STREQ(server::openai_finish_reason(FinishReason::StopString), "stop");
+  EXPECT_STREQ(server::openai_finish_reason(FinishReason::MaxTokens), "length");
+  EXPECT_STREQ(server::openai_finish_reason(FinishReason::ContextLength), "length");
+  EXPECT_STREQ(server::openai_finish_reason(FinishReason::KvCacheFull), "length");
+  EXPECT_STREQ(server::openai_finish_reason(FinishReason::Cancelled), "cancelled");
+}
+
+// A client that sends one request over a raw socket and then closes it, never reading.
+int send_raw_request(int port, const std::string& path, const json& body) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  const std::string b = body.dump();
+  const std::string msg = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+                          "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b;
+  if (::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL) != ssize_t(msg.size())) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The engine is stepped by the test (no engine thread), so the request cannot finish on its
+// own while the test looks: it runs a few steps, the client closes its socket, and within a
+// bounded number of steps the request is cancelled and every page is free again.
+TEST(ServerDisconnect, ClientGoneCancelsTheRequestAndFreesItsPages) {
+  auto model = Model::load(test::fixture("deepseek-v3-tiny"));
+  test::TempDir dir("server-gone-tok");
+  Tokenizer::write_byte_level_tokenizer(dir.str(), 512);
+  Tokenizer tokenizer = Tokenizer::load(dir.str());
+  GenerationConfig generation = GenerationConfig::load(test::fixture("deepseek-v3-tiny"), model->config());
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "not streamed");
+    EngineOptions eo;
+    eo.kv_pages = 32;
+    eo.page_size = 16;
+    eo.prefix_cache = false;  // every page comes back to the free list
+    Engine engine(*model, &tokenizer, eo);
+    server::ServerOptions opt;
+    opt.port = 0;
+    opt.model_name = "tiny";
+    server::Server srv(engine, tokenizer, generation, model->config(), opt);
+    const int port = srv.bind();
+    std::thread http([&] { srv.listen(); });
+    struct Join {  // on every way out: end the request, stop the server
+      Engine& engine;
+      server::Server& srv;
+      std::thread& t;
+      ~Join() {
+        engine.cancel_all();
+        engine.step();
+        srv.stop();
+        t.join();
+      }
+    } join{engine, srv, http};
+
+    const int64_t max_tokens = 200;
+    int fd = send_raw_request(port, "/v1/completions",
+                              {{"prompt", "a request whose client goes away"}, {"max_tokens", max_tokens},
+                               {"temperature", 0}, {"ignore_eos", true}, {"stream", stream}});
+    ASSERT_GE(fd, 0);
+    for (int i = 0; i < 1000 && engine.stats().requests_submitted == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(engine.stats().requests_submitted, 1);
+    for (int i = 0; i < 3; ++i) engine.step();
+    ASSERT_EQ(engine.stats().running, 1);
+    EXPECT_LT(engine.stats().kv_pages_free, 32);
+    ::close(fd);
+
+    int steps = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (engine.stats().requests_cancelled == 0 && steps < 100) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      engine.step();
+      ++steps;
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto st = engine.stats();
+    EXPECT_EQ(st.requests_cancelled, 1) << "after " << steps << " steps";
+    EXPECT_EQ(st.running, 0);
+    EXPECT_EQ(st.kv_pages_free, 32) << "the request's pages are back";
+    EXPECT_LT(st.generation_tokens, max_tokens) << "it did not run to its end";
+    EXPECT_LT(seconds, 5.0);
+  }
 }
 
 // `mla serve` as a program: a temporary model folder (the fixture and a tokenizer), a free
@@ -376,8 +491,8 @@ TEST(ServeBinary, ServesAndStopsOnSigterm) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, MLA_BINARY, &fa, nullptr, argv.data(), environ), 0);
+  ChildProcess child;  // killed on every way out of this test, failed assertions included
+  ASSERT_EQ(posix_spawn(&child.pid, MLA_BINARY, &fa, nullptr, argv.data(), environ), 0);
   posix_spawn_file_actions_destroy(&fa);
 
   int port = 0;
@@ -389,13 +504,12 @@ TEST(ServeBinary, ServesAndStopsOnSigterm) {
     if (std::regex_search(text, m, re)) port = std::stoi(m[1]);
     else std::this_thread::sleep_for(std::chrono::milliseconds(100));
     int st;
-    if (port == 0 && waitpid(pid, &st, WNOHANG) == pid) FAIL() << "mla serve exited early:\n" << text;
+    if (port == 0 && waitpid(child.pid, &st, WNOHANG) == child.pid) {
+      child.pid = 0;
+      FAIL() << "mla serve exited early:\n" << text;
+    }
   }
-  if (port == 0) {
-    ::kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    FAIL() << "mla serve printed no address";
-  }
+  ASSERT_NE(port, 0) << "mla serve printed no address";
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(120, 0);
   auto r = c.Post("/v1/completions", json({{"model", "bin-model"}, {"prompt", "hi"}, {"max_tokens", 4}}).dump(),
@@ -403,9 +517,10 @@ TEST(ServeBinary, ServesAndStopsOnSigterm) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(json::parse(r->body)["model"], "bin-model");
-  ::kill(pid, SIGTERM);
+  ::kill(child.pid, SIGTERM);
   int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_EQ(waitpid(child.pid, &status, 0), child.pid);
+  child.pid = 0;  // reaped
   EXPECT_TRUE(WIFEXITED(status)) << "ended by a signal";
   EXPECT_EQ(WEXITSTATUS(status), 0);
   std::ifstream in(log);

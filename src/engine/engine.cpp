@@ -1,0 +1,418 @@
+// Engine: requests in, one step = schedule, forward, per-sequence sampling, events (see engine.h).
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace mla {
+
+int64_t kv_cache_pages(const ModelConfig& c, double budget_bytes, int64_t page_size, KvDType dtype,
+                       int64_t sequences) {
+  if (page_size <= 0) throw std::invalid_argument("the KV cache's page size must be positive");
+  if (budget_bytes < 0) throw std::invalid_argument("the KV cache budget must not be negative");
+  if (budget_bytes > 0) {
+    const int64_t pages = LatentPool::pages_for_budget(budget_bytes, c.num_hidden_layers, c.kv_lora_rank,
+                                                       c.qk_rope_head_dim, page_size, dtype);
+    if (pages < 1)
+      throw std::invalid_argument(
+          "a budget of " + std::to_string(int64_t(budget_bytes)) + " bytes is too small for one page of the KV cache (" +
+          std::to_string(LatentPool::row_bytes(c.kv_lora_rank, c.qk_rope_head_dim, dtype) * c.num_hidden_layers *
+                         page_size) +
+          " bytes)");
+    return pages;
+  }
+  const int64_t context = c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096;
+  const int64_t cap = LatentPool::pages_for_budget(double(1ull << 30), c.num_hidden_layers, c.kv_lora_rank,
+                                                   c.qk_rope_head_dim, page_size, dtype);
+  return std::min((context + page_size - 1) / page_size * std::max<int64_t>(sequences, 1), std::max<int64_t>(cap, 1));
+}
+
+namespace {
+
+LatentPool make_pool(const Model& model, const EngineOptions& opt) {
+  const int64_t pages =
+      opt.kv_pages > 0 ? opt.kv_pages : kv_cache_pages(model.config(), 0, opt.page_size, opt.kv_dtype, opt.max_running);
+  return model.make_pool(pages, opt.page_size, opt.kv_dtype);
+}
+
+}  // namespace
+
+Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& opt)
+    : model_(model),
+      tokenizer_(tokenizer),
+      opt_(opt),
+      pool_(make_pool(model, opt)),
+      cache_(opt.prefix_cache ? std::make_unique<PrefixCache>(pool_, opt.prefix_cache_entries) : nullptr),
+      scheduler_(pool_, cache_.get(), SchedulerOptions{opt.max_batch_tokens, opt.max_running}) {
+  if (tokenizer_) {
+    const int64_t vocab = model_.config().vocab_size, tokens = int64_t(tokenizer_->vocab_size());
+    for (int64_t id = 0; id < vocab; ++id) {
+      bool present = id < tokens;
+      if (present) {
+        try {
+          tokenizer_->token_bytes(int32_t(id));
+        } catch (const std::out_of_range&) {
+          present = false;
+        }
+      }
+      if (!present) no_token_ids_.push_back(int32_t(id));
+    }
+  }
+  update_stats();
+}
+
+Engine::~Engine() { stop(); }
+
+int64_t Engine::max_sequence_tokens() const {
+  const int64_t cap = capacity_tokens(), context = model_.config().max_position_embeddings;
+  return context > 0 ? std::min(cap, context) : cap;
+}
+
+int64_t Engine::submit(Request req, Callback on_event) {
+  if (req.prompt.empty()) throw RequestError("the prompt is empty: there is no token to condition on");
+  const int64_t vocab = model_.config().vocab_size;
+  for (int32_t id : req.prompt)
+    if (id < 0 || id >= vocab)
+      throw RequestError("prompt token " + std::to_string(id) + " is outside the vocabulary of " +
+                         std::to_string(vocab));
+  try {
+    req.sampling.validate();
+  } catch (const std::invalid_argument& e) {
+    throw RequestError(e.what());
+  }
+  if (!tokenizer_ && !req.stop.empty()) throw RequestError("stop strings need a tokenizer");
+  const int64_t n = int64_t(req.prompt.size()), limit = max_sequence_tokens();
+  if (n > limit) {
+    const int64_t context = model_.config().max_position_embeddings;
+    std::string what = context > 0 && context <= capacity_tokens()
+                           ? "the model's context of " + std::to_string(context) + " tokens"
+                           : "the KV cache's " + std::to_string(capacity_tokens()) + " tokens";
+    throw RequestError("the prompt's " + std::to_string(n) + " tokens exceed " + what);
+  }
+
+  auto s = std::make_unique<Sequence>();
+  s->tokens = req.prompt;
+  s->prompt_len = n;
+  s->sampler.emplace(req.sampling);
+  s->sampler->add_prompt_tokens(req.prompt);
+  s->output = OutputStream(tokenizer_, req.skip_special_tokens, req.stop);
+  s->req = std::move(req);
+  s->on_event = std::move(on_event);
+  int64_t id;
+  {
+    std::lock_guard lk(mu_);
+    id = s->id = next_id_++;
+    ++submitted_;
+    incoming_.push_back(std::move(s));
+  }
+  cv_.notify_all();
+  return id;
+}
+
+void Engine::cancel(int64_t id) {
+  {
+    std::lock_guard lk(mu_);
+    cancels_.push_back(id);
+  }
+  cv_.notify_all();
+}
+
+void Engine::cancel_all() {
+  {
+    std::lock_guard lk(mu_);
+    cancel_all_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Engine::drain_incoming() {
+  std::vector<std::unique_ptr<Sequence>> incoming;
+  std::vector<int64_t> cancels;
+  bool all = false;
+  {
+    std::lock_guard lk(mu_);
+    incoming.swap(incoming_);
+    cancels.swap(cancels_);
+    std::swap(all, cancel_all_);
+  }
+  for (auto& owned : incoming) {
+    Sequence& s = *owned;
+    sequences_[s.id] = std::move(owned);
+    counters_.prompt_tokens += s.prompt_len;
+    if (s.req.max_new_tokens == 0) {
+      finish(s, FinishReason::MaxTokens);
+      continue;
+    }
+    scheduler_.add(&s);
+  }
+  for (int64_t id : cancels)
+    if (auto it = sequences_.find(id); it != sequences_.end() && !it->second->done)
+      finish(*it->second, FinishReason::Cancelled);
+  if (all)
+    for (auto& [id, s] : sequences_)
+      if (!s->done) finish(*s, FinishReason::Cancelled, "all requests were cancelled");
+}
+
+void Engine::emit(Sequence& s, RequestEvent e) {
+  if (!s.on_event) return;
+  e.request_id = s.id;
+  e.prompt_tokens = s.prompt_len;
+  e.cached_tokens = s.cached_tokens;
+  e.completion_tokens = s.generated;
+  events_.push_back({s.on_event, std::move(e)});
+}
+
+void Engine::finish(Sequence& s, FinishReason reason, std::string message, int32_t token, std::string text) {
+  if (s.done) return;
+  s.done = true;
+  if (reason != FinishReason::Error) {
+    try {
+      text += s.output.finish();  // what the decoder and the stop strings still hold
+    } catch (const std::exception& e) {
+      reason = FinishReason::Error;
+      message = std::string("detokenising the output failed: ") + e.what();
+    }
+  }
+  ++counters_.requests_finished;
+  if (reason == FinishReason::Cancelled) ++counters_.requests_cancelled;
+  scheduler_.remove(&s);  // its pages back (full ones to the prefix cache)
+  RequestEvent e;
+  e.token = token;
+  e.text = std::move(text);
+  e.finished = true;
+  e.reason = reason;
+  e.message = std::move(message);
+  emit(s, std::move(e));
+}
+
+// ---- sampling: one sequence, its logits row ----
+
+void Engine::sample(Sequence& s, std::span<float> logits) {
+  if (s.req.logits_processor) s.req.logits_processor(logits, s.tokens);
+  for (int32_t id : no_token_ids_) logits[size_t(id)] = -std::numeric_limits<float>::infinity();
+  const int32_t id = s.sampler->sample(logits);
+  s.sampler->add_output_token(id);
+  s.tokens.push_back(id);
+  ++s.generated;
+  ++counters_.generation_tokens;
+  const auto& eos = s.req.eos_token_ids;
+  if (std::find(eos.begin(), eos.end(), int64_t(id)) != eos.end()) {
+    finish(s, FinishReason::Eos, {}, id);
+    return;
+  }
+  std::string text = s.output.push(id);
+  if (s.output.stopped()) {
+    finish(s, FinishReason::StopString, {}, id, std::move(text));
+    return;
+  }
+  if (s.req.max_new_tokens >= 0 && s.generated >= s.req.max_new_tokens) {
+    finish(s, FinishReason::MaxTokens, {}, id, std::move(text));
+    return;
+  }
+  const int64_t context = model_.config().max_position_embeddings;
+  if (context > 0 && int64_t(s.tokens.size()) > context) {  // the next pass would put id at position context
+    finish(s, FinishReason::ContextLength, "reached the model's context of " + std::to_string(context) + " tokens",
+           id, std::move(text));
+    return;
+  }
+  RequestEvent e;
+  e.token = id;
+  e.text = std::move(text);
+  emit(s, std::move(e));
+}
+
+// ---- the step ----
+
+bool Engine::step_inner() {
+  drain_incoming();
+  bool worked = false;
+  Batch batch = scheduler_.schedule();
+  for (auto& [s, message] : batch.out_of_pages) {
+    finish(*s, FinishReason::KvCacheFull, std::move(message));
+    worked = true;
+  }
+  if (!batch.parts.empty()) {
+    worked = true;
+    std::vector<SeqSlice> slices;
+    slices.reserve(batch.parts.size());
+    for (const BatchPart& p : batch.parts)
+      slices.push_back({&p.seq->table, std::span<const int32_t>(p.seq->tokens.data() + p.seq->table.length,
+                                                                size_t(p.n))});
+    ForwardOptions fo;
+    fo.path = opt_.path;
+    fo.policy = opt_.policy;
+    fo.last_logits_only = true;
+    bool ok = true;
+    try {
+      model_.forward(slices, pool_, fo, logits_);
+    } catch (const std::exception& e) {
+      // Nothing was written (pages were checked first); the batch's requests end with the error.
+      ok = false;
+      for (const BatchPart& p : batch.parts)
+        finish(*p.seq, FinishReason::Error, std::string("forward pass failed: ") + e.what());
+    }
+    if (ok) {
+      ++counters_.steps;
+      scheduler_.postprocess(batch);
+      const size_t vocab = size_t(model_.config().vocab_size);
+      for (size_t b = 0; b < batch.parts.size(); ++b) {
+        Sequence& s = *batch.parts[b].seq;
+        counters_.computed_tokens += batch.parts[b].n;
+        if (s.pending() > 0 || s.done) continue;  // a prefill chunk short of the end: no token yet
+        try {
+          sample(s, std::span<float>(logits_.data() + b * vocab, vocab));
+        } catch (const std::exception& e) {
+          finish(s, FinishReason::Error, std::string("sampling failed: ") + e.what());
+        }
+      }
+    }
+  }
+  std::erase_if(sequences_, [&](const auto& kv) {
+    if (kv.second->done) worked = true;
+    return kv.second->done;
+  });
+  return worked;
+}
+
+bool Engine::step() {
+  bool worked = step_inner();
+  publish();
+  return worked;
+}
+
+void Engine::publish() {
+  update_stats();  // first, so that whoever hears of a token sees it counted
+  std::vector<std::pair<Callback, RequestEvent>> events;
+  events.swap(events_);
+  for (auto& [cb, e] : events) cb(e);
+}
+
+void Engine::run_until_idle() {
+  while (step()) {
+  }
+}
+
+void Engine::update_stats() {
+  EngineStats st = counters_;
+  st.running = scheduler_.num_running();
+  st.waiting = scheduler_.num_waiting();
+  st.preemptions = scheduler_.preemptions();
+  st.prefix_hit_tokens = scheduler_.prefix_hit_tokens();
+  st.kv_pages_total = pool_.num_pages();
+  st.kv_pages_free = pool_.free_pages();
+  st.kv_page_size = pool_.page_size();
+  st.kv_bytes_per_token = pool_.bytes_per_token();
+  st.prefix_cache_entries = cache_ ? cache_->entries() : 0;
+  st.kv_pages_prefix_cache = cache_ ? cache_->pages_held_alone() : 0;
+  st.paths = model_.path_counters();
+  std::lock_guard lk(mu_);
+  st.requests_submitted = submitted_;
+  st.waiting += int64_t(incoming_.size());
+  snapshot_ = st;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lk(mu_);
+  EngineStats st = snapshot_;
+  st.requests_submitted = submitted_;
+  return st;
+}
+
+std::vector<int32_t> Engine::pages_of(int64_t id) const {
+  for (const Sequence* s : scheduler_.running())
+    if (s->id == id) return s->table.pages;
+  return {};
+}
+
+// ---- the engine thread ----
+
+void Engine::engine_loop() {
+  while (true) {
+    {
+      std::lock_guard lk(mu_);
+      if (stop_) break;
+    }
+    bool worked = false;
+    try {
+      worked = step();
+    } catch (const std::exception& e) {
+      // A bug, not a bad request: end what is running rather than the process.
+      for (auto& [id, s] : sequences_)
+        if (!s->done) finish(*s, FinishReason::Error, std::string("engine step failed: ") + e.what());
+      sequences_.clear();
+      publish();
+      worked = true;
+    }
+    if (!worked) {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || cancel_all_ || !incoming_.empty() || !cancels_.empty(); });
+    }
+  }
+  // Whatever is left is cancelled, so that nobody waits for it.
+  drain_incoming();
+  for (auto& [id, s] : sequences_)
+    if (!s->done) finish(*s, FinishReason::Cancelled, "the engine is shutting down");
+  sequences_.clear();
+  publish();
+}
+
+void Engine::start() {
+  std::lock_guard lk(mu_);
+  if (engine_.joinable()) return;
+  stop_ = false;
+  running_thread_ = true;
+  engine_ = std::thread([this] { engine_loop(); });
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard lk(mu_);
+    if (!engine_.joinable()) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  engine_.join();
+  std::lock_guard lk(mu_);
+  engine_ = std::thread();
+  running_thread_ = false;
+}
+
+RequestResult Engine::generate(Request req, Callback on_event) {
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    RequestResult r;
+    bool done = false;
+  };
+  auto st = std::make_shared<State>();
+  submit(std::move(req), [st, on_event](const RequestEvent& e) {
+    if (on_event) on_event(e);
+    std::lock_guard lk(st->mu);
+    st->r.add(e);
+    if (e.finished) {
+      st->done = true;
+      st->cv.notify_all();
+    }
+  });
+  bool threaded;
+  {
+    std::lock_guard lk(mu_);
+    threaded = running_thread_;
+  }
+  if (!threaded) {
+    while (true) {
+      {
+        std::lock_guard lk(st->mu);
+        if (st->done) break;
+      }
+      if (!step()) throw std::logic_error("engine: idle before the request finished");
+    }
+  }
+  std::unique_lock lk(st->mu);
+  st->cv.wait(lk, [&] { return st->done; });
+  return st->r;
+}
+
+}  // namespace mla

@@ -1,0 +1,155 @@
+// The one generation engine, for every front end (mla run, chat, demo and serve). It owns the
+// latent page pool, the prefix cache and the scheduler over a Model (and, optionally, a
+// Tokenizer for text and stop strings). Requests arrive from any thread (submit); one thread
+// steps. One step:
+//   scheduler.schedule()  -> a ragged batch (decode tokens, prefill chunks, admissions)
+//   Model::forward        -> the last logits row of each sequence in the batch
+//   sample(sequence, row) -> per sequence: its logits processor, the vocabulary mask, its
+//                            Sampler; then its OutputStream (text, stop strings) and the stop
+//                            conditions; an error here ends that sequence alone (Error)
+//   events                -> delivered to each request's callback at the end of the step
+//
+// Continuous batching with chunked prefill under max_batch_tokens, admission by free pages,
+// preemption of the newest sequence with exact recompute and prefix sharing are the
+// scheduler's (scheduler.h) and the prefix cache's (kv/prefix_cache.h). Each sequence's logits
+// depend only on its own tokens, so its greedy output does not depend on what runs beside it.
+//
+// Ids the tokenizer has no token for (DeepSeek-V3 has 129,280 logit rows and 128,815 tokens)
+// are never sampled when a tokenizer is given.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "engine/sequence.h"
+#include "kv/latent_pool.h"
+#include "kv/prefix_cache.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace mla {
+
+// The one KV-budget -> pages rule. budget_bytes > 0: the pages that fit in it (all layers);
+// 0: room for `sequences` full contexts of the model (4096 tokens when it names none), at most
+// 1 GiB. Throws std::invalid_argument for a negative budget, a non-positive page size or a
+// budget smaller than one page.
+int64_t kv_cache_pages(const ModelConfig& config, double budget_bytes, int64_t page_size, KvDType dtype,
+                       int64_t sequences = 1);
+
+struct EngineOptions {
+  int64_t kv_pages = 0;  // 0: kv_cache_pages(config, 0, page_size, kv_dtype, max_running)
+  int64_t page_size = 64;
+  KvDType kv_dtype = KvDType::BF16;
+  int64_t max_batch_tokens = 512;  // new tokens per forward pass (decode tokens + prefill chunks)
+  int64_t max_running = 64;        // sequences decoding or prefilling at once
+  bool prefix_cache = true;
+  int64_t prefix_cache_entries = 64;
+  AttnPath path = AttnPath::Auto;
+  PathPolicy policy;
+};
+
+struct EngineStats {
+  int64_t requests_submitted = 0, requests_finished = 0, requests_cancelled = 0;
+  int64_t running = 0, waiting = 0;
+  int64_t prompt_tokens = 0;      // prompt tokens of finished and running requests
+  int64_t prefix_hit_tokens = 0;  // prompt tokens taken from the prefix cache
+  int64_t computed_tokens = 0;    // tokens run through the model (prefill, recompute, decode)
+  int64_t generation_tokens = 0;  // tokens sampled
+  int64_t preemptions = 0;
+  int64_t steps = 0;
+  int64_t kv_pages_total = 0, kv_pages_free = 0, kv_pages_prefix_cache = 0;
+  int64_t kv_page_size = 0, kv_bytes_per_token = 0;
+  int64_t prefix_cache_entries = 0;
+  PathCounters paths;
+};
+
+class Engine {
+ public:
+  using Callback = std::function<void(const RequestEvent&)>;
+
+  // The model (and tokenizer, if given) must outlive the engine. Without a tokenizer events
+  // carry no text and stop strings are refused.
+  Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& opt = {});
+  ~Engine();  // stops the engine thread
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request; the callback receives its events on the stepping thread (keep it short;
+  // it may call submit and cancel). Thread-safe. Throws RequestError for a request that can
+  // never run.
+  int64_t submit(Request req, Callback on_event);
+  // Ends a request at the next step (its last event has reason Cancelled) and frees its pages.
+  // Thread-safe; unknown or finished ids are ignored.
+  void cancel(int64_t id);
+  void cancel_all();  // every queued and running request; thread-safe
+
+  // One step; false when there was nothing to do. Only one thread may step: either call step()
+  // / run_until_idle() / generate() yourself or start() the engine thread.
+  bool step();
+  void run_until_idle();
+  void start();  // runs steps on an engine thread until stop()
+  void stop();   // stops the engine thread; requests still queued or running are cancelled
+
+  // Submits and waits for the end: on the engine thread if started, else stepping on the
+  // calling thread. Throws RequestError as submit.
+  RequestResult generate(Request req, Callback on_event = {});
+
+  EngineStats stats() const;  // thread-safe snapshot, updated after every step
+  const LatentPool& pool() const { return pool_; }
+  const EngineOptions& options() const { return opt_; }
+  int64_t capacity_tokens() const { return pool_.num_pages() * pool_.page_size(); }
+  // The most tokens one request may hold (prompt and output): the cache's and the context's.
+  int64_t max_sequence_tokens() const;
+  // For tests, between steps on the stepping thread: the pages of a running request.
+  std::vector<int32_t> pages_of(int64_t id) const;
+
+ private:
+  bool step_inner();
+  void publish();  // updates the stats, then delivers the step's events
+  void drain_incoming();
+  // Ends a sequence: the output stream's end flush, the last event, out of the scheduler.
+  void finish(Sequence& s, FinishReason reason, std::string message = {}, int32_t token = -1, std::string text = {});
+  void forget(int64_t id);  // drops a finished sequence
+  // Samples the sequence's next token from its logits row and handles it (text, stop
+  // conditions, event). Throws for an error of this sequence alone.
+  void sample(Sequence& s, std::span<float> logits);
+  void emit(Sequence& s, RequestEvent e);
+  void update_stats();
+  void engine_loop();
+
+  Model& model_;
+  const Tokenizer* tokenizer_;
+  EngineOptions opt_;
+  LatentPool pool_;
+  std::unique_ptr<PrefixCache> cache_;
+  Scheduler scheduler_;
+  std::vector<int32_t> no_token_ids_;  // logit rows the tokenizer has no token for
+
+  // Stepping-thread state.
+  std::unordered_map<int64_t, std::unique_ptr<Sequence>> sequences_;
+  std::vector<float> logits_;
+  EngineStats counters_;  // cumulative counters kept by the engine
+  std::vector<std::pair<Callback, RequestEvent>> events_;  // of the current step, delivered at its end
+
+  // Shared with submitting threads.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Sequence>> incoming_;
+  std::vector<int64_t> cancels_;
+  bool cancel_all_ = false;
+  int64_t next_id_ = 1;
+  int64_t submitted_ = 0;
+  bool stop_ = false;
+  bool running_thread_ = false;
+  EngineStats snapshot_;
+  std::thread engine_;
+};
+
+}  // namespace mla
