@@ -25,8 +25,9 @@
 //   verbatim with its markers. So a call's start and its arguments are sent together, as soon
 //   as its end marker arrives: a started call can never turn out to be text.
 // - Whitespace between the calls of a section (and, for glm47, after a call) is dropped; other
-//   text there is content. The section's markers are dropped once one of its calls succeeded;
-//   a section in which none did stays content verbatim.
+//   text there is content. A section whose first call succeeds loses its markers; one in which
+//   no call succeeds stays content verbatim (as does its begin marker when text or a failed call
+//   comes before its first good call).
 // - Ids: "call_" + 24 random alphanumerics (ToolParserOptions::make_id replaces the generator),
 //   except kimi_k2, which keeps the model's own "functions.NAME:IDX" (as vLLM does): Kimi's chat
 //   template writes each call's id back into the next prompt verbatim, and the model was trained
@@ -104,7 +105,20 @@ std::string default_tool_parser(std::string_view model_type, std::string_view ch
 ToolParseResult parse_tool_calls(std::string_view parser_name, std::string_view text, ToolParserOptions options = {});
 
 // A request's whole output path: the reasoning parser first (optional), its content into the
-// tool-call parser (optional); either alone, or neither (all text is content).
+// tool-call parser (optional); either alone, or neither (then the text passes through as
+// content unchanged). Reasoning deltas come first, then content and calls.
+//
+// Wiring, per request: make one ChatOutputParser when the request is a chat completion (the
+// tool parser only when it has `tools` and tool_choice is not "none"; ReasoningOptions::
+// prompt_opened = prompt_opens_reasoning(rendered prompt)); decode with the markers kept (Kimi's
+// and GLM's markers are special tokens, so skip_special_tokens must be off for such requests);
+// call feed() with each text delta of the sequence's output stream, finish() once when the
+// sequence ends (stop, EOS, length, cancel). Map ChatDelta to choices[0].delta: Reasoning ->
+// {"reasoning_content"}, Content -> {"content"}, CallStart -> {"tool_calls": [{"index", "id",
+// "type": "function", "function": {"name", "arguments": ""}}]}, Arguments -> {"tool_calls":
+// [{"index", "function": {"arguments"}}]}. A non-streamed response gathers the same deltas
+// (ToolParseResult::apply, plus the reasoning text). With calls() > 0 and a finish reason of
+// "stop", the finish reason is "tool_calls".
 struct ChatDelta {
   enum class Kind { Reasoning, Content, CallStart, Arguments };
   Kind kind = Kind::Content;

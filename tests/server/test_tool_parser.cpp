@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "server/tool_parser.h"
+#include "tokenizer/chat_template.h"
 
 namespace mla::server {
 namespace {
@@ -493,6 +494,107 @@ TEST(ToolParser, DefaultFromModelTypeAndTemplate) {
   EXPECT_EQ(default_tool_parser("deepseek_v3", "{{ messages }}"), "deepseek_v3");
   EXPECT_EQ(default_tool_parser("deepseek_v2", "{{ messages }}"), "");
   EXPECT_EQ(default_tool_parser("llama", ""), "");
+}
+
+// ---- the templates' own renderings parse back -------------------------------------------------
+
+// An assistant turn with two calls, as a client sends it back in the history.
+const Json kTwoCalls = Json::parse(R"([
+  {"id": "functions.get_weather:0", "type": "function",
+   "function": {"name": "get_weather", "arguments": "{\"city\": \"北京\", \"days\": 3}"}},
+  {"id": "functions.run:1", "type": "function",
+   "function": {"name": "run", "arguments": "{\"cmd\": \"echo \\\"hi\\\"\", \"env\": {\"A\": [1, 2]}}"}}
+])");
+
+void expect_the_two_calls(const ToolParseResult& r) {
+  ASSERT_EQ(r.tool_calls.size(), 2u);
+  EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(arguments_of(r.tool_calls[0]), Json::parse(kTwoCalls[0]["function"]["arguments"].get<std::string>()));
+  EXPECT_EQ(r.tool_calls[1].name, "run");
+  EXPECT_EQ(arguments_of(r.tool_calls[1]), Json::parse(kTwoCalls[1]["function"]["arguments"].get<std::string>()));
+}
+
+TEST(ToolParser, DeepSeekV3TemplateRenderingParsesBack) {
+  // The real DeepSeek-V3 chat template (fixtures) renders the calls of an assistant turn; the
+  // text between <｜Assistant｜> and <｜end▁of▁sentence｜> is what the model was trained to write.
+  Json config = Json::parse(read_fixture("fixtures/tokenizer/deepseek-v3/tokenizer_config.json"));
+  Json messages = Json::array({{{"role", "user"}, {"content", "weather?"}},
+                               {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", kTwoCalls}}});
+  std::string prompt = render_chat_template(config["chat_template"].get<std::string>(), messages, false,
+                                            {{"bos_token", ""}, {"eos_token", "<｜end▁of▁sentence｜>"}});
+  size_t from = prompt.find("<｜Assistant｜>");
+  size_t to = prompt.find("<｜end▁of▁sentence｜>");
+  ASSERT_NE(from, std::string::npos);
+  ASSERT_NE(to, std::string::npos);
+  from += std::string_view("<｜Assistant｜>").size();
+  ToolParseResult r = parse_all_ways("deepseek_v3", prompt.substr(from, to - from));
+  EXPECT_EQ(r.content, "");
+  expect_the_two_calls(r);
+}
+
+TEST(ToolParser, TemplateSnippetsOfTheOtherFamiliesParseBack) {
+  // The tool-call parts of DeepSeek-V3.1's, Kimi K2's and GLM-4.7's chat templates, as their
+  // published templates write them.
+  const std::string v31 =
+      "{%- set ns = namespace(is_first=false) -%}{%- for tool in message['tool_calls'] %}{%- if not ns.is_first %}"
+      "{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'+ tool['function']['name'] + '<｜tool▁sep｜>' + "
+      "tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}{%- set ns.is_first = true -%}{%- else %}"
+      "{{'<｜tool▁call▁begin｜>'+ tool['function']['name'] + '<｜tool▁sep｜>' + tool['function']['arguments'] + "
+      "'<｜tool▁call▁end｜>'}}{%- endif %}{%- endfor %}{{'<｜tool▁calls▁end｜>'}}";
+  const std::string kimi =
+      "<|tool_calls_section_begin|>\n{%- for tool_call in message['tool_calls'] -%}\n"
+      "  {%- set formatted_id = tool_call['id'] -%}\n"
+      "  <|tool_call_begin|>{{ formatted_id }}<|tool_call_argument_begin|>{% if tool_call['function']['arguments'] is "
+      "string %}{{ tool_call['function']['arguments'] }}{% else %}{{ tool_call['function']['arguments'] | tojson }}"
+      "{% endif %}<|tool_call_end|>\n{%- endfor -%}\n<|tool_calls_section_end|>";
+  const std::string glm =
+      "{% for tc in message.tool_calls %}{%- if tc.function %}{%- set tc = tc.function %}{%- endif %}"
+      "{{- '<tool_call>' + tc.name -}}{% set _args = tc.arguments %}{% for k, v in _args.items() %}"
+      "<arg_key>{{ k }}</arg_key><arg_value>{{ v | tojson if v is not string else v }}</arg_value>{% endfor %}"
+      "</tool_call>{% endfor %}";
+  Json message = {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", kTwoCalls}};
+
+  ToolParseResult r = parse_all_ways("deepseek_v31", ChatTemplate(v31).render(Json{{"message", message}}));
+  EXPECT_EQ(r.content, "");
+  expect_the_two_calls(r);
+
+  r = parse_all_ways("kimi_k2", ChatTemplate(kimi).render(Json{{"message", message}}));
+  EXPECT_EQ(r.content, "");
+  expect_the_two_calls(r);
+  EXPECT_EQ(r.tool_calls[0].id, "functions.get_weather:0");
+  EXPECT_EQ(r.tool_calls[1].id, "functions.run:1");
+
+  // GLM's template takes the arguments as an object; the schema types days and env.
+  Json glm_message = message;
+  for (Json& call : glm_message["tool_calls"])
+    call["function"]["arguments"] = Json::parse(call["function"]["arguments"].get<std::string>());
+  const Json tools = Json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+       "city": {"type": "string"}, "days": {"type": "integer"}}}}},
+    {"type": "function", "function": {"name": "run", "parameters": {"type": "object", "properties": {
+       "cmd": {"type": "string"}, "env": {"type": "object"}}}}}
+  ])");
+  r = parse_all_ways("glm47", ChatTemplate(glm).render(Json{{"message", glm_message}}), tools);
+  EXPECT_EQ(r.content, "");
+  expect_the_two_calls(r);
+}
+
+TEST(ToolParser, ContentStreamsAheadAndACallArrivesWithItsEndMarker) {
+  auto p = make_tool_parser("deepseek_v31");
+  std::vector<ToolCallDelta> out;
+  p->feed("Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\":", out);
+  ASSERT_EQ(out.size(), 1u);  // the text before the section, at once; the call waits
+  EXPECT_EQ(out[0].kind, ToolCallDelta::Kind::Content);
+  EXPECT_EQ(out[0].text, "Let me look.");
+  out.clear();
+  p->feed(" 1}<｜tool▁call▁end｜>", out);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].kind, ToolCallDelta::Kind::CallStart);
+  EXPECT_EQ(out[0].index, 0);
+  EXPECT_EQ(out[0].name, "f");
+  EXPECT_EQ(out[1].kind, ToolCallDelta::Kind::Arguments);
+  EXPECT_EQ(out[1].text, "{\"a\": 1}");
+  EXPECT_EQ(p->calls(), 1);
 }
 
 // ---- reasoning, then tool calls ----------------------------------------------------------------
