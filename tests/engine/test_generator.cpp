@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "backend/cpu/ops.h"
+#include "backend/cpu/context.h"
 #include "engine/generation_config.h"
 #include "engine/generator.h"
 #include "engine/run_modes.h"
@@ -126,20 +126,18 @@ TEST(StopStrings, EarliestOfSeveral) {
 class GeneratorTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    // One thread: these tiny models gain nothing from two, and a busy machine makes OpenMP's
-    // waiting threads slow; restored afterwards for the other suites.
-    saved_threads_ = mla::cpu::num_threads();
-    mla::cpu::set_num_threads(1);
+    // One thread (one_thread_): these tiny models gain nothing from two, and a busy machine
+    // makes OpenMP's waiting threads slow.
+    one_thread_.threads = 1;
     dir_ = new fs::path(temp_dir("model"));
     fs::copy_file(kFixture + "/config.json", *dir_ / "config.json");
     fs::copy_file(kFixture + "/model.safetensors", *dir_ / "model.safetensors");
     mla::Tokenizer::write_byte_level_tokenizer(dir_->string(), 512);
-    model_ = mla::Model::load(dir_->string()).release();
+    model_ = mla::Model::load(dir_->string(), one_thread_).release();
     tok_ = new mla::Tokenizer(mla::Tokenizer::load(dir_->string()));
   }
   static void TearDownTestSuite() {
     delete tok_;
-    mla::cpu::set_num_threads(saved_threads_);
     delete model_;
     fs::remove_all(*dir_);
     delete dir_;
@@ -165,7 +163,7 @@ class GeneratorTest : public ::testing::Test {
     return out;
   }
   static inline fs::path* dir_ = nullptr;
-  static inline int saved_threads_ = 0;
+  static inline mla::cpu::Context one_thread_;
   static inline mla::Model* model_ = nullptr;
   static inline mla::Tokenizer* tok_ = nullptr;
 };
