@@ -249,7 +249,7 @@ void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
     throw std::invalid_argument("matmul_bf16: INT4 group size " + std::to_string(W.group_size) +
                                 " is not a multiple of 32");
   thread_local Scratch s;
-  // Our AMX kernel for up to 127 tokens (dispatch.cpp) (an expert's share of a prompt or of a batch),
+  // Our AMX kernel for up to 127 tokens (an expert's share of a prompt or of a batch; dispatch.h),
   // oneDNN's matmul above: on one 2816 x 2048 bf16 matrix split over 2 threads, ours ran 796,
   // 932 and 935 GFLOPS at 64, 128 and 256 tokens against oneDNN's 820, 1006 and 1213; on 186
   // experts of that shape read from DRAM, 48 tokens each, one per thread (bench/matmul), ours
