@@ -20,6 +20,7 @@
 #include "backend/cpu/decode_avx512.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/onednn_threads.h"
+#include "backend/cpu/parallel.h"
 
 namespace mla::cpu {
 
@@ -106,8 +107,7 @@ void matmul_amx(const Context& ctx, const float* x, int64_t T, int64_t ldx, cons
     if (s.a.size() < size_t(tn * K)) s.a.resize(size_t(tn * K));
     if (s.p.size() < size_t(amx_packed_size(tn, K))) s.p.resize(size_t(amx_packed_size(tn, K)));
     const uint16_t* xp = s.p.data();
-#pragma omp parallel num_threads(ctx.num_threads())
-    {
+    parallel_region(ctx, true, [&] {
     // Activations to bf16 and packed, 16 tokens (one token tile) per iteration.
 #pragma omp for schedule(static)
     for (int64_t tb = 0; tb < (tn + 15) / 16; ++tb) {
@@ -129,7 +129,7 @@ void matmul_amx(const Context& ctx, const float* x, int64_t T, int64_t ldx, cons
       }
       amx_gemm_rows32(xp, tn, K, w, K, nr, direct && nr == kAmxRows, y + t0 * ldy + n0, ldy);
     }
-    }
+    });
   }
 }
 
@@ -267,10 +267,10 @@ void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
   uint16_t* const a = s.a.data();  // the workers below see this thread's scratch through these
   // The conversion and the copy of the result run on every thread: a prompt makes dozens of
   // these calls, and on one thread they left the others idle for milliseconds each.
-  const int threads = ctx.num_threads();
-#pragma omp parallel for schedule(static) if (T >= 64) num_threads(threads)
-  for (int64_t t0 = 0; t0 < T; t0 += 16)
+  parallel_for(ctx, (T + 15) / 16, T >= 64, [&](int64_t i) {
+    const int64_t t0 = i * 16;
     activations_bf16(x + t0 * ldx, std::min<int64_t>(16, T - t0), ldx, K, W.format, !direct, a + t0 * K, K);
+  });
   std::fill(a + T * K, a + Mp * K, uint16_t(0));
   const int64_t nb = direct ? kBlockN : std::min(kBlockN, kDequantRows);
   // When no rows were padded, oneDNN writes y itself.
@@ -285,8 +285,10 @@ void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
     } else {
       if (s.w.size() < size_t(bn * K)) s.w.resize(size_t(bn * K));
       uint16_t* w = s.w.data();
-#pragma omp parallel for schedule(static) num_threads(threads)
-      for (int64_t r = 0; r < bn; r += 16) dequant_rows_bf16(W, n0 + r, std::min(bn, r + 16) + n0, w + r * K, K);
+      parallel_for(ctx, (bn + 15) / 16, true, [&](int64_t i) {
+        const int64_t r = i * 16;
+        dequant_rows_bf16(W, n0 + r, std::min(bn, r + 16) + n0, w + r * K, K);
+      });
       B = w;
     }
     if (in_place) {
@@ -294,8 +296,7 @@ void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
       continue;
     }
     gemm_bf16_nt(ctx, a, Mp, K, B, bn, K, K, c, bn);
-#pragma omp parallel for schedule(static) if (T >= 64) num_threads(threads)
-    for (int64_t t = 0; t < T; ++t) std::copy(c + t * bn, c + (t + 1) * bn, y + t * ldy + n0);
+    parallel_for(ctx, T, T >= 64, [&](int64_t t) { std::copy(c + t * bn, c + (t + 1) * bn, y + t * ldy + n0); });
   }
 }
 

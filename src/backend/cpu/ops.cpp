@@ -55,16 +55,20 @@ void matmul(const Context& ctx, const float* x, int64_t T, int64_t ldx, const Ma
     return;
   }
   const int64_t nblocks = (N + kBlockRows - 1) / kBlockRows;
-#pragma omp parallel num_threads(ctx.num_threads())
-  {
-    std::vector<float> block(static_cast<size_t>(kBlockRows * K));
-#pragma omp for schedule(dynamic)
-    for (int64_t b = 0; b < nblocks; ++b) {
-      int64_t r0 = b * kBlockRows, nr = std::min(kBlockRows, N - r0);
-      for (int64_t r = 0; r < nr; ++r) W.dequant_row(r0 + r, block.data() + r * K);
-      sgemm(ctx, false, true, T, nr, K, 1.0f, x, ldx, block.data(), K, 0.0f, y + r0, ldy);
-    }
+  auto run = [&](int64_t b) {
+    thread_local std::vector<float> block;  // each thread's, kept between calls
+    if (block.size() < size_t(kBlockRows * K)) block.resize(size_t(kBlockRows * K));
+    int64_t r0 = b * kBlockRows, nr = std::min(kBlockRows, N - r0);
+    for (int64_t r = 0; r < nr; ++r) W.dequant_row(r0 + r, block.data() + r * K);
+    sgemm(ctx, false, true, T, nr, K, 1.0f, x, ldx, block.data(), K, 0.0f, y + r0, ldy);
+  };
+  const int threads = region_threads(ctx, nblocks > 1);
+  if (threads == 1) {  // no region of one thread (parallel.h)
+    for (int64_t b = 0; b < nblocks; ++b) run(b);
+    return;
   }
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+  for (int64_t b = 0; b < nblocks; ++b) run(b);
 }
 
 void matmul_batch(const Context& ctx, std::span<const MatmulJob> jobs) {

@@ -29,11 +29,18 @@ void parallel_for(const Context& ctx, int64_t n, bool split, Body&& body) {
 }
 
 // region() on each of ctx's threads when `split`, else once on the calling thread. Worksharing
-// loops inside must use schedule(static): outside a region (the serial case) they run whole on
-// the calling thread without the runtime (a dynamic one would allocate its work share).
+// loops inside must use schedule(static): outside any region (the serial case) they run whole
+// on the calling thread without the runtime (a dynamic one would allocate its work share).
+// Inside another region, region() runs in a nested region of one thread as before, so that its
+// worksharing loops bind to that and not to the enclosing team.
 template <class Region>
 void parallel_region(const Context& ctx, bool split, Region&& region) {
-  const int threads = region_threads(ctx, split);
+  if (omp_in_parallel()) {
+#pragma omp parallel num_threads(1)
+    region();
+    return;
+  }
+  const int threads = split ? ctx.num_threads() : 1;
   if (threads == 1) {
     region();
     return;
