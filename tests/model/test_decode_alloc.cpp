@@ -7,8 +7,9 @@
 // (libstdc++, libgomp, oneDNN) allocate through them too. Not under AddressSanitizer, which
 // replaces them itself.
 // One source is known and tallied apart, by the allocating code's address: oneDNN's sgemm
-// (the absorb attention's two products per layer, backend/cpu/attention.cpp) allocates its
-// packing workspace on every call, through posix_memalign inside libdnnl. The tests require
+// allocates its packing workspace on every call, through posix_memalign inside libdnnl (the
+// absorb attention's two products per layer, backend/cpu/attention.cpp; in the precise
+// precision also the dequantized blocks of products past the GEMV, ops.cpp). The tests require
 // zero allocations from everything else and print oneDNN's count.
 #include <gtest/gtest.h>
 
