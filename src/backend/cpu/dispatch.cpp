@@ -2,22 +2,17 @@
 #include "backend/cpu/dispatch.h"
 
 #include "backend/cpu/amx.h"
+#include "backend/cpu/decode_avx512.h"
 
 namespace mla::cpu {
 
 namespace {
 
-constexpr int64_t kChunk = 32;     // columns of one AVX-512 decode (decode_avx512.h)
-constexpr int64_t kStep = 64;      // columns of one bf16 GEMV step (decode_avx512.h)
+using avx512::bf16_kernel;     // the format has VDPBF16PS kernels
+using avx512::fast_supported;  // the format has fused GEMV kernels (else the reference)
+using avx512::kChunk;          // columns of one AVX-512 decode
+using avx512::kStep;           // columns of one bf16 GEMV step
 constexpr int64_t kAmxGemmMaxTokens = 128;  // the AMX GEMM below this; oneDNN from it (gemm.cpp)
-
-bool fast_kernels(const MatrixView& W) {  // decode_avx512.h: fast_supported
-  return W.format != WeightFormat::INT4_GROUP || (W.group_size > 0 && W.group_size % kChunk == 0);
-}
-bool bf16_kernels(const MatrixView& W) {  // decode_avx512.h: bf16_kernel
-  return W.format == WeightFormat::BF16 || W.format == WeightFormat::FP8_BLOCK128 ||
-         (W.format == WeightFormat::INT4_GROUP && fast_kernels(W));
-}
 
 }  // namespace
 
@@ -59,11 +54,11 @@ int64_t gemv_max_tokens(const Context& ctx, const MatrixView& W, const CpuFeatur
 }
 
 Kernel gemv_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f) {
-  if (!fast_kernels(W)) return Kernel::GemvReference;
+  if (!fast_supported(W)) return Kernel::GemvReference;
   if (ctx.fast() && f.amx && T >= 2 && T <= kAmxGemvTokens && W.cols >= kStep &&
       W.format == WeightFormat::FP8_BLOCK128)
     return Kernel::GemvAmxFp8;
-  if (ctx.fast() && T <= ctx.gemv_bf16_max_tokens && bf16_kernels(W)) return Kernel::GemvBf16;
+  if (ctx.fast() && T <= ctx.gemv_bf16_max_tokens && bf16_kernel(W)) return Kernel::GemvBf16;
   return Kernel::GemvF32;
 }
 
@@ -73,7 +68,7 @@ Kernel gemm_bf16_kernel(int64_t T, const MatrixView& W, const CpuFeatures& f) {
 
 Kernel matmul_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f) {
   if (T <= gemv_max_tokens(ctx, W, f)) return gemv_kernel(ctx, T, W, f);
-  if (ctx.fast() && fast_kernels(W))
+  if (ctx.fast() && fast_supported(W))
     return gemm_bf16_kernel(T, W, f);
   return W.format == WeightFormat::F32 ? Kernel::Sgemm : Kernel::DequantSgemm;
 }
