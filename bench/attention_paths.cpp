@@ -53,6 +53,7 @@ struct Bf16Weight {
 
 // One attention layer of the model's shape, run the way Model::forward and Model::attention run it.
 struct Layer {
+  mla::cpu::Context ctx;  // the kernels' (threads from --threads)
   const mla::ModelConfig& c;
   int64_t H, nope, rope, vd, kvr, qk, dim, D;
   Bf16Weight q, kv_a, kv_b, o;
@@ -104,12 +105,12 @@ struct Layer {
     const int64_t C = seq.length, S = C + T;
     std::vector<float> qv(size_t(T * H * qk)), kv(size_t(T * dim)), out(size_t(T * H * vd));
     std::vector<float> cosv(size_t(rope / 2)), sinv(size_t(rope / 2));
-    mla::cpu::matmul(x, T, q.view, qv.data());
-    mla::cpu::matmul(x, T, kv_a.view, kv.data());
+    mla::cpu::matmul(ctx, x, T, q.view, qv.data());
+    mla::cpu::matmul(ctx, x, T, kv_a.view, kv.data());
     if (!pool.reserve(seq, S)) throw std::runtime_error("bench: pool too small");
     for (int64_t t = 0; t < T; ++t) {
       float* row = kv.data() + t * dim;
-      mla::cpu::rmsnorm(row, 1, kvr, kvr, kv_a_norm.data(), 1e-6f, row, kvr);
+      mla::cpu::rmsnorm(ctx, row, 1, kvr, kvr, kv_a_norm.data(), 1e-6f, row, kvr);
       rope_tab.angles(C + t, cosv.data(), sinv.data());
       mla::cpu::rope_interleaved(row + kvr, cosv.data(), sinv.data(), rope / 2);
       for (int64_t h = 0; h < H; ++h)
@@ -120,7 +121,7 @@ struct Layer {
     auto t0 = Clock::now();
     attend(T, C, qv.data(), pool, seq, path, prefix_chunk, out.data());
     double attn_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    mla::cpu::matmul(out.data(), T, o.view, y);
+    mla::cpu::matmul(ctx, out.data(), T, o.view, y);
     return attn_s;
   }
 
@@ -134,11 +135,11 @@ struct Layer {
     if (path == mla::AttnPath::Absorb) {
       std::vector<float> q_lat(size_t(n * H * kvr)), o_lat(size_t(n * H * kvr));
       for (int64_t h = 0; h < H; ++h)
-        mla::cpu::matmul(qb + h * qk, n, H * qk, w_uk_t[size_t(h)], q_lat.data() + h * kvr, H * kvr);
+        mla::cpu::matmul(ctx, qb + h * qk, n, H * qk, w_uk_t[size_t(h)], q_lat.data() + h * kvr, H * kvr);
       mla::cpu::AbsorbArgs a{q_lat.data(), qb + nope, H * qk, qk, latent.data(), n, S, H, kvr, rope, cached, 0, scale};
-      mla::cpu::attention_absorb(a, o_lat.data(), lse.data());
+      mla::cpu::attention_absorb(ctx, a, o_lat.data(), lse.data());
       for (int64_t h = 0; h < H; ++h)
-        mla::cpu::matmul(o_lat.data() + h * kvr, n, H * kvr, w_uv[size_t(h)], ob + h * vd, H * vd);
+        mla::cpu::matmul(ctx, o_lat.data() + h * kvr, n, H * kvr, w_uv[size_t(h)], ob + h * vd, H * vd);
       return;
     }
     std::vector<std::pair<int64_t, int64_t>> ranges;
@@ -155,12 +156,12 @@ struct Layer {
     for (auto [k0, k1] : ranges) {
       const int64_t nk = k1 - k0;
       kvx.resize(size_t(nk * H * (nope + vd)));
-      mla::cpu::matmul(latent.data() + k0 * dim, nk, dim, kv_b.view, kvx.data(), H * (nope + vd));
+      mla::cpu::matmul(ctx, latent.data() + k0 * dim, nk, dim, kv_b.view, kvx.data(), H * (nope + vd));
       mla::cpu::ExpandArgs a{qb, kvx.data(), latent.data() + k0 * dim + kvr, dim, n, nk, H, nope, rope, vd, cached, k0, scale};
       if (ranges.size() == 1) {
-        mla::cpu::attention_expand(a, ob, lse.data());
+        mla::cpu::attention_expand(ctx, a, ob, lse.data());
       } else {
-        mla::cpu::attention_expand(a, part.data(), part_lse.data());
+        mla::cpu::attention_expand(ctx, a, part.data(), part_lse.data());
         mla::cpu::merge_partial(ob, lse.data(), part.data(), part_lse.data(), n * H, vd);
       }
     }
@@ -229,7 +230,6 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (threads > 0) mla::cpu::set_num_threads(threads);
   if (quick) min_time = std::min(min_time, 0.05);
 
   const auto bench_start = Clock::now();
@@ -238,6 +238,7 @@ int main(int argc, char** argv) {
   mla::PathPolicy policy;  // the model's defaults: prefix_chunk 1024
   std::mt19937 rng(1234);
   Layer L(cfg, rng);
+  L.ctx.threads = std::max(0, threads);
 
   const std::vector<int64_t> cached_list = quick ? std::vector<int64_t>{0, 2048} : std::vector<int64_t>{0, 512, 2048, 4096};
   const std::vector<int64_t> new_list =
@@ -249,7 +250,7 @@ int main(int argc, char** argv) {
               "nope %lld, v %lld, hidden %lld), bf16 weights, bf16 latent pool, %d threads, load average %.2f, OMP_WAIT_POLICY %s\n",
               (long long)cfg.num_attention_heads, (long long)cfg.kv_lora_rank, (long long)cfg.qk_rope_head_dim,
               (long long)cfg.qk_nope_head_dim, (long long)cfg.v_head_dim, (long long)cfg.hidden_size,
-              mla::cpu::num_threads(), load_average(),
+              L.ctx.num_threads(), load_average(),
               std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)");
   std::printf("tokens/s = new tokens / time of the whole layer (projections, pool, attention, o_proj); the ratios "
               "compare the attention part alone (gather + path), which is all that differs. chunked runs the cached "

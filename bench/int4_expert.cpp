@@ -77,13 +77,13 @@ void fill(Set& s, mla::WeightFormat f, int64_t rows, int64_t cols, int count) {
 }
 
 // Seconds per product: best of `reps` passes over every copy.
-double per_product(const Set& s, int64_t T, int reps) {
+double per_product(const mla::cpu::Context& ctx, const Set& s, int64_t T, int reps) {
   const int64_t K = s.views[0].cols, N = s.views[0].rows;
   std::vector<float> x(size_t(T * K), 0.01f), y(size_t(T * N));
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
     auto t = Clock::now();
-    for (const auto& v : s.views) mla::cpu::matmul(x.data(), T, v, y.data());
+    for (const auto& v : s.views) mla::cpu::matmul(ctx, x.data(), T, v, y.data());
     best = std::min(best, since(t) / double(s.views.size()));
   }
   return best;
@@ -93,10 +93,11 @@ double per_product(const Set& s, int64_t T, int reps) {
 
 int main(int argc, char** argv) {
   bool quick = false;
+  mla::cpu::Context ctx;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick") quick = true;
-    else if (a == "--threads" && i + 1 < argc) mla::cpu::set_num_threads(std::atoi(argv[++i]));
+    else if (a == "--threads" && i + 1 < argc) ctx.threads = std::max(0, std::atoi(argv[++i]));
     else {
       std::fprintf(stderr, "usage: int4_expert [--quick] [--threads N]\n");
       return 2;
@@ -104,8 +105,8 @@ int main(int argc, char** argv) {
   }
   const int reps = quick ? 2 : 5;
   const size_t target = quick ? (size_t(1) << 30) : (size_t(3) << 29);  // bytes per set
-  const double bw = mla::bench::read_bandwidth_gbps(size_t(2) << 30, reps);
-  std::printf("Kimi-K2 expert projection, INT4 (group 32, bf16 scales) vs bf16; %d threads\n", mla::cpu::num_threads());
+  const double bw = mla::bench::read_bandwidth_gbps(size_t(2) << 30, reps, ctx.threads);
+  std::printf("Kimi-K2 expert projection, INT4 (group 32, bf16 scales) vs bf16; %d threads\n", ctx.num_threads());
   std::printf("read loop (AVX-512, 2 GiB): %.1f GB/s\n\n", bw);
   std::printf("%-11s %-9s %-8s %10s %8s %9s %12s\n", "shape", "tokens", "format", "us/product", "GB/s", "vs loop",
               "int4 speedup");
@@ -122,8 +123,8 @@ int main(int argc, char** argv) {
     };
     for (const Case& c : {Case{1, mla::cpu::Precision::Precise, "1"}, Case{16, mla::cpu::Precision::Fast, "16 fast"},
                           Case{16, mla::cpu::Precision::Precise, "16 precise"}}) {
-      mla::cpu::set_precision(c.p);
-      const double tb = per_product(bf, c.T, reps), tq = per_product(q4, c.T, reps);
+      ctx.precision = c.p;
+      const double tb = per_product(ctx, bf, c.T, reps), tq = per_product(ctx, q4, c.T, reps);
       const double gb_bf = double(bf.bytes) / double(bf.views.size()) / tb / 1e9;
       const double gb_q4 = double(q4.bytes) / double(q4.views.size()) / tq / 1e9;
       char shape[32];

@@ -101,13 +101,13 @@ Set make_set(mla::WeightFormat f, int64_t rows, int64_t cols, int count, bool hu
 }
 
 // Best of `reps` passes of y = W x over every matrix of the set; returns seconds per pass.
-double time_pass(const Set& s, int64_t T, int reps) {
+double time_pass(const mla::cpu::Context& ctx, const Set& s, int64_t T, int reps) {
   const int64_t K = s.views[0].cols, N = s.views[0].rows;
   std::vector<float> x(size_t(T * K), 0.01f), y(size_t(T * N));
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
     auto t = Clock::now();
-    for (const auto& v : s.views) mla::cpu::matmul(x.data(), T, v, y.data());
+    for (const auto& v : s.views) mla::cpu::matmul(ctx, x.data(), T, v, y.data());
     best = std::min(best, since(t));
   }
   return best;
@@ -129,17 +129,23 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (threads > 0) mla::cpu::set_num_threads(threads);
+  mla::cpu::Context base;  // precise, --threads
+  base.threads = std::max(0, threads);
+  auto in = [&](mla::cpu::Precision p) {
+    mla::cpu::Context c = base;
+    c.precision = p;
+    return c;
+  };
   const int reps = quick ? 2 : 5;
   const size_t target = quick ? (size_t(1) << 30) : (size_t(2) << 30);
-  const double bw = l2_only ? 0.0 : mla::bench::read_bandwidth_gbps(target, reps);
-  std::printf("threads %d, huge pages %s; read loop over %.1f GiB: %.1f GB/s\n", mla::cpu::num_threads(),
+  const double bw = l2_only ? 0.0 : mla::bench::read_bandwidth_gbps(target, reps, base.threads);
+  std::printf("threads %d, huge pages %s; read loop over %.1f GiB: %.1f GB/s\n", base.num_threads(),
               huge ? "asked" : "off", double(target) / (1 << 30), bw);
 
   // Decode: an MoE expert projection (1408 x 2048) and its transpose, T = 1 and 4.
   // Both precisions: precise (float32 activations, weights decoded to float32, FMA) and fast
   // (activations rounded to bf16, weights decoded to bf16, VDPBF16PS; f32/f16 weights excepted;
-  // by default only for 1 token, see cpu::gemv_bf16_max_tokens: fast at T = 4 is the float32 kernel).
+  // by default only for 1 token, see cpu::Context::gemv_bf16_max_tokens: fast at T = 4 is the float32 kernel).
   std::printf("\n%-6s %-12s %3s %-8s %9s %9s %6s\n", "format", "shape", "T", "prec", "ms/pass", "GB/s", "ratio");
   for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP}) {
     if (l2_only) break;
@@ -153,8 +159,7 @@ int main(int argc, char** argv) {
       Set s = make_set(f, rows, cols, count, huge);
       for (int64_t T : {1, 4})
         for (auto p : {mla::cpu::Precision::Precise, mla::cpu::Precision::Fast}) {
-          mla::cpu::set_precision(p);
-          const double t = time_pass(s, T, reps);
+          const double t = time_pass(in(p), s, T, reps);
           const double gbs = double(s.bytes) / t / 1e9;
           std::printf("%-6s %5lldx%-6lld %3lld %-8s %9.2f %9.1f %6.2f\n", mla::weight_format_name(f),
                       (long long)rows, (long long)cols, (long long)T, mla::cpu::precision_name(p), t * 1e3, gbs,
@@ -169,23 +174,21 @@ int main(int argc, char** argv) {
   // decode costs in instructions, away from DRAM (a kernel near the read loop's bandwidth above
   // needs this well above it per thread). Fast here runs the bf16 kernels at every T.
   {
-    const int saved_threads = mla::cpu::num_threads();
-    const int64_t saved_bf16 = mla::cpu::gemv_bf16_max_tokens();
-    mla::cpu::set_num_threads(1);
-    mla::cpu::set_gemv_bf16_max_tokens(int64_t(1) << 40);
     std::printf("\nin L2, 1 thread:\n%-6s %-12s %3s %-8s %9s %9s\n", "format", "shape", "T", "prec", "us/pass", "GB/s");
     for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP}) {
       const int64_t rows = 256, cols = 2048;
       Set s = make_set(f, rows, cols, 1, false);
       for (int64_t T : {1, 2, 4})
         for (auto p : {mla::cpu::Precision::Precise, mla::cpu::Precision::Fast}) {
-          mla::cpu::set_precision(p);
+          mla::cpu::Context ctx = in(p);
+          ctx.threads = 1;
+          ctx.gemv_bf16_max_tokens = int64_t(1) << 40;
           const int inner = 200;
           std::vector<float> x(size_t(T * cols), 0.01f), y(size_t(T * rows));
           double best = 1e30;
           for (int r = 0; r < 5; ++r) {
             auto t = Clock::now();
-            for (int i = 0; i < inner; ++i) mla::cpu::matmul(x.data(), T, s.views[0], y.data());
+            for (int i = 0; i < inner; ++i) mla::cpu::matmul(ctx, x.data(), T, s.views[0], y.data());
             best = std::min(best, since(t) / inner);
           }
           std::printf("%-6s %5lldx%-6lld %3lld %-8s %9.2f %9.1f\n", mla::weight_format_name(f), (long long)rows,
@@ -195,9 +198,6 @@ int main(int argc, char** argv) {
         }
       munmap(const_cast<void*>(s.views[0].data), s.bytes);
     }
-    mla::cpu::set_num_threads(saved_threads);
-    mla::cpu::set_gemv_bf16_max_tokens(saved_bf16);
-    mla::cpu::set_precision(mla::cpu::Precision::Precise);
   }
 
   // A prompt's routed experts: 48 tokens through each of 2816 x 2048 bf16 experts (DeepSeek-V2-
@@ -208,20 +208,20 @@ int main(int argc, char** argv) {
     const int64_t T = 48, N = 2816, K = 2048;
     const int count = int(std::max<size_t>(4, target / size_t(N * K * 2)));
     Set s = make_set(mla::WeightFormat::BF16, N, K, count, huge);
-    mla::cpu::set_precision(mla::cpu::Precision::Fast);
+    const mla::cpu::Context fast = in(mla::cpu::Precision::Fast);
     std::vector<float> x(size_t(T * K), 0.01f);
     std::vector<uint16_t> a(size_t(T * K), mla::f32_to_bf16(0.01f));
-    const int nt = mla::cpu::num_threads();
+    const int nt = base.num_threads();
     std::vector<std::vector<float>> y(size_t(nt), std::vector<float>(size_t(T * N)));
     auto pass = [&](bool ours) {
       double best = 1e30;
       for (int r = 0; r < reps; ++r) {
         auto t = Clock::now();
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
         for (int e = 0; e < count; ++e) {
           float* out = y[size_t(omp_get_thread_num())].data();
-          if (ours) mla::cpu::matmul(x.data(), T, K, s.views[size_t(e)], out, N);
-          else mla::cpu::gemm_bf16_nt(a.data(), T, K, static_cast<const uint16_t*>(s.views[size_t(e)].data), N, K, K, out, N);
+          if (ours) mla::cpu::matmul(fast, x.data(), T, K, s.views[size_t(e)], out, N);
+          else mla::cpu::gemm_bf16_nt(fast, a.data(), T, K, static_cast<const uint16_t*>(s.views[size_t(e)].data), N, K, K, out, N);
         }
         best = std::min(best, since(t));
       }
@@ -232,7 +232,6 @@ int main(int argc, char** argv) {
                 "GFLOPS), oneDNN %.1f ms (%.1f GB/s); ours / oneDNN time %.2f\n",
                 count, (long long)N, (long long)K, (long long)T, ours * 1e3, double(s.bytes) / ours / 1e9,
                 2.0 * T * N * K * count / ours / 1e9, onednn * 1e3, double(s.bytes) / onednn / 1e9, ours / onednn);
-    mla::cpu::set_precision(mla::cpu::Precision::Precise);
     munmap(const_cast<void*>(s.views[0].data), s.bytes);
   }
 
@@ -242,11 +241,11 @@ int main(int argc, char** argv) {
     Set s = make_set(mla::WeightFormat::BF16, N, K, 8, huge);
     std::vector<float> x(size_t(T * K), 0.01f), y(size_t(T * N));
     for (auto p : {mla::cpu::Precision::Fast, mla::cpu::Precision::Precise}) {
-      mla::cpu::set_precision(p);
+      const mla::cpu::Context ctx = in(p);
       double best = 1e30;
       for (int r = 0; r < reps + 1; ++r) {
         auto t = Clock::now();
-        for (const auto& v : s.views) mla::cpu::matmul(x.data(), T, v, y.data());
+        for (const auto& v : s.views) mla::cpu::matmul(ctx, x.data(), T, v, y.data());
         best = std::min(best, since(t) / double(s.views.size()));
       }
       std::printf("\nprompt %lldx%lldx%lld bf16 weights, %s: %.2f ms, %.0f GFLOPS", (long long)T, (long long)N,
@@ -259,7 +258,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < reps + 1; ++r) {
       auto t = Clock::now();
       for (const auto& v : s.views)
-        mla::cpu::gemm_bf16_nt(a.data(), T, K, static_cast<const uint16_t*>(v.data), N, K, K, c.data(), N);
+        mla::cpu::gemm_bf16_nt(base, a.data(), T, K, static_cast<const uint16_t*>(v.data), N, K, K, c.data(), N);
       best = std::min(best, since(t) / double(s.views.size()));
     }
     std::printf("\noneDNN bf16 matmul alone: %.2f ms, %.0f GFLOPS\n", best * 1e3, 2.0 * T * N * K / best / 1e9);

@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "backend/cpu/ops.h"
 #include "cli/command.h"
+#include "cli/cpu_options.h"
 #include "engine/analyze.h"
 #include "engine/engine.h"
 #include "engine/run_modes.h"
@@ -97,7 +97,7 @@ int demo(int argc, char** argv) {
     return app.exit(e);
   }
   if (n < 0) throw std::invalid_argument("--max-tokens must not be negative");
-  if (threads > 0) mla::cpu::set_num_threads(threads);
+  const mla::cpu::Context ctx = mla::cli::cpu_context(threads);
 
   // 1. The checkpoint: hub layout, random weights, byte-level tokenizer.
   const nlohmann::json config = mla::demo_config(kDemoVocab);
@@ -109,7 +109,7 @@ int demo(int argc, char** argv) {
   }
   const double write_s = since(t0);
   t0 = Clock::now();
-  auto model = mla::Model::load(dir);
+  auto model = mla::Model::load(dir, ctx);
   auto tokenizer = mla::Tokenizer::load(dir);
   const double load_s = since(t0);
   const mla::ModelConfig& c = model->config();
@@ -192,7 +192,7 @@ int demo(int argc, char** argv) {
               (long long)c.vocab_size, max_diff, max_abs);
 
   // 5. Throughput of the run above.
-  std::printf("\nthroughput (CPU threads: %d):\n", mla::cpu::num_threads());
+  std::printf("\nthroughput (CPU threads: %d):\n", ctx.num_threads());
   std::printf("  prompt     %4lld tokens  %8.1f tokens/s  (one pass, path chosen by shape)\n",
               (long long)r.computed_prompt_tokens(), r.prompt_tokens_per_second());
   std::printf("  generated  %4zu tokens  %8.1f tokens/s  (one pass per token on the latent cache)   stopped by: %s\n",

@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include "backend/cpu/ops.h"
 #include "cli/command.h"
+#include "cli/cpu_options.h"
 #include "engine/run_modes.h"
 #include "format/safetensors.h"
 
@@ -32,7 +32,6 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  if (threads > 0) mla::cpu::set_num_threads(threads);
   mla::RunOptions opt;
   opt.mode = mla::RunMode::parse(mode);
   opt.path = attn.empty() ? (opt.mode.kind == mla::RunMode::Decode ? mla::AttnPath::Absorb : mla::AttnPath::Auto)
@@ -43,7 +42,7 @@ int run(int argc, char** argv) {
   opt.page_size = page_size;
   opt.kv_dtype = mla::parse_kv_dtype(kv_dtype);
   auto ids = mla::cli::parse_id_list(ids_str);
-  auto model = mla::Model::load(model_dir, isatty(STDERR_FILENO));
+  auto model = mla::Model::load(model_dir, mla::cli::cpu_context(threads), isatty(STDERR_FILENO));
   auto logits = mla::run_logits(*model, ids, opt);
   mla::write_safetensors(out, {{"logits", mla::tensor_f32({int64_t(ids.size()), model->config().vocab_size}, logits.data())}});
   return 0;

@@ -16,9 +16,8 @@
 #include <memory>
 #include <random>
 
-#include "backend/cpu/ops.h"
-#include "backend/cpu/precision.h"
 #include "cli/command.h"
+#include "cli/cpu_options.h"
 #include "engine/generation_config.h"
 #include "engine/engine.h"
 #include "tokenizer/chat_template.h"
@@ -83,13 +82,12 @@ struct Session {
 };
 
 Session open_session(RunOptions& o) {
-  if (o.threads > 0) mla::cpu::set_num_threads(o.threads);
-  mla::cpu::set_precision(mla::cpu::parse_precision(o.precision));
+  const mla::cpu::Context ctx = mla::cli::cpu_context(o.threads, o.precision);
   if (o.kv_cache_gb < 0) throw std::invalid_argument("--kv-cache-gb must not be negative");
   Session s;
   const mla::KvDType kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
   s.kv_dtype = o.kv_dtype;
-  s.model = mla::Model::load(o.model_dir, ::isatty(STDERR_FILENO) && !o.quiet);  // progress on a terminal
+  s.model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO) && !o.quiet);  // progress on a terminal
   s.tokenizer = std::make_unique<mla::Tokenizer>(mla::Tokenizer::load(o.model_dir));
   auto gc = mla::GenerationConfig::load(o.model_dir, s.model->config());
 

@@ -13,9 +13,8 @@
 #include <filesystem>
 #include <thread>
 
-#include "backend/cpu/ops.h"
-#include "backend/cpu/precision.h"
 #include "cli/command.h"
+#include "cli/cpu_options.h"
 #include "engine/generation_config.h"
 #include "engine/engine.h"
 #include "server/server.h"
@@ -65,8 +64,7 @@ int serve_cmd(int argc, char** argv) {
   if (o.kv_cache_gb < 0) throw std::invalid_argument("--kv-cache-gb must not be negative");
   if (o.page_size <= 0) throw std::invalid_argument("--page-size must be positive");
   if (o.port < 0 || o.port > 65535) throw std::invalid_argument("--port must be in [0, 65535]");
-  if (o.threads > 0) mla::cpu::set_num_threads(o.threads);
-  mla::cpu::set_precision(mla::cpu::parse_precision(o.precision));
+  const mla::cpu::Context ctx = mla::cli::cpu_context(o.threads, o.precision);
   const mla::KvDType kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
 
   // Every thread started from here on inherits the blocked signals; one thread waits for them.
@@ -76,7 +74,7 @@ int serve_cmd(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto model = mla::Model::load(o.model_dir, ::isatty(STDERR_FILENO));
+  auto model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO));
   auto tokenizer = mla::Tokenizer::load(o.model_dir);
   auto generation = mla::GenerationConfig::load(o.model_dir, model->config());
   const mla::ModelConfig& c = model->config();

@@ -5,8 +5,8 @@
 #include <random>
 #include <sstream>
 
-#include "backend/cpu/ops.h"
 #include "cli/command.h"
+#include "cli/cpu_options.h"
 #include "engine/verify.h"
 
 namespace {
@@ -39,9 +39,8 @@ int run(int argc, char** argv) {
   if (decode < 0) throw std::invalid_argument("--decode must be >= 0");
   if (page_size <= 0) throw std::invalid_argument("--page-size must be positive");
   if (*rnd_opt && random_n <= 0) throw std::invalid_argument("--random must be positive");
-  if (threads > 0) mla::cpu::set_num_threads(threads);
 
-  auto model = mla::Model::load(model_dir);
+  auto model = mla::Model::load(model_dir, mla::cli::cpu_context(threads));
   mla::VerifyOptions opt;
   opt.decode_steps = decode;
   opt.page_size = page_size;

@@ -150,12 +150,12 @@ void each_fixed_weight(const ModelWeights& w, F&& f) {
 
 }  // namespace
 
-ReadLoop::ReadLoop(size_t bytes) {
+ReadLoop::ReadLoop(size_t bytes, int threads) {
   bytes_ = std::max<size_t>(bytes / 4096 * 4096, 4096);
   mem_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem_ == MAP_FAILED) throw std::runtime_error("read loop: cannot map " + std::to_string(bytes_) + " bytes");
   madvise(mem_, bytes_, MADV_HUGEPAGE);  // best effort
-  threads_ = std::max(1, omp_get_max_threads());
+  threads_ = cpu::threads_or_default(threads);
   per_ = bytes_ / size_t(threads_) / 256 * 256;
   // First touch by the thread that reads it; then huge pages asked for where faults got none.
 #pragma omp parallel num_threads(threads_)
@@ -185,8 +185,8 @@ double ReadLoop::measure(int passes) {
   return best;
 }
 
-TokenRead::TokenRead(const ModelWeights& w, const ModelConfig& c, uint32_t seed)
-    : w_(w), experts_per_token_(c.num_experts_per_tok), rng_state_(seed) {
+TokenRead::TokenRead(const ModelWeights& w, const ModelConfig& c, uint32_t seed, int threads)
+    : w_(w), experts_per_token_(c.num_experts_per_tok), rng_state_(seed), threads_(cpu::threads_or_default(threads)) {
   each_fixed_weight(w, [&](const char*, const MatrixView& m) { add(fixed_, m); });
 }
 
@@ -223,7 +223,7 @@ double TokenRead::measure(int passes) {
     auto t0 = Clock::now();
     float sum = 0;
     // Each thread reads an equal share of the spans laid end to end.
-#pragma omp parallel reduction(+ : sum)
+#pragma omp parallel num_threads(threads_) reduction(+ : sum)
     {
       const int nt = omp_get_num_threads(), me = omp_get_thread_num();
       const double lo = total * me / nt, hi = total * (me + 1) / nt;
@@ -244,8 +244,8 @@ double TokenRead::measure(int passes) {
   return best;
 }
 
-double read_bandwidth_gbps(size_t bytes, int runs) {
-  ReadLoop loop(bytes);
+double read_bandwidth_gbps(size_t bytes, int runs, int threads) {
+  ReadLoop loop(bytes, threads);
   return loop.measure(runs);
 }
 
@@ -290,7 +290,7 @@ double prompt_flops(const ActiveWeights& a, const ModelConfig& c, int64_t T) {
   return 2 * per_token * double(T) + 2 * lm + attn;
 }
 
-GemmProbe::GemmProbe(int64_t n) : n_(n), a_(size_t(n * n)), b_(size_t(n * n)), c_(size_t(n * n)) {
+GemmProbe::GemmProbe(int64_t n, const cpu::Context& ctx) : n_(n), ctx_(ctx), a_(size_t(n * n)), b_(size_t(n * n)), c_(size_t(n * n)) {
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (auto& v : a_) v = f32_to_bf16(u(rng));
@@ -301,7 +301,7 @@ double GemmProbe::measure(int passes) {
   double best = 0;
   for (int p = 0; p <= passes; ++p) {  // pass 0 creates the primitive and warms up
     auto t = Clock::now();
-    cpu::gemm_bf16_nt(a_.data(), n_, n_, b_.data(), n_, n_, n_, c_.data(), n_);
+    cpu::gemm_bf16_nt(ctx_, a_.data(), n_, n_, b_.data(), n_, n_, n_, c_.data(), n_);
     const double s = seconds_since(t);
     if (p > 0) best = std::max(best, 2.0 * double(n_) * double(n_) * double(n_) / s / 1e9);
   }
@@ -325,13 +325,14 @@ Report run(const Options& opt) {
   auto say = [&](const std::string& s) {
     if (!opt.quiet) std::fprintf(stderr, "%s\n", s.c_str());
   };
-  if (opt.threads > 0) cpu::set_num_threads(opt.threads);
-  if (opt.huge_pages == "auto") cpu::set_weight_placement(cpu::WeightPlacement::Auto);
-  else if (opt.huge_pages == "on") cpu::set_weight_placement(cpu::WeightPlacement::HugePages);
-  else if (opt.huge_pages == "off") cpu::set_weight_placement(cpu::WeightPlacement::Mapped);
+  cpu::Context ctx;
+  ctx.threads = std::max(0, opt.threads);
+  if (opt.huge_pages == "auto") ctx.weights = cpu::WeightPlacement::Auto;
+  else if (opt.huge_pages == "on") ctx.weights = cpu::WeightPlacement::HugePages;
+  else if (opt.huge_pages == "off") ctx.weights = cpu::WeightPlacement::Mapped;
   else throw std::invalid_argument("--huge-pages: unknown '" + opt.huge_pages + "' (auto, on, off)");
-  cpu::set_precision(cpu::parse_precision(opt.precision));
-  rep.threads = cpu::num_threads();
+  ctx.precision = cpu::parse_precision(opt.precision);
+  rep.threads = ctx.num_threads();
 
   rep.dir = opt.dir.empty() ? (std::filesystem::temp_directory_path() /
                                ("mla-bench-v2lite-" + std::to_string(opt.layers) + "L-" + opt.weights))
@@ -360,7 +361,7 @@ Report run(const Options& opt) {
   }
 
   auto t0 = Clock::now();
-  auto model = Model::load(rep.dir);
+  auto model = Model::load(rep.dir, ctx);
   volatile uint64_t sink = touch_all(model->weights());
   (void)sink;
   rep.load_seconds = seconds_since(t0);
@@ -379,7 +380,7 @@ Report run(const Options& opt) {
   ForwardOptions fo;
   fo.last_logits_only = true;
 
-  ReadLoop loop(opt.bandwidth_bytes);
+  ReadLoop loop(opt.bandwidth_bytes, ctx.threads);
 
   // Decode, batch 1: a short prompt, then runs of decode_tokens single-token steps.
   if (opt.decode_tokens > 0) {
@@ -394,7 +395,7 @@ Report run(const Options& opt) {
     // Each timed run is followed by a pass of the read loop: on shared cores the bandwidth
     // moves with the load, so each run is set against the limit measured next to it.
     std::vector<double> tps, bws, ratios, token_bws, token_ratios;
-    TokenRead token_read(model->weights(), c);
+    TokenRead token_read(model->weights(), c, 7, ctx.threads);
     ForwardProfile prof;
     for (int r = 0; r <= opt.runs; ++r) {
       model->set_profile(r > 0 ? &prof : nullptr);
@@ -430,7 +431,7 @@ Report run(const Options& opt) {
     say("prompt processing (" + std::to_string(opt.prompt_tokens) + " tokens) ...");
     std::vector<double> tps, gemm, ratios;
     ForwardProfile prof;
-    GemmProbe probe;
+    GemmProbe probe(2048, ctx);
     rep.gemm_n = probe.n();
     rep.prompt_flops = prompt_flops(rep.active, c, opt.prompt_tokens);
     for (int r = 0; r <= opt.runs; ++r) {

@@ -15,13 +15,14 @@
 namespace mla::bench {
 
 // Best-of-`runs` read bandwidth in GB/s (1e9 bytes/s) of a loop of 64-byte AVX-512 loads over a
-// `bytes` buffer (huge pages where the system allows), split over all OpenMP threads.
-double read_bandwidth_gbps(size_t bytes = size_t(2) << 30, int runs = 5);
+// `bytes` buffer (huge pages where the system allows), split over `threads` threads (0: all
+// cores, as cpu::Context::threads).
+double read_bandwidth_gbps(size_t bytes = size_t(2) << 30, int runs = 5, int threads = 0);
 
 // The same loop over a buffer kept between measurements.
 class ReadLoop {
  public:
-  explicit ReadLoop(size_t bytes);
+  explicit ReadLoop(size_t bytes, int threads = 0);
   ~ReadLoop();
   ReadLoop(const ReadLoop&) = delete;
   ReadLoop& operator=(const ReadLoop&) = delete;
@@ -40,7 +41,7 @@ class ReadLoop {
 // token are. The limit a decode step can reach on this machine for exactly its own weights.
 class TokenRead {
  public:
-  TokenRead(const ModelWeights& w, const ModelConfig& c, uint32_t seed = 7);
+  TokenRead(const ModelWeights& w, const ModelConfig& c, uint32_t seed = 7, int threads = 0);
   double measure(int passes);  // best of `passes`, GB/s
   double bytes_per_pass() const { return bytes_; }
 
@@ -54,6 +55,7 @@ class TokenRead {
   const ModelWeights& w_;
   int64_t experts_per_token_;
   uint32_t rng_state_;
+  int threads_;
   std::vector<Span> fixed_, spans_;
   double bytes_ = 0;
   float sink_ = 0;
@@ -80,15 +82,16 @@ struct ActiveWeights {
 double prompt_flops(const ActiveWeights& a, const ModelConfig& c, int64_t T);
 
 // GFLOPS of oneDNN's bf16 matmul (n x n x n, AMX where the CPU has it) on this machine now: the
-// compute reference prompt processing is set against.
+// compute reference prompt processing is set against; on ctx's threads.
 class GemmProbe {
  public:
-  explicit GemmProbe(int64_t n = 2048);
+  explicit GemmProbe(int64_t n = 2048, const cpu::Context& ctx = {});
   double measure(int passes);  // best of `passes`
   int64_t n() const { return n_; }
 
  private:
   int64_t n_;
+  cpu::Context ctx_;
   std::vector<uint16_t> a_, b_;
   std::vector<float> c_;
 };

@@ -53,6 +53,7 @@ std::vector<float> run_logits(Model& model, const std::vector<int32_t>& ids, con
     ForwardOptions fo;
     fo.path = opt.path;
     fo.policy = opt.policy;
+    fo.context = opt.context;
     if (i == 0) {
       fo.hidden = opt.hidden;
       fo.attn = opt.attn;

@@ -25,6 +25,7 @@ struct RunOptions {
   int64_t page_size = 64;
   std::vector<std::vector<float>>* hidden = nullptr;  // layer outputs of the first forward pass
   std::vector<std::vector<float>>* attn = nullptr;
+  const cpu::Context* context = nullptr;  // the CPU context of the passes; null: the model's
 };
 
 // Logits at every position, [ids.size(), vocab].

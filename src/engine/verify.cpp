@@ -2,7 +2,7 @@
 // byte accounting, and the report as JSON or a readable table.
 #include "engine/verify.h"
 
-#include "backend/cpu/precision.h"
+#include "backend/cpu/context.h"
 
 #include <algorithm>
 #include <cmath>
@@ -54,7 +54,7 @@ int32_t argmax(const float* x, int64_t n) { return int32_t(std::max_element(x, x
 // Prefill `prompt` then feed `decoded` one token at a time (when `generate`, each fed token is
 // first chosen greedily from the previous row and appended to `decoded`, K of them).
 PathRun run_path(Model& model, const std::vector<int32_t>& prompt, std::vector<int32_t>& decoded, bool generate,
-                 int64_t K, AttnPath path, KvDType dtype, int64_t page_size) {
+                 int64_t K, AttnPath path, KvDType dtype, int64_t page_size, const cpu::Context& ctx) {
   const ModelConfig& c = model.config();
   const int64_t V = c.vocab_size, L = c.num_hidden_layers, n = int64_t(prompt.size()), total = n + K;
   LatentPool pool = model.make_pool((total + page_size - 1) / page_size, page_size, dtype);
@@ -66,6 +66,7 @@ PathRun run_path(Model& model, const std::vector<int32_t>& prompt, std::vector<i
   ForwardOptions fo;
   fo.path = path;
   fo.attn = &attn;
+  fo.context = &ctx;
   auto step = [&](std::span<const int32_t> ids) {
     SeqSlice s{&seq, ids};
     model.forward(std::span<SeqSlice>(&s, 1), pool, fo, out);
@@ -131,20 +132,16 @@ VerifyReport verify_paths(Model& model, const VerifyOptions& opt, const std::str
     KvDType dtype;
     bool fast;
   };
-  const cpu::Precision saved = cpu::precision();
   for (const ModeSpec& spec : {ModeSpec{"f32", KvDType::F32, false}, ModeSpec{"bf16 cache", KvDType::BF16, false},
                                ModeSpec{"fast", KvDType::BF16, true}}) {
-    cpu::set_precision(spec.fast ? cpu::Precision::Fast : cpu::Precision::Precise);
+    cpu::Context ctx = model.context();  // its threads, this mode's precision
+    ctx.precision = spec.fast ? cpu::Precision::Fast : cpu::Precision::Precise;
     // The f32 expand run is the first one: it chooses the decoded tokens all runs are fed.
     const bool generate = rep.decoded.empty() && K > 0;
-    PathRun ex, ab;
-    try {
-      ex = run_path(model, rep.prompt, rep.decoded, generate, K, AttnPath::Expand, spec.dtype, opt.page_size);
-      ab = run_path(model, rep.prompt, rep.decoded, false, K, AttnPath::Absorb, spec.dtype, opt.page_size);
-    } catch (...) {
-      cpu::set_precision(saved);
-      throw;
-    }
+    const PathRun ex = run_path(model, rep.prompt, rep.decoded, generate, K, AttnPath::Expand, spec.dtype,
+                                opt.page_size, ctx);
+    const PathRun ab = run_path(model, rep.prompt, rep.decoded, false, K, AttnPath::Absorb, spec.dtype,
+                                opt.page_size, ctx);
     VerifyMode m;
     m.kv_dtype = spec.dtype;
     m.fast = spec.fast;
@@ -164,7 +161,6 @@ VerifyReport verify_paths(Model& model, const VerifyOptions& opt, const std::str
     }
     rep.modes.push_back(std::move(m));
   }
-  cpu::set_precision(saved);
   return rep;
 }
 

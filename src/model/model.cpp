@@ -11,6 +11,7 @@
 
 #include "backend/cpu/attention.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/parallel.h"
 #include "backend/cpu/weight_memory.h"
 
 namespace mla {
@@ -79,8 +80,9 @@ const char* ForwardProfile::name(int part) {
   return part >= 0 && part < kParts ? names[part] : "?";
 }
 
-std::unique_ptr<Model> Model::load(const std::string& dir, bool show_progress) {
+std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& ctx, bool show_progress) {
   std::unique_ptr<Model> m(new Model());
+  m->ctx_ = ctx;
   m->cfg_ = ModelConfig::load(dir);
   m->ckpt_ = std::make_unique<Checkpoint>(dir);
   if (show_progress) {
@@ -91,9 +93,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, bool show_progress) {
     });
   }
   m->w_ = load_weights(*m->ckpt_, m->cfg_);
-  if (cpu::should_copy_weights(m->ckpt_->total_bytes())) {
+  if (cpu::should_copy_weights(ctx.weights, m->ckpt_->total_bytes())) {
     m->w_.arena = std::make_shared<cpu::WeightArena>();
-    m->w_.arena->adopt(weight_views(m->w_));
+    m->w_.arena->adopt(ctx, weight_views(m->w_));
     m->ckpt_->release_pages();  // the copies are what runs now: RSS counts the weights once
   }
   m->rope_ = std::make_unique<Rope>(m->cfg_);
@@ -106,6 +108,7 @@ LatentPool Model::make_pool(int64_t num_pages, int64_t page_size, KvDType dtype)
 }
 
 void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOptions& opt, std::vector<float>& logits) {
+  pass_ctx_ = opt.context ? opt.context : &ctx_;
   const ModelConfig& c = cfg_;
   const int64_t D = c.hidden_size, H = c.num_attention_heads, qk = c.qk_head_dim(), kvr = c.kv_lora_rank,
                 rope = c.qk_rope_head_dim, vd = c.v_head_dim, L = c.num_hidden_layers;
@@ -166,50 +169,47 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
   for (size_t b = 0; b < batch.size(); ++b) std::copy(batch[b].ids.begin(), batch[b].ids.end(), all_ids.begin() + first[b]);
   // A prompt's rows lie scattered over the table, each a fresh page: on the development VM 512 of
   // them took 18-24 ms on one thread, 10-12 ms on two.
-#pragma omp parallel for schedule(static) if (T >= 64)
-  for (int64_t t = 0; t < T; ++t) w_.embed.dequant_row(all_ids[size_t(t)], h.data() + t * D);
+  cpu::parallel_for(ctx(), T, T >= 64, [&](int64_t t) { w_.embed.dequant_row(all_ids[size_t(t)], h.data() + t * D); });
   if (opt.hidden) opt.hidden->assign(1, h);
   if (opt.attn) opt.attn->clear();
   // h += delta over the batch's rows.
   auto add_residual = [&] {
     float* hp = h.data();
     const float* dp = delta.data();
-#pragma omp parallel for schedule(static) if (T * D >= (int64_t(1) << 16))
-    for (int64_t i = 0; i < T * D; ++i) hp[i] += dp[i];
+    cpu::parallel_for(ctx(), T * D, T * D >= (int64_t(1) << 16), [&](int64_t i) { hp[i] += dp[i]; });
   };
 
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& W = w_.layers[size_t(l)];
     part.emplace(profile_, ForwardProfile::AttnProj);
-    cpu::rmsnorm(h.data(), T, D, D, W.input_norm.data(), float(c.rms_norm_eps), x.data(), D);
+    cpu::rmsnorm(ctx(), h.data(), T, D, D, W.input_norm.data(), float(c.rms_norm_eps), x.data(), D);
     // q (or q_a) and kv_a read the same x: one batch of products.
     if (c.q_lora_rank > 0) {
       qa.resize(size_t(T * c.q_lora_rank));
       const cpu::MatmulJob jobs[] = {{x.data(), T, D, W.q_a, qa.data(), c.q_lora_rank},
                                      {x.data(), T, D, W.kv_a, kv.data(), c.latent_dim()}};
-      cpu::matmul_batch(jobs);
-      cpu::rmsnorm(qa.data(), T, c.q_lora_rank, c.q_lora_rank, W.q_a_norm.data(), float(c.rms_norm_eps), qa.data(),
+      cpu::matmul_batch(ctx(), jobs);
+      cpu::rmsnorm(ctx(), qa.data(), T, c.q_lora_rank, c.q_lora_rank, W.q_a_norm.data(), float(c.rms_norm_eps), qa.data(),
                    c.q_lora_rank);
-      matmul(qa.data(), T, W.q_b, q.data());
+      matmul(ctx(), qa.data(), T, W.q_b, q.data());
     } else {
       const cpu::MatmulJob jobs[] = {{x.data(), T, D, W.q, q.data(), H * qk}, {x.data(), T, D, W.kv_a, kv.data(), c.latent_dim()}};
-      cpu::matmul_batch(jobs);
+      cpu::matmul_batch(ctx(), jobs);
     }
-#pragma omp parallel if (T >= 16)
-    {
+    cpu::parallel_region(ctx(), T >= 16, [&] {
       thread_local std::vector<float> cosv, sinv;
       cosv.resize(size_t(rope / 2));
       sinv.resize(size_t(rope / 2));
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < T; ++t) {
         float* row = kv.data() + t * c.latent_dim();
-        cpu::rmsnorm(row, 1, kvr, kvr, W.kv_a_norm.data(), float(c.rms_norm_eps), row, kvr);
+        cpu::rmsnorm(ctx(), row, 1, kvr, kvr, W.kv_a_norm.data(), float(c.rms_norm_eps), row, kvr);
         rope_->angles(pos[size_t(t)], cosv.data(), sinv.data());
         cpu::rope_interleaved(row + kvr, cosv.data(), sinv.data(), rope / 2);
         for (int64_t hh = 0; hh < H; ++hh)
           cpu::rope_interleaved(q.data() + (t * H + hh) * qk + c.qk_nope_head_dim, cosv.data(), sinv.data(), rope / 2);
       }
-    }
+    });
     for (size_t b = 0; b < batch.size(); ++b)
       for (int64_t i = 0; i < int64_t(batch[b].ids.size()); ++i) {
         const float* row = kv.data() + (first[b] + i) * c.latent_dim();
@@ -218,11 +218,11 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
     part.emplace(profile_, ForwardProfile::Attention);
     attention(l, batch, first, path, opt.policy.prefix_chunk, q.data(), pool, attn.data());
     part.emplace(profile_, ForwardProfile::OProj);
-    matmul(attn.data(), T, W.o, delta.data());
+    matmul(ctx(), attn.data(), T, W.o, delta.data());
     if (opt.attn) opt.attn->push_back(delta);
     add_residual();
 
-    cpu::rmsnorm(h.data(), T, D, D, W.post_attention_norm.data(), float(c.rms_norm_eps), x.data(), D);
+    cpu::rmsnorm(ctx(), h.data(), T, D, D, W.post_attention_norm.data(), float(c.rms_norm_eps), x.data(), D);
     part.reset();
     if (W.moe) {
       moe(W, x.data(), T, delta.data());
@@ -249,10 +249,10 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
   std::vector<float>& xn = f.xn;
   xn.resize(rows.size() * size_t(D));
   for (size_t r = 0; r < rows.size(); ++r)
-    cpu::rmsnorm(h.data() + rows[r] * D, 1, D, D, w_.final_norm.data(), float(c.rms_norm_eps), xn.data() + r * size_t(D), D);
+    cpu::rmsnorm(ctx(), h.data() + rows[r] * D, 1, D, D, w_.final_norm.data(), float(c.rms_norm_eps), xn.data() + r * size_t(D), D);
   if (opt.hidden) opt.hidden->push_back(xn);
   logits.resize(rows.size() * size_t(c.vocab_size));
-  matmul(xn.data(), int64_t(rows.size()), w_.lm_head, logits.data());
+  matmul(ctx(), xn.data(), int64_t(rows.size()), w_.lm_head, logits.data());
   part.reset();
   if (profile_) {
     // `whole` adds the pass's full time to Other at scope end: take the parts' share back out.
@@ -286,7 +286,7 @@ void Model::attention(int64_t layer, std::span<SeqSlice> batch, const std::vecto
       jobs.clear();
       for (int64_t h = 0; h < H; ++h)
         jobs.push_back({qb + h * qk, n, H * qk, W.w_uk_t[size_t(h)], q_lat.data() + h * kvr, H * kvr});
-      cpu::matmul_batch(jobs);
+      cpu::matmul_batch(ctx(), jobs);
       // The latent rows come straight from the cache pages, a block of keys at a time.
       const PageTable& seq = *batch[b].seq;
       cpu::AbsorbArgs a{q_lat.data(), qb + nope, H * qk, qk, nullptr, n, S, H, kvr, rope, cached, 0, scale};
@@ -297,11 +297,11 @@ void Model::attention(int64_t layer, std::span<SeqSlice> batch, const std::vecto
         int64_t layer;
       } from{pool, seq, layer};
       a.gather = [&from](int64_t s0, int64_t cnt, float* out) { from.pool.gather(from.layer, from.seq, s0, cnt, out); };
-      cpu::attention_absorb(a, o_lat.data(), lse.data());
+      cpu::attention_absorb(ctx(), a, o_lat.data(), lse.data());
       jobs.clear();
       for (int64_t h = 0; h < H; ++h)
         jobs.push_back({o_lat.data() + h * kvr, n, H * kvr, W.w_uv[size_t(h)], ob + h * vd, H * vd});
-      cpu::matmul_batch(jobs);
+      cpu::matmul_batch(ctx(), jobs);
       continue;
     }
 
@@ -325,12 +325,12 @@ void Model::attention(int64_t layer, std::span<SeqSlice> batch, const std::vecto
     for (auto [k0, k1] : ranges) {
       const int64_t nk = k1 - k0;
       kvx.resize(size_t(nk * H * (nope + vd)));
-      matmul(latent.data() + k0 * dim, nk, dim, W.kv_b, kvx.data(), H * (nope + vd));
+      matmul(ctx(), latent.data() + k0 * dim, nk, dim, W.kv_b, kvx.data(), H * (nope + vd));
       cpu::ExpandArgs a{qb, kvx.data(), latent.data() + k0 * dim + kvr, dim, n, nk, H, nope, rope, vd, cached, k0, scale};
       if (ranges.size() == 1) {
-        cpu::attention_expand(a, ob, lse.data());
+        cpu::attention_expand(ctx(), a, ob, lse.data());
       } else {
-        cpu::attention_expand(a, part.data(), part_lse.data());
+        cpu::attention_expand(ctx(), a, part.data(), part_lse.data());
         cpu::merge_partial(ob, lse.data(), part.data(), part_lse.data(), n * H, vd);
       }
     }
@@ -347,9 +347,9 @@ void Model::mlp(const Mlp& m, const float* x, int64_t T, float* out, bool accumu
   std::vector<cpu::MatmulJob>& jobs = mlp_jobs_;
   jobs.clear();
   push_gate_up(jobs, m, x, T, D, gu);
-  cpu::matmul_batch(jobs);
-  cpu::silu_mul(gu, T, I, act);
-  matmul(act, T, m.down, y);
+  cpu::matmul_batch(ctx(), jobs);
+  cpu::silu_mul(ctx(), gu, T, I, act);
+  matmul(ctx(), act, T, m.down, y);
   for (int64_t t = 0; t < T; ++t) {
     float w = row_weights ? row_weights[t] : 1.0f;
     for (int64_t i = 0; i < D; ++i) {
@@ -369,7 +369,7 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   MoeScratch& z = moe_;
   auto& [logits, chosen, picks, tokens_in, row0, active, jobs] = z;
   logits.resize(size_t(T * E));
-  matmul(x, T, W.router, logits.data());
+  matmul(ctx(), x, T, W.router, logits.data());
   // Each token's choice (independent of the others: split across the threads) as (expert,
   // weight) pairs in ascending expert order, then each pick's row among its expert's tokens.
   chosen.resize(size_t(T * K));
@@ -385,8 +385,7 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
                       [&](int64_t a, int64_t b) { return val(a) > val(b) || (val(a) == val(b) && a < b); });
     order.erase(mid, order.end());
   };
-#pragma omp parallel if (T >= 16)
-  {
+  cpu::parallel_region(ctx(), T >= 16, [&] {
     // Each thread's working lists, kept between calls.
     thread_local std::vector<float> scores, choice, group_score, members;
     thread_local std::vector<int64_t> idx, keep;
@@ -433,7 +432,7 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
       // Each token's outputs are summed in expert order.
       std::sort(mine, mine + K, [](const auto& a, const auto& b) { return a.first < b.first; });
     }
-  }
+  });
   // picks[t * K + k]: the k-th expert of token t (ascending) and the token's place among that
   // expert's tokens (in token order); tokens_in[e]: how many tokens chose expert e.
   tokens_in.assign(size_t(E), 0);
@@ -462,35 +461,34 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
   active.clear();
   for (int64_t e = 0; e < E; ++e)
     if (tokens_in[size_t(e)] > 0) active.push_back(e);
-#pragma omp parallel for schedule(static) if (R >= 64)
-  for (int64_t i = 0; i < T * K; ++i) {
+  cpu::parallel_for(ctx(), T * K, R >= 64, [&](int64_t i) {
     const auto [e, j] = picks[size_t(i)];
     std::copy(x + (i / K) * D, x + (i / K + 1) * D, xe + (row0[size_t(e)] + j) * D);
-  }
+  });
   // A prompt gives each routed expert a few dozen tokens: products too small to split well
   // across threads. Then each expert runs whole (gate/up, SiLU, down) on one thread, the
   // experts handed out to the threads; the shared experts (every token) run split as usual.
-  const int threads = cpu::num_threads();
+  const int threads = ctx().num_threads();
   const bool expert_per_thread = threads > 1 && int64_t(active.size()) >= 4 * threads && R >= 8 * int64_t(active.size());
   if (expert_per_thread) {
     if (W.has_shared) {
       push_gate_up(jobs, W.shared, x, T, D, gus);
-      cpu::matmul_batch(jobs);
-      cpu::silu_mul(gus, T, Is, acts);
-      cpu::matmul(acts, T, Is, W.shared.down, out, D);
+      cpu::matmul_batch(ctx(), jobs);
+      cpu::silu_mul(ctx(), gus, T, Is, acts);
+      cpu::matmul(ctx(), acts, T, Is, W.shared.down, out, D);
     } else {
       std::fill(out, out + T * D, 0.0f);
     }
     const int64_t na = int64_t(active.size());
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ctx().num_threads())
     for (int64_t i = 0; i < na; ++i) {
       const int64_t e = active[size_t(i)], r0 = row0[size_t(e)], n = row0[size_t(e + 1)] - r0;
       thread_local std::vector<cpu::MatmulJob> mine;
       mine.clear();
       push_gate_up(mine, W.experts[size_t(e)], xe + r0 * D, n, D, gu + r0 * 2 * I);
-      cpu::matmul_batch(mine);
-      cpu::silu_mul(gu + r0 * 2 * I, n, I, act + r0 * I);
-      cpu::matmul(act + r0 * I, n, I, W.experts[size_t(e)].down, ye + r0 * D, D);
+      cpu::matmul_batch(ctx(), mine);
+      cpu::silu_mul(ctx(), gu + r0 * 2 * I, n, I, act + r0 * I);
+      cpu::matmul(ctx(), act + r0 * I, n, I, W.experts[size_t(e)].down, ye + r0 * D, D);
     }
   } else {
     if (W.has_shared) push_gate_up(jobs, W.shared, x, T, D, gus);
@@ -498,9 +496,9 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
       const int64_t r0 = row0[size_t(e)], n = row0[size_t(e + 1)] - r0;
       push_gate_up(jobs, W.experts[size_t(e)], xe + r0 * D, n, D, gu + r0 * 2 * I);
     }
-    cpu::matmul_batch(jobs);
-    if (W.has_shared) cpu::silu_mul(gus, T, Is, acts);
-    cpu::silu_mul(gu, R, I, act);
+    cpu::matmul_batch(ctx(), jobs);
+    if (W.has_shared) cpu::silu_mul(ctx(), gus, T, Is, acts);
+    cpu::silu_mul(ctx(), gu, R, I, act);
     jobs.clear();
     // The shared experts' output is the sum's first term: written straight into out.
     if (W.has_shared) jobs.push_back({acts, T, Is, W.shared.down, out, D});
@@ -509,16 +507,16 @@ void Model::moe(const LayerWeights& W, const float* x, int64_t T, float* out) {
       const int64_t r0 = row0[size_t(e)], n = row0[size_t(e + 1)] - r0;
       jobs.push_back({act + r0 * I, n, I, W.experts[size_t(e)].down, ye + r0 * D, D});
     }
-    cpu::matmul_batch(jobs);
+    cpu::matmul_batch(ctx(), jobs);
   }
-#pragma omp parallel for schedule(static) if (T >= 16)
-  for (int64_t t = 0; t < T; ++t)
+  cpu::parallel_for(ctx(), T, T >= 16, [&](int64_t t) {
     for (int64_t k = 0; k < K; ++k) {
       const auto [e, j] = picks[size_t(t * K + k)];
       const float w = chosen[size_t(t * K + k)].second;
       const float* y = ye + (row0[size_t(e)] + j) * D;
       for (int64_t d = 0; d < D; ++d) out[t * D + d] += w * y[d];
     }
+  });
 }
 
 }  // namespace mla

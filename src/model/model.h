@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/context.h"
 #include "backend/cpu/ops.h"
 #include "format/safetensors.h"
 #include "kv/latent_pool.h"
@@ -37,6 +38,10 @@ struct ForwardOptions {
   // layer l-1, hidden[L] the final norm; attn[l] layer l's attention output (after o_proj).
   std::vector<std::vector<float>>* hidden = nullptr;
   std::vector<std::vector<float>>* attn = nullptr;
+  // The CPU context of this pass instead of the model's (precision, threads, thresholds: e.g.
+  // `mla verify` runs one model in both precisions); null: the model's. Its weight placement
+  // is not used (the weights were placed at load).
+  const cpu::Context* context = nullptr;
 };
 
 // Wall time of each part of the forward pass, summed over passes while a Model has one set
@@ -54,11 +59,15 @@ struct PathCounters {
 
 class Model {
  public:
-  // Loads a checkpoint folder. With show_progress, reads the weights in once up front and
-  // draws a progress line on standard error (for terminals; multi-gigabyte checkpoints).
-  static std::unique_ptr<Model> load(const std::string& dir, bool show_progress = false);
+  // Loads a checkpoint folder. The model keeps ctx and runs every kernel of its forward passes
+  // in it (precision, threads, dispatch thresholds; backend/cpu/context.h); ctx.weights decides
+  // whether the weights are copied onto huge pages. With show_progress, reads the weights in
+  // once up front and draws a progress line on standard error (for terminals; multi-gigabyte
+  // checkpoints).
+  static std::unique_ptr<Model> load(const std::string& dir, const cpu::Context& ctx = {}, bool show_progress = false);
 
   const ModelConfig& config() const { return cfg_; }
+  const cpu::Context& context() const { return ctx_; }
   const ModelWeights& weights() const { return w_; }
   const PathCounters& path_counters() const { return counters_; }
   AttnPath last_path() const { return last_path_; }
@@ -73,12 +82,16 @@ class Model {
 
  private:
   Model() = default;
+  // The context of the pass running now (ForwardOptions::context, else the model's).
+  const cpu::Context& ctx() const { return *pass_ctx_; }
   void attention(int64_t layer, std::span<SeqSlice> batch, const std::vector<int64_t>& first_token, AttnPath path,
                  int64_t prefix_chunk, const float* q, LatentPool& pool, float* out);
   void moe(const LayerWeights& L, const float* x, int64_t T, float* out);
   void mlp(const Mlp& m, const float* x, int64_t T, float* out, bool accumulate, const float* row_weights = nullptr);
 
   ModelConfig cfg_;
+  cpu::Context ctx_;
+  const cpu::Context* pass_ctx_ = &ctx_;
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;
   std::unique_ptr<Rope> rope_;

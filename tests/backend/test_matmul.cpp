@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "backend/cpu/amx.h"
+#include "backend/cpu/dispatch.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/ops.h"
@@ -112,20 +112,17 @@ void expect_close(const MatrixView& W, const float* x, int64_t T, int64_t ldx, c
   }
 }
 
-// Sets the process-wide precision for a scope; in the fast precision, the bf16 kernels serve
-// every token count (by default only single tokens).
-struct PrecisionScope {
-  mla::cpu::Precision saved = mla::cpu::precision();
-  int64_t saved_tokens = mla::cpu::gemv_bf16_max_tokens();
-  explicit PrecisionScope(mla::cpu::Precision p) {
-    mla::cpu::set_precision(p);
-    mla::cpu::set_gemv_bf16_max_tokens(int64_t(1) << 40);
-  }
-  ~PrecisionScope() {
-    mla::cpu::set_precision(saved);
-    mla::cpu::set_gemv_bf16_max_tokens(saved_tokens);
-  }
-};
+// The contexts the kernels run in here: the default (precise); fast as dispatched by default;
+// fast with the bf16 kernels serving every token count (by default only single tokens).
+mla::cpu::Context fast_context(int64_t bf16_max_tokens) {
+  mla::cpu::Context c;
+  c.precision = mla::cpu::Precision::Fast;
+  c.gemv_bf16_max_tokens = bf16_max_tokens;
+  return c;
+}
+const mla::cpu::Context kPrecise;
+const mla::cpu::Context kFast = fast_context(1);
+const mla::cpu::Context kFastBf16 = fast_context(int64_t(1) << 40);
 
 bool has_bf16_kernel(WeightFormat f) {
   return f == WeightFormat::BF16 || f == WeightFormat::FP8_BLOCK128 || f == WeightFormat::INT4_GROUP;
@@ -171,7 +168,7 @@ void expect_close_bf16(const MatrixView& W, const float* x, int64_t T, int64_t l
 // float32 kernels and are checked as in precise mode.
 void expect_close_fast(const MatrixView& W, const float* x, int64_t T, int64_t ldx, const std::vector<float>& y,
                        int64_t ldy, const std::string& what) {
-  const bool amx_tiles = W.format == WeightFormat::FP8_BLOCK128 && T >= 2 && mla::cpu::amx_available();
+  const bool amx_tiles = W.format == WeightFormat::FP8_BLOCK128 && T >= 2 && mla::cpu::host_features().amx;
   const double m = double(W.cols) / (amx_tiles ? 2 : 8) + 3.0 * double(W.cols % 64) + 12;
   expect_close_bf16(W, x, T, ldx, y, ldy, m * std::ldexp(1.0, -24), 1e-30, false, what);
 }
@@ -180,6 +177,7 @@ const WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFo
                                  WeightFormat::INT4_GROUP};
 
 TEST(Gemv, MatchesReferenceOverShapesAndFormats) {
+  const mla::cpu::Context& ctx = kPrecise;
   std::mt19937 rng(7);
   const int64_t rows_list[] = {1, 3, 4, 7, 9, 130, 300};
   const int64_t cols_list[] = {1, 17, 31, 32, 33, 96, 129, 160, 256, 300};
@@ -193,7 +191,7 @@ TEST(Gemv, MatchesReferenceOverShapesAndFormats) {
           const int64_t ldx = cols + 3, ldy = rows + 5;
           auto x = random_vec(size_t(T * ldx), rng);
           std::vector<float> y(size_t(T * ldy), -1.0f), ref(size_t(T * ldy), -1.0f);
-          mla::cpu::gemv(x.data(), T, ldx, m.view, y.data(), ldy);
+          mla::cpu::gemv(ctx, x.data(), T, ldx, m.view, y.data(), ldy);
           mla::cpu::gemv_reference(x.data(), T, ldx, m.view, ref.data(), ldy);
           expect_close(m.view, x.data(), T, ldx, y, ref, ldy, 1e-5,
                        std::string(mla::weight_format_name(f)) + " " + std::to_string(rows) + "x" +
@@ -206,7 +204,7 @@ TEST(Gemv, MatchesReferenceOverShapesAndFormats) {
 }
 
 TEST(Gemv, FastPrecisionMatchesBf16ReferenceOverShapesAndFormats) {
-  PrecisionScope fast(mla::cpu::Precision::Fast);
+  const mla::cpu::Context& ctx = kFastBf16;
   std::mt19937 rng(17);
   const int64_t rows_list[] = {1, 3, 4, 7, 9, 130, 300};
   const int64_t cols_list[] = {1, 17, 31, 32, 33, 63, 64, 65, 96, 127, 129, 160, 256, 300};
@@ -220,7 +218,7 @@ TEST(Gemv, FastPrecisionMatchesBf16ReferenceOverShapesAndFormats) {
           const int64_t ldx = cols + 3, ldy = rows + 5;
           auto x = random_vec(size_t(T * ldx), rng);
           std::vector<float> y(size_t(T * ldy), -1.0f), ref(size_t(T * ldy), -1.0f);
-          mla::cpu::gemv(x.data(), T, ldx, m.view, y.data(), ldy);
+          mla::cpu::gemv(ctx, x.data(), T, ldx, m.view, y.data(), ldy);
           const std::string what = std::string("fast ") + mla::weight_format_name(f) + " " + std::to_string(rows) +
                                    "x" + std::to_string(cols) + " T=" + std::to_string(T);
           if (has_bf16_kernel(f)) {
@@ -237,7 +235,7 @@ TEST(Gemv, FastPrecisionMatchesBf16ReferenceOverShapesAndFormats) {
 
 TEST(Gemv, FastPrecisionRowSlicesAcrossBlocksAndThreads) {
   // As RowSlicesAcrossBlocksAndThreads, in the fast precision, plus a batch of jobs in one call.
-  PrecisionScope fast(mla::cpu::Precision::Fast);
+  const mla::cpu::Context& ctx = kFastBf16;
   std::mt19937 rng(19);
   for (WeightFormat f : kFormats)
     for (int64_t group : {32, 64, 128}) {
@@ -248,7 +246,7 @@ TEST(Gemv, FastPrecisionRowSlicesAcrossBlocksAndThreads) {
         for (int64_t T : {1, 2, 4, 6}) {
           auto x = random_vec(size_t(T * 576), rng);
           std::vector<float> y(size_t(T * count)), ref(size_t(T * count));
-          mla::cpu::gemv(x.data(), T, 576, v, y.data(), count);
+          mla::cpu::gemv(ctx, x.data(), T, 576, v, y.data(), count);
           const std::string what = std::string("fast ") + mla::weight_format_name(f) + " slice " +
                                    std::to_string(first) + "+" + std::to_string(count) + " group " +
                                    std::to_string(group) + " T=" + std::to_string(T);
@@ -271,7 +269,7 @@ TEST(Gemv, FastPrecisionRowSlicesAcrossBlocksAndThreads) {
     ys.emplace_back(size_t(3 * 333), -1.0f);
   }
   for (size_t i = 0; i < mats.size(); ++i) jobs.push_back({x.data(), 3, 640, mats[i].view, ys[i].data(), 333});
-  mla::cpu::gemv_batch(jobs);
+  mla::cpu::gemv_batch(ctx, jobs);
   for (size_t i = 0; i < mats.size(); ++i) {
     const std::string what = std::string("fast batch ") + mla::weight_format_name(kFormats[i]);
     if (has_bf16_kernel(kFormats[i])) {
@@ -289,7 +287,7 @@ TEST(Gemv, FastFp8OnAmxTilesUpToSixteenTokens) {
   // start inside a 128-row block and end inside another (tiles cut short at block edges), odd
   // numbers of 64-column steps (a scale block of one step), column tails; random codes include
   // the subnormals the tiles read as zero. Elsewhere the same calls check the other kernels.
-  PrecisionScope fast(mla::cpu::Precision::Fast);
+  const mla::cpu::Context& ctx = kFastBf16;
   std::mt19937 rng(29);
   for (int64_t cols : {64, 129, 320, 1000}) {
     Owned m = random_matrix(WeightFormat::FP8_BLOCK128, 400, cols, rng);
@@ -298,7 +296,7 @@ TEST(Gemv, FastFp8OnAmxTilesUpToSixteenTokens) {
         MatrixView v = m.view.slice_rows(first, count);
         auto x = random_vec(size_t(T * cols), rng);
         std::vector<float> y(size_t(T * (count + 3)), -1.0f);
-        mla::cpu::gemv(x.data(), T, cols, v, y.data(), count + 3);
+        mla::cpu::gemv(ctx, x.data(), T, cols, v, y.data(), count + 3);
         expect_close_fast(v, x.data(), T, cols, y, count + 3,
                           "fast fp8 " + std::to_string(first) + "+" + std::to_string(count) + "x" +
                               std::to_string(cols) + " T=" + std::to_string(T));
@@ -312,8 +310,7 @@ TEST(Gemv, FastPrecisionMixedBatchAsAnMoeDecodeStep) {
   // One call as a batched decode step's experts make it, in the default dispatch: FP8 jobs of
   // 1 token (VDPBF16PS kernel) and of 2 to 16 (AMX tiles where the CPU has them) beside an INT4
   // job of 1 token and a bf16 job of 3 (float32 kernel), all sharing the threads' work units.
-  const auto saved = mla::cpu::precision();
-  mla::cpu::set_precision(mla::cpu::Precision::Fast);
+  const mla::cpu::Context& ctx = kFast;
   std::mt19937 rng(31);
   struct Case {
     WeightFormat f;
@@ -333,11 +330,11 @@ TEST(Gemv, FastPrecisionMixedBatchAsAnMoeDecodeStep) {
   }
   for (size_t i = 0; i < std::size(cases); ++i)
     jobs.push_back({xs[i].data(), cases[i].T, cols, mats[i].view, ys[i].data(), rows});
-  mla::cpu::gemv_batch(jobs);
+  mla::cpu::gemv_batch(ctx, jobs);
   for (size_t i = 0; i < std::size(cases); ++i) {
     const auto& c = cases[i];
     const std::string what = std::string("mixed batch ") + mla::weight_format_name(c.f) + " T=" + std::to_string(c.T);
-    if (c.T == 1 || (c.f == WeightFormat::FP8_BLOCK128 && mla::cpu::amx_available())) {
+    if (c.T == 1 || (c.f == WeightFormat::FP8_BLOCK128 && mla::cpu::host_features().amx)) {
       expect_close_fast(mats[i].view, xs[i].data(), c.T, cols, ys[i], rows, what);
     } else {
       std::vector<float> ref(size_t(c.T * rows));
@@ -345,25 +342,23 @@ TEST(Gemv, FastPrecisionMixedBatchAsAnMoeDecodeStep) {
       expect_close(mats[i].view, xs[i].data(), c.T, cols, ys[i], ref, rows, 1e-5, what);
     }
   }
-  mla::cpu::set_precision(saved);
 }
 
 TEST(Gemv, FastPrecisionUsesBf16KernelsForSingleTokensByDefault) {
   // Default dispatch: 1 token on the bf16 kernels (activations rounded to bf16), more tokens on
   // the float32 kernels (float32 activations, as in precise mode), except FP8 on AMX tiles,
   // which round the activations to bf16 too.
-  const auto saved = mla::cpu::precision();
-  mla::cpu::set_precision(mla::cpu::Precision::Fast);
-  ASSERT_EQ(mla::cpu::gemv_bf16_max_tokens(), 1);
+  const mla::cpu::Context& ctx = kFast;
+  ASSERT_EQ(mla::cpu::Context().gemv_bf16_max_tokens, 1);
   std::mt19937 rng(23);
   for (WeightFormat f : {WeightFormat::BF16, WeightFormat::FP8_BLOCK128, WeightFormat::INT4_GROUP}) {
     Owned m = random_matrix(f, 150, 320, rng);
     for (int64_t T : {1, 3}) {
       auto x = random_vec(size_t(T * 320), rng);
       std::vector<float> y(size_t(T * 150)), ref(size_t(T * 150));
-      mla::cpu::gemv(x.data(), T, 320, m.view, y.data(), 150);
+      mla::cpu::gemv(ctx, x.data(), T, 320, m.view, y.data(), 150);
       const std::string what = std::string("default fast ") + mla::weight_format_name(f) + " T=" + std::to_string(T);
-      if (T == 1 || (f == WeightFormat::FP8_BLOCK128 && mla::cpu::amx_available())) {
+      if (T == 1 || (f == WeightFormat::FP8_BLOCK128 && mla::cpu::host_features().amx)) {
         expect_close_fast(m.view, x.data(), T, 320, y, 150, what);
       } else {
         mla::cpu::gemv_reference(x.data(), T, 320, m.view, ref.data(), 150);
@@ -371,10 +366,10 @@ TEST(Gemv, FastPrecisionUsesBf16KernelsForSingleTokensByDefault) {
       }
     }
   }
-  mla::cpu::set_precision(saved);
 }
 
 TEST(Gemv, RowSlicesAcrossBlocksAndThreads) {
+  const mla::cpu::Context& ctx = kPrecise;
   // Views that start inside an FP8 128-row block or deep in an INT4 tensor, large enough to run
   // on several threads, and INT4 groups of 64 and 128.
   std::mt19937 rng(11);
@@ -387,7 +382,7 @@ TEST(Gemv, RowSlicesAcrossBlocksAndThreads) {
         for (int64_t T : {1, 4, 6}) {
           auto x = random_vec(size_t(T * 512), rng);
           std::vector<float> y(size_t(T * count)), ref(size_t(T * count));
-          mla::cpu::gemv(x.data(), T, 512, v, y.data(), count);
+          mla::cpu::gemv(ctx, x.data(), T, 512, v, y.data(), count);
           mla::cpu::gemv_reference(x.data(), T, 512, v, ref.data(), count);
           expect_close(v, x.data(), T, 512, y, ref, count, 1e-5,
                        std::string(mla::weight_format_name(f)) + " slice " + std::to_string(first) + "+" +
@@ -398,10 +393,10 @@ TEST(Gemv, RowSlicesAcrossBlocksAndThreads) {
 }
 
 // Reads W[n, k] through the fast kernel (x = the unit vector e_k).
-float fast_element(const MatrixView& W, int64_t n, int64_t k) {
+float fast_element(const mla::cpu::Context& ctx, const MatrixView& W, int64_t n, int64_t k) {
   std::vector<float> x(static_cast<size_t>(W.cols), 0.0f), y(static_cast<size_t>(W.rows));
   x[size_t(k)] = 1.0f;
-  mla::cpu::gemv(x.data(), 1, W.cols, W, y.data(), W.rows);
+  mla::cpu::gemv(ctx, x.data(), 1, W.cols, W, y.data(), W.rows);
   return y[size_t(n)];
 }
 
@@ -431,13 +426,12 @@ TEST(Int4, UnpacksHandPackedWords) {
   for (int k = 0; k < 64; ++k) {
     const float want = float(q[size_t(k)]) * (k < 32 ? 0.5f : 2.0f);
     EXPECT_EQ(row[size_t(k)], want) << "reference, value " << k;
-    EXPECT_EQ(fast_element(v, 0, k), want) << "fast kernel, value " << k;
-    PrecisionScope fast(mla::cpu::Precision::Fast);
-    EXPECT_EQ(fast_element(v, 0, k), want) << "bf16 kernel, value " << k;
+    EXPECT_EQ(fast_element(kPrecise, v, 0, k), want) << "fast kernel, value " << k;
+    EXPECT_EQ(fast_element(kFastBf16, v, 0, k), want) << "bf16 kernel, value " << k;
   }
   // Every code in every nibble position, in the bf16 kernel's steps of 64 columns and its
   // scalar tail (96 columns: one step, then 32): word w of row r holds codes (w + r + i) % 16.
-  PrecisionScope fast(mla::cpu::Precision::Fast);
+  const mla::cpu::Context& ctx = kFastBf16;
   MatrixView m = v;
   m.rows = 4;
   m.cols = 96;
@@ -454,7 +448,7 @@ TEST(Int4, UnpacksHandPackedWords) {
   for (int k = 0; k < 96; ++k) {
     std::vector<float> x(96, 0.0f), y(4);
     x[size_t(k)] = 1.0f;
-    mla::cpu::gemv(x.data(), 1, 96, m, y.data(), 4);
+    mla::cpu::gemv(ctx, x.data(), 1, 96, m, y.data(), 4);
     for (int r = 0; r < 4; ++r)
       EXPECT_EQ(y[size_t(r)], float((k / 8 + r + k % 8) % 16 - 8) * std::ldexp(1.0f, k / 32 - r))
           << "bf16 kernel, row " << r << " column " << k;
@@ -475,16 +469,15 @@ TEST(Fp8, DecodesEveryCode) {
   v.scale_cols = 2;
   for (int k = 0; k < 256; ++k) {
     const float want = mla::fp8e4m3_to_f32(codes[size_t(k)]) * (k < 128 ? 1.0f : 3.0f);
-    EXPECT_EQ(fast_element(v, 0, k), want) << "code " << int(codes[size_t(k)]);
+    EXPECT_EQ(fast_element(kPrecise, v, 0, k), want) << "code " << int(codes[size_t(k)]);
     // The bf16 kernel: e4m3 bits as bf16 (exponent-0 codes, bf16 denormals that VDPBF16PS
     // reads as zero, through the subnormal fix-up), times 2^-120, the activation times 2^64.
-    PrecisionScope fast(mla::cpu::Precision::Fast);
-    EXPECT_EQ(fast_element(v, 0, k), want) << "bf16 kernel, code " << int(codes[size_t(k)]);
+    EXPECT_EQ(fast_element(kFastBf16, v, 0, k), want) << "bf16 kernel, code " << int(codes[size_t(k)]);
   }
   {
     // Every code against an activation of 1.5 (a bf16 with a mantissa bit) on 4 tokens and 4 rows
     // (a full tile), each row a rotation of the codes: y[t][r] sums code (k + r) % 256 * x.
-    PrecisionScope fast(mla::cpu::Precision::Fast);
+    const mla::cpu::Context& ctx = kFastBf16;
     std::vector<uint8_t> rot(4 * 256);
     for (int r = 0; r < 4; ++r)
       for (int k = 0; k < 256; ++k) rot[size_t(r * 256 + k)] = codes[size_t((k + r) % 256)];
@@ -494,7 +487,7 @@ TEST(Fp8, DecodesEveryCode) {
     for (int k = 0; k < 256; k += 7) {
       std::vector<float> x(4 * 256, 0.0f), y(16);
       for (int t = 0; t < 4; ++t) x[size_t(t * 256 + k)] = 1.5f * float(t + 1);
-      mla::cpu::gemv(x.data(), 4, 256, m, y.data(), 4);
+      mla::cpu::gemv(ctx, x.data(), 4, 256, m, y.data(), 4);
       for (int t = 0; t < 4; ++t)
         for (int r = 0; r < 4; ++r)
           EXPECT_EQ(y[size_t(t * 4 + r)],
@@ -508,9 +501,9 @@ TEST(Fp8, DecodesEveryCode) {
 
 TEST(Matmul, BothPathsBothPrecisions) {
   std::mt19937 rng(3);
-  const auto saved = mla::cpu::precision();
   for (auto p : {mla::cpu::Precision::Precise, mla::cpu::Precision::Fast}) {
-    mla::cpu::set_precision(p);
+    mla::cpu::Context ctx;
+    ctx.precision = p;
     // Fast mode rounds activations (and f32/f16 weights) to bf16: relative error 2^-8 each.
     const double tol = p == mla::cpu::Precision::Fast ? 1.6e-2 : 1e-5;
     for (WeightFormat f : kFormats)
@@ -521,7 +514,7 @@ TEST(Matmul, BothPathsBothPrecisions) {
           const int64_t ldx = cols + 1, ldy = rows + 2;
           auto x = random_vec(size_t(T * ldx), rng);
           std::vector<float> y(size_t(T * ldy), -1.0f), ref(size_t(T * ldy), -1.0f);
-          mla::cpu::matmul(x.data(), T, ldx, m.view, y.data(), ldy);
+          mla::cpu::matmul(ctx, x.data(), T, ldx, m.view, y.data(), ldy);
           mla::cpu::gemv_reference(x.data(), T, ldx, m.view, ref.data(), ldy);
           expect_close(m.view, x.data(), T, ldx, y, ref, ldy, tol,
                        std::string(mla::cpu::precision_name(p)) + " " + mla::weight_format_name(f) + " " +
@@ -531,10 +524,10 @@ TEST(Matmul, BothPathsBothPrecisions) {
         }
       }
   }
-  mla::cpu::set_precision(saved);
 }
 
 TEST(Matmul, BatchOfJobsEqualsEachAlone) {
+  const mla::cpu::Context& ctx = kPrecise;
   // Mixed formats, shapes and token counts (few-token jobs share one parallel region; the others
   // run alone), two jobs reading the same x, large enough to be split across threads.
   std::mt19937 rng(5);
@@ -562,7 +555,7 @@ TEST(Matmul, BatchOfJobsEqualsEachAlone) {
   std::vector<float> y_shared(size_t(700), -1.0f), ref_shared(size_t(700));
   Owned m2 = random_matrix(WeightFormat::BF16, 700, 256, rng);
   jobs.push_back({xs[0].data(), 1, 256, m2.view, y_shared.data(), 700});
-  mla::cpu::matmul_batch(jobs);
+  mla::cpu::matmul_batch(ctx, jobs);
   for (size_t i = 0; i < std::size(cases); ++i) {
     const auto& c = cases[i];
     mla::cpu::gemv_reference(xs[i].data(), c.T, c.cols, mats[i].view, refs[i].data(), c.rows);
@@ -581,7 +574,7 @@ TEST(Matmul, FastPrecisionPromptSizedProducts) {
   // another order: per output at most one rounding per pair of columns plus a few, (cols / 2 +
   // 16) * 2^-24 of the sum of the terms' magnitudes.
   std::mt19937 rng(11);
-  PrecisionScope scope(mla::cpu::Precision::Fast);
+  const mla::cpu::Context& ctx = kFastBf16;
   for (WeightFormat f : {WeightFormat::BF16, WeightFormat::FP8_BLOCK128, WeightFormat::INT4_GROUP})
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{77, 2048}, {40, 7168}, {64, 96}}) {
       Owned m = random_matrix(f, rows, cols, rng);
@@ -590,7 +583,7 @@ TEST(Matmul, FastPrecisionPromptSizedProducts) {
         const int64_t ldx = cols + 3, ldy = rows + 5;
         auto x = random_vec(size_t(T * ldx), rng);
         std::vector<float> y(size_t(T * ldy), -1.0f);
-        mla::cpu::matmul_bf16(x.data(), T, ldx, m.view, y.data(), ldy);
+        mla::cpu::matmul_bf16(ctx, x.data(), T, ldx, m.view, y.data(), ldy);
         expect_close_bf16(m.view, x.data(), T, ldx, y, ldy, (double(cols) / 2 + 16) * std::ldexp(1.0, -24), 0.0, true,
                           std::string(mla::weight_format_name(f)) + " " + std::to_string(rows) + "x" +
                               std::to_string(cols) + " T=" + std::to_string(T));

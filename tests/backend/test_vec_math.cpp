@@ -55,7 +55,7 @@ TEST(VecMath, SiluMulAndSoftmaxMatchDouble) {
   const int64_t T = 3, n = 37;  // a tail past the last 16 lanes
   std::vector<float> gu(size_t(T * 2 * n)), out(size_t(T * n));
   for (auto& v : gu) v = nd(rng);
-  mla::cpu::silu_mul(gu.data(), T, n, out.data());
+  mla::cpu::silu_mul(mla::cpu::Context{}, gu.data(), T, n, out.data());
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < n; ++i) {
       const double g = gu[size_t(t * 2 * n + i)], u = gu[size_t(t * 2 * n + n + i)];

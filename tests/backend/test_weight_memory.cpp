@@ -59,7 +59,7 @@ TEST(WeightArena, CopiesAndRepointsViews) {
   {
     mla::cpu::WeightArena arena;
     MatrixView* views[] = {&fp8, &slice, &int4, &int4_slice};
-    arena.adopt(views);
+    arena.adopt(mla::cpu::Context{}, views);
     EXPECT_NE(fp8.data, before.data);
     // Every byte read is copied (and at most a small gap, when the two buffers sit close).
     EXPECT_GE(arena.bytes(), file.size() + packed.size());
@@ -77,15 +77,12 @@ TEST(WeightArena, CopiesAndRepointsViews) {
   }
 }
 
-TEST(WeightArena, PlacementSwitch) {
-  const auto saved = mla::cpu::weight_placement();
-  mla::cpu::set_weight_placement(mla::cpu::WeightPlacement::Mapped);
-  EXPECT_FALSE(mla::cpu::should_copy_weights(1));
-  mla::cpu::set_weight_placement(mla::cpu::WeightPlacement::HugePages);
-  EXPECT_TRUE(mla::cpu::should_copy_weights(size_t(1) << 50));
-  mla::cpu::set_weight_placement(mla::cpu::WeightPlacement::Auto);
-  EXPECT_FALSE(mla::cpu::should_copy_weights(size_t(1) << 50));  // more than any machine has
-  mla::cpu::set_weight_placement(saved);
+TEST(WeightArena, Placement) {
+  using mla::cpu::WeightPlacement;
+  EXPECT_FALSE(mla::cpu::should_copy_weights(WeightPlacement::Mapped, 1));
+  EXPECT_TRUE(mla::cpu::should_copy_weights(WeightPlacement::HugePages, size_t(1) << 50));
+  EXPECT_FALSE(mla::cpu::should_copy_weights(WeightPlacement::Auto, size_t(1) << 50));  // more than any machine has
+  EXPECT_EQ(mla::cpu::Context().weights, WeightPlacement::Auto);
 }
 
 }  // namespace

@@ -12,7 +12,7 @@
 #include <fstream>
 #include <regex>
 
-#include "backend/cpu/ops.h"
+#include "backend/cpu/context.h"
 #include "engine/generation_config.h"
 #include "model/model.h"
 #include "tokenizer/chat_template.h"
@@ -36,10 +36,9 @@ std::string read_file(const fs::path& p) {
 class RunCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    // One thread: these tiny models gain nothing from two, and a busy machine makes OpenMP's
-    // waiting threads slow; restored afterwards for the other suites.
-    saved_threads_ = mla::cpu::num_threads();
-    mla::cpu::set_num_threads(1);
+    // One thread (one_thread_): these tiny models gain nothing from two, and a busy machine
+    // makes OpenMP's waiting threads slow.
+    one_thread_.threads = 1;
     dir_ = new fs::path(fs::temp_directory_path() / ("mla_run_cli_" + std::to_string(::getpid())));
     fs::remove_all(*dir_);
     fs::create_directories(*dir_ / "model");
@@ -50,7 +49,6 @@ class RunCli : public ::testing::Test {
   static void TearDownTestSuite() {
     fs::remove_all(*dir_);
     delete dir_;
-    mla::cpu::set_num_threads(saved_threads_);
   }
   static std::string model() { return (*dir_ / "model").string(); }
   static std::string mla(const std::string& args) {
@@ -60,7 +58,7 @@ class RunCli : public ::testing::Test {
   // The greedy continuation through the library alone: Model::forward on a bf16 latent pool
   // (as `mla run` uses), argmax, stopping at the EOS ids of config.json and the tokenizer.
   static std::string library_greedy(const std::vector<int32_t>& prompt, int n) {
-    auto m = mla::Model::load(model());
+    auto m = mla::Model::load(model(), one_thread_);
     auto tok = mla::Tokenizer::load(model());
     auto eos = m->config().eos_token_ids;
     eos.push_back(tok.eos_id());
@@ -82,7 +80,7 @@ class RunCli : public ::testing::Test {
   }
 
   static inline fs::path* dir_ = nullptr;
-  static inline int saved_threads_ = 0;
+  static inline mla::cpu::Context one_thread_;
 };
 
 TEST_F(RunCli, GreedyIsDeterministicAndMatchesTheLibrary) {

@@ -173,7 +173,7 @@ TEST(MlaDecodeReference, MatchesEngineAbsorbAttention) {
         a.k_pos0 = 0;
         a.scale = scale;
         std::vector<float> eout(size_t(rows) * kLatent), else_(static_cast<size_t>(rows));
-        mla::cpu::attention_absorb(a, eout.data(), else_.data());
+        mla::cpu::attention_absorb(mla::cpu::Context{}, a, eout.data(), else_.data());
         // The engine sums in float32 through its GEMM, the reference in double: 2e-5 covers
         // float32 rounding of sums of up to 576 unit-size products.
         for (int r = 0; r < rows; ++r) {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "backend/cpu/precision.h"
+#include "backend/cpu/context.h"
 #include "engine/verify.h"
 #include "test_util.h"
 
@@ -44,16 +44,15 @@ TEST(Verify, CompareOutputs) {
 
 // One CPU thread for these runs: the tiny model's many small OpenMP regions make multi-threaded
 // runs slow when the cores are shared (busy CI or build machines), and the numerics under test
-// do not depend on the thread count. Restores the previous count on exit.
-struct OneThread {
-  int saved = mla::cpu::num_threads();
-  OneThread() { mla::cpu::set_num_threads(1); }
-  ~OneThread() { mla::cpu::set_num_threads(saved); }
-};
+// do not depend on the thread count.
+mla::cpu::Context one_thread() {
+  mla::cpu::Context ctx;
+  ctx.threads = 1;
+  return ctx;
+}
 
 TEST(Verify, PathsAgreeOnTinyDeepSeekV3) {
-  OneThread one;
-  auto model = mla::Model::load(kModel);
+  auto model = mla::Model::load(kModel, one_thread());
   const auto& c = model->config();
   mla::VerifyOptions opt;
   opt.ids = {3, 17, 250, 9, 400, 77, 123, 5, 61, 300, 2, 44};
@@ -112,7 +111,7 @@ TEST(Verify, PathsAgreeOnTinyDeepSeekV3) {
   EXPECT_GT(fast.absorb_vs_f32.max_abs, f32.logits.max_abs);
   EXPECT_LT(fast.absorb_vs_f32.mean_abs, 5e-2);
   EXPECT_LT(fast.logits.max_abs, 1e-1);
-  EXPECT_EQ(mla::cpu::precision(), mla::cpu::Precision::Precise);  // restored after the fast runs
+  EXPECT_EQ(model->context().precision, mla::cpu::Precision::Precise);  // the fast runs leave the model's own
 }
 
 TEST(Verify, CliJson) {

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "backend/cpu/ops.h"
-#include "backend/cpu/precision.h"
+#include "backend/cpu/context.h"
 #include "engine/run_modes.h"
 #include "test_util.h"
 
@@ -92,8 +92,8 @@ namespace {
 // The kernels split rows across threads: two threads give the golden logits too (ctest runs
 // each test on one thread, so this test sets its own count).
 TEST(MultiThread, TwoThreadsReproduceTheGolden) {
-  int before = cpu::num_threads();
-  cpu::set_num_threads(2);
+  cpu::Context two_threads;
+  two_threads.threads = 2;
   auto& l = load("deepseek-v3-fp8-tiny");
   auto ids = test::read_ids(*l.golden->find("seq3_ids"));
   auto want = test::read_f32(*l.golden->find("seq3_logits"));
@@ -102,9 +102,9 @@ TEST(MultiThread, TwoThreadsReproduceTheGolden) {
       RunOptions opt;
       opt.mode = RunMode::parse(mode);
       opt.path = path;
+      opt.context = &two_threads;
       EXPECT_LE(test::max_abs_diff(run_logits(*l.model, ids, opt), want), kLogitTol) << mode;
     }
-  cpu::set_num_threads(before);
 }
 
 // A 108-token prompt gives each of the 16 experts enough tokens that two threads run the
@@ -113,20 +113,18 @@ TEST(MultiThread, TwoThreadsReproduceTheGolden) {
 // differ only by the summation order of the split products elsewhere (shared experts,
 // attention): far below the 1e-3 of the goldens, and below the fast precision's own error.
 TEST(MultiThread, FastPrecisionExpertsPerThreadMatchOneThread) {
-  const int before = cpu::num_threads();
-  const auto saved = cpu::precision();
-  cpu::set_precision(cpu::Precision::Fast);
+  cpu::Context fast;
+  fast.precision = cpu::Precision::Fast;
   auto& l = load("deepseek-v3-tiny");
   auto ids = test::read_ids(*l.golden->find("seq3_ids"));
   auto want = test::read_f32(*l.golden->find("seq3_logits"));
   RunOptions opt;
   opt.mode = RunMode::parse("prefill");
-  cpu::set_num_threads(1);
+  opt.context = &fast;
+  fast.threads = 1;
   auto one = run_logits(*l.model, ids, opt);
-  cpu::set_num_threads(2);
+  fast.threads = 2;
   auto two = run_logits(*l.model, ids, opt);
-  cpu::set_num_threads(before);
-  cpu::set_precision(saved);
   EXPECT_LE(test::max_abs_diff(one, two), 1e-3f);
   // Against transformers' float32: bf16 activations move most logits by a few 1e-3, but on these
   // random weights a rounding can flip a near-tied expert choice and move that token's row by

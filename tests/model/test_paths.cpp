@@ -6,10 +6,10 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "backend/cpu/amx.h"
 #include "backend/cpu/attention.h"
 #include "backend/cpu/ops.h"
-#include "backend/cpu/precision.h"
+#include "backend/cpu/context.h"
+#include "backend/cpu/dispatch.h"
 #include "engine/run_modes.h"
 #include "model/checkpoint_writer.h"
 #include "test_util.h"
@@ -22,7 +22,7 @@ using nlohmann::json;
 // One attention layer at DeepSeek-V3's real sizes (H heads, 128 by default), computed both ways
 // from the same random latents, queries and kv_b_proj. Returns the max |expand - absorb|
 // relative to max |out|.
-double expand_vs_absorb(int64_t T, int64_t S, int64_t H = 128) {
+double expand_vs_absorb(int64_t T, int64_t S, int64_t H = 128, const cpu::Context& ctx = {}) {
   const int64_t kvr = 512, rope = 64, nope = 128, vd = 128, qk = nope + rope, dim = kvr + rope;
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -36,8 +36,8 @@ double expand_vs_absorb(int64_t T, int64_t S, int64_t H = 128) {
 
   // expand: K_nope, V = c_KV through kv_b_proj for every key.
   std::vector<float> kvx(size_t(S * H * (nope + vd))), out_e(size_t(T * H * vd)), lse_e(size_t(T * H));
-  cpu::matmul(latent.data(), S, dim, W, kvx.data(), H * (nope + vd));
-  cpu::attention_expand({q.data(), kvx.data(), latent.data() + kvr, dim, T, S, H, nope, rope, vd, q_pos0, 0, scale},
+  cpu::matmul(ctx, latent.data(), S, dim, W, kvx.data(), H * (nope + vd));
+  cpu::attention_expand(ctx, {q.data(), kvx.data(), latent.data() + kvr, dim, T, S, H, nope, rope, vd, q_pos0, 0, scale},
                         out_e.data(), lse_e.data());
 
   // absorb: q_lat = W_UK^T q_nope, attention over the latent, then W_UV.
@@ -51,10 +51,10 @@ double expand_vs_absorb(int64_t T, int64_t S, int64_t H = 128) {
           s += double(q[size_t((t * H + h) * qk + d)]) * kv_b[size_t((h * (nope + vd) + d) * kvr + c)];
         q_lat[size_t((t * H + h) * kvr + c)] = float(s);
       }
-  cpu::attention_absorb({q_lat.data(), q.data() + nope, H * qk, qk, latent.data(), T, S, H, kvr, rope, q_pos0, 0, scale},
+  cpu::attention_absorb(ctx, {q_lat.data(), q.data() + nope, H * qk, qk, latent.data(), T, S, H, kvr, rope, q_pos0, 0, scale},
                         o_lat.data(), lse_a.data());
   for (int64_t h = 0; h < H; ++h)
-    cpu::matmul(o_lat.data() + h * kvr, T, H * kvr, W.slice_rows(h * (nope + vd) + nope, vd), out_a.data() + h * vd, H * vd);
+    cpu::matmul(ctx, o_lat.data() + h * kvr, T, H * kvr, W.slice_rows(h * (nope + vd) + nope, vd), out_a.data() + h * vd, H * vd);
 
   double maxdiff = 0, maxabs = 0;
   for (size_t i = 0; i < out_e.size(); ++i) {
@@ -75,10 +75,9 @@ TEST(MlaPaths, ExpandEqualsAbsorbOverSeveralQueryBlocks) { EXPECT_LT(expand_vs_a
 // A long cache: the absorb path splits its 2600 keys over two threads (blocks of 256, online
 // softmax, partial results merged by log-sum-exp); three new tokens see different key counts.
 TEST(MlaPaths, ExpandEqualsAbsorbWithTheKeysSplitAcrossThreads) {
-  const int before = cpu::num_threads();
-  cpu::set_num_threads(2);
-  EXPECT_LT(expand_vs_absorb(3, 2600, 16), 1e-5);
-  cpu::set_num_threads(before);
+  cpu::Context two_threads;
+  two_threads.threads = 2;
+  EXPECT_LT(expand_vs_absorb(3, 2600, 16, two_threads), 1e-5);
 }
 
 // The fast precision's expand path (bf16 products on AMX tiles) against the float32 one: 150
@@ -87,7 +86,7 @@ TEST(MlaPaths, ExpandEqualsAbsorbWithTheKeysSplitAcrossThreads) {
 // unit size move by about 1e-3, the outputs by well under 1% of their largest value (measured:
 // 0.36%).
 TEST(MlaPaths, FastExpandOnAmxTilesFollowsTheFloat32Path) {
-  if (!cpu::amx_available()) GTEST_SKIP() << "no AMX on this CPU: the fast precision uses the float32 path";
+  if (!cpu::host_features().amx) GTEST_SKIP() << "no AMX on this CPU: the fast precision uses the float32 path";
   const int64_t T = 150, S = 200, H = 16, nope = 128, rope = 64, vd = 128, qk = nope + rope;
   std::mt19937 rng(9);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -97,12 +96,10 @@ TEST(MlaPaths, FastExpandOnAmxTilesFollowsTheFloat32Path) {
   const cpu::ExpandArgs args{q.data(), kvx.data(), kpe.data(), rope, T, S, H, nope, rope, vd, S - T, 0,
                              1.0f / std::sqrt(float(qk))};
   std::vector<float> out_p(size_t(T * H * vd)), lse_p(size_t(T * H)), out_f(out_p.size(), -7.0f), lse_f(lse_p.size());
-  const auto saved = cpu::precision();
-  cpu::set_precision(cpu::Precision::Precise);
-  cpu::attention_expand(args, out_p.data(), lse_p.data());
-  cpu::set_precision(cpu::Precision::Fast);
-  cpu::attention_expand(args, out_f.data(), lse_f.data());
-  cpu::set_precision(saved);
+  cpu::Context fast;
+  fast.precision = cpu::Precision::Fast;
+  cpu::attention_expand(cpu::Context{}, args, out_p.data(), lse_p.data());
+  cpu::attention_expand(fast, args, out_f.data(), lse_f.data());
   double maxdiff = 0, maxabs = 0;
   for (size_t i = 0; i < out_p.size(); ++i) {
     maxdiff = std::max(maxdiff, double(std::fabs(out_f[i] - out_p[i])));

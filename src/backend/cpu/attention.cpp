@@ -11,7 +11,7 @@
 #include "backend/cpu/amx.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/ops.h"
-#include "backend/cpu/precision.h"
+#include "backend/cpu/dispatch.h"
 #include "backend/cpu/vec_math.h"
 
 namespace mla::cpu {
@@ -38,10 +38,10 @@ int64_t round32(int64_t n) { return (n + 31) / 32 * 32; }
 // values transposed [v, S] as bf16 (zero-padded to 32 rows and columns), then per block of
 // query rows the scores Q K^T and the output P V as bf16 products with float32 sums, the softmax
 // in float32 between them. Same blocks, masking and lse as the float32 path below.
-void attention_expand_amx(const ExpandArgs& a, int64_t tb, float* out, float* lse) {
+void attention_expand_amx(const Context& ctx, const ExpandArgs& a, int64_t tb, float* out, float* lse) {
   const int64_t qk = a.nope + a.rope, ldkv = a.H * (a.nope + a.v);
   const int64_t S32 = round32(a.S), V32 = round32(a.v);
-#pragma omp parallel
+#pragma omp parallel num_threads(ctx.num_threads())
   {
     const vec::FlushDenormals flush;
     std::vector<uint16_t> K(static_cast<size_t>(S32 * qk)), Vt(static_cast<size_t>(V32 * S32), 0),
@@ -96,17 +96,17 @@ void attention_expand_amx(const ExpandArgs& a, int64_t tb, float* out, float* ls
 
 }  // namespace
 
-void attention_expand(const ExpandArgs& a, float* out, float* lse) {
+void attention_expand(const Context& ctx, const ExpandArgs& a, float* out, float* lse) {
   const int64_t qk = a.nope + a.rope, ldkv = a.H * (a.nope + a.v);
   // Query rows in blocks; each block sees the keys up to its last row's position only, so a
   // causal prompt computes the lower triangle of the scores (and a few blocks' diagonal).
   const int64_t tb = std::max<int64_t>(
       1, std::min({a.T, kExpandRows, kScoreBudget / std::max<int64_t>(1, a.S)}));
-  if (precision() == Precision::Fast && qk % 32 == 0 && amx_available()) {
-    attention_expand_amx(a, tb, out, lse);
+  if (ctx.fast() && qk % 32 == 0 && host_features().amx) {
+    attention_expand_amx(ctx, a, tb, out, lse);
     return;
   }
-#pragma omp parallel
+#pragma omp parallel num_threads(ctx.num_threads())
   {
     const vec::FlushDenormals flush;
     std::vector<float> K(static_cast<size_t>(a.S * qk)), Q(static_cast<size_t>(tb * qk)), P(static_cast<size_t>(tb * a.S));
@@ -124,11 +124,11 @@ void attention_expand(const ExpandArgs& a, float* out, float* lse) {
           std::copy(src, src + qk, Q.data() + t * qk);
         }
         const int64_t S = std::clamp<int64_t>(a.q_pos0 + t0 + nt - a.k_pos0, 0, a.S);  // keys this block sees
-        sgemm(false, true, nt, S, qk, a.scale, Q.data(), qk, K.data(), qk, 0.0f, P.data(), S);
+        sgemm(ctx, false, true, nt, S, qk, a.scale, Q.data(), qk, K.data(), qk, 0.0f, P.data(), S);
         for (int64_t t = 0; t < nt; ++t)
           lse[(t0 + t) * a.H + h] = causal_softmax(P.data() + t * S, S, a.q_pos0 + t0 + t, a.k_pos0);
         // out[t, h, :] = P V_h, V_h = kv[:, h, nope:] with row stride ldkv.
-        sgemm(false, false, nt, a.v, S, 1.0f, P.data(), S, a.kv + h * (a.nope + a.v) + a.nope, ldkv, 0.0f,
+        sgemm(ctx, false, false, nt, a.v, S, 1.0f, P.data(), S, a.kv + h * (a.nope + a.v) + a.nope, ldkv, 0.0f,
               out + (t0 * a.H + h) * a.v, a.H * a.v);
       }
     }
@@ -144,14 +144,14 @@ constexpr int64_t kSplitKeys = 1024;
 
 }  // namespace
 
-void attention_absorb(const AbsorbArgs& a, float* out_lat, float* lse) {
+void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, float* lse) {
   const int64_t dim = a.kv_lora + a.rope, kvr = a.kv_lora, H = a.H;
   if (!a.latent && !a.gather) throw std::invalid_argument("attention_absorb: no latent rows and no gather");
   // Token blocks bound the score block (rows x kKeyBlock) and the accumulators (rows x kv_lora).
   const int64_t tb = std::max<int64_t>(1, std::min<int64_t>(a.T, kScoreBudget / (H * std::max(kKeyBlock, kvr))));
   const int64_t nblocks = (a.S + kKeyBlock - 1) / kKeyBlock;
   const int nthr = a.S >= kSplitKeys && !omp_in_parallel()
-                       ? int(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, nblocks)))
+                       ? int(std::min<int64_t>(ctx.num_threads(), std::max<int64_t>(1, nblocks)))
                        : 1;
   // Kept between calls (no allocation per decode step). The references are this thread's
   // buffers also inside the parallel region below, where the thread_local names are the workers'.
@@ -187,7 +187,7 @@ void attention_absorb(const AbsorbArgs& a, float* out_lat, float* lse) {
         const float* rows = a.latent ? a.latent + j0 * dim : C.data();
         if (!a.latent) a.gather(j0, n, C.data());
         // One shared key per cached token for all heads: scores [M, n] = Q rows^T.
-        sgemm(false, true, M, n, dim, a.scale, Q.data(), dim, rows, dim, 0.0f, P.data(), n);
+        sgemm(ctx, false, true, M, n, dim, a.scale, Q.data(), dim, rows, dim, 0.0f, P.data(), n);
         for (int64_t r = 0; r < M; ++r) {
           float* p = P.data() + r * n;
           const int64_t vis = std::clamp<int64_t>(a.q_pos0 + t0 + r / H - a.k_pos0 + 1 - j0, 0, n);
@@ -206,7 +206,7 @@ void attention_absorb(const AbsorbArgs& a, float* out_lat, float* lse) {
             for (float* o = acc + r * kvr; o < acc + (r + 1) * kvr; ++o) *o *= keep;
         }
         // One shared value: acc [M, kv_lora] += P c_KV.
-        sgemm(false, false, M, kvr, n, 1.0f, P.data(), n, rows, dim, 1.0f, acc, kvr);
+        sgemm(ctx, false, false, M, kvr, n, 1.0f, P.data(), n, rows, dim, 1.0f, acc, kvr);
       }
       for (int64_t r = 0; r < M; ++r) {
         if (l[size_t(r)] == 0.0f) {

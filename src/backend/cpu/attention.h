@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <functional>
 
+#include "backend/cpu/context.h"
+
 namespace mla::cpu {
 
 struct ExpandArgs {
@@ -20,7 +22,7 @@ struct ExpandArgs {
   float scale;
 };
 // out: [T, H, v]; lse: [T, H] (-inf where a row sees no key; its out row is then 0).
-void attention_expand(const ExpandArgs& a, float* out, float* lse);
+void attention_expand(const Context& ctx, const ExpandArgs& a, float* out, float* lse);
 
 struct AbsorbArgs {
   const float* q_lat;   // [T, H, kv_lora]: q_nope mapped through W_UK
@@ -36,9 +38,9 @@ struct AbsorbArgs {
 };
 // out_lat: [T, H, kv_lora] (weighted sums of c_KV); lse: [T, H].
 // The keys go in blocks with an online softmax (running max and sum per row); long key ranges
-// are split across the threads, each thread's partial result merged by log-sum-exp, so decoding
+// are split across ctx's threads, each thread's partial result merged by log-sum-exp, so decoding
 // on a long cache uses every core and never holds more than a block of keys in float32.
-void attention_absorb(const AbsorbArgs& a, float* out_lat, float* lse);
+void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, float* lse);
 
 // acc <- the exact merge of (acc, acc_lse) with (part, part_lse): rows of d values.
 void merge_partial(float* acc, float* acc_lse, const float* part, const float* part_lse, int64_t rows, int64_t d);

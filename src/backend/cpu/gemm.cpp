@@ -18,6 +18,9 @@
 
 #include "backend/cpu/amx.h"
 #include "backend/cpu/decode_avx512.h"
+#include "backend/cpu/dispatch.h"
+#include "backend/cpu/onednn_threads.h"
+#include "backend/cpu/parallel.h"
 
 namespace mla::cpu {
 
@@ -48,7 +51,8 @@ struct Dnnl {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
   std::mutex mu;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<Prim>> prims;
+  // By (M, N, K, lda, ldb, ldc, threads): oneDNN blocks a primitive for the threads it will run on.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>, std::unique_ptr<Prim>> prims;
 };
 Dnnl& dnnl_state() {
   static Dnnl d;
@@ -79,7 +83,6 @@ struct Scratch {
 };
 
 constexpr int64_t kAmxRows = 32;
-constexpr int64_t kAmxMaxTokens = 128;
 
 // Tokens per pass of the AMX path. The packed activations of a pass (2 K bytes per token) are
 // read again for every 32 weight rows, so a pass keeps them within about 1 MiB, half of L2: 240
@@ -91,7 +94,8 @@ int64_t amx_pass_tokens(int64_t K) { return std::clamp<int64_t>((int64_t(1) << 1
 // The AMX path of matmul_bf16: activations packed once per pass of tokens, the weight rows split
 // across the threads 32 at a time. bf16 weights are read where they lie; other formats are
 // decoded to bf16 32 rows at a time into a per-thread buffer. A short last block is padded.
-void matmul_amx(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy, Scratch& s) {
+void matmul_amx(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy,
+                Scratch& s) {
   const int64_t N = W.rows, K = W.cols;
   const bool direct = W.format == WeightFormat::BF16;
   const int64_t blocks = (N + kAmxRows - 1) / kAmxRows;
@@ -103,8 +107,7 @@ void matmul_amx(const float* x, int64_t T, int64_t ldx, const MatrixView& W, flo
     if (s.a.size() < size_t(tn * K)) s.a.resize(size_t(tn * K));
     if (s.p.size() < size_t(amx_packed_size(tn, K))) s.p.resize(size_t(amx_packed_size(tn, K)));
     const uint16_t* xp = s.p.data();
-#pragma omp parallel
-    {
+    parallel_region(ctx, true, [&] {
     // Activations to bf16 and packed, 16 tokens (one token tile) per iteration.
 #pragma omp for schedule(static)
     for (int64_t tb = 0; tb < (tn + 15) / 16; ++tb) {
@@ -126,7 +129,7 @@ void matmul_amx(const float* x, int64_t T, int64_t ldx, const MatrixView& W, flo
       }
       amx_gemm_rows32(xp, tn, K, w, K, nr, direct && nr == kAmxRows, y + t0 * ldy + n0, ldy);
     }
-    }
+    });
   }
 }
 
@@ -200,12 +203,13 @@ void dequant_rows_bf16(const MatrixView& W, int64_t n0, int64_t n1, uint16_t* ds
   }
 }
 
-void gemm_bf16_nt(const uint16_t* A, int64_t M, int64_t lda, const uint16_t* B, int64_t N, int64_t ldb, int64_t K,
-                  float* C, int64_t ldc) {
+void gemm_bf16_nt(const Context& ctx, const uint16_t* A, int64_t M, int64_t lda, const uint16_t* B, int64_t N,
+                  int64_t ldb, int64_t K, float* C, int64_t ldc) {
   using dnnl::memory;
   using dt = memory::data_type;
   Dnnl& d = dnnl_state();
-  const auto key = std::make_tuple(M, N, K, lda, ldb, ldc);
+  const OneDnnThreads threads(ctx);  // for the primitive's creation and its run
+  const auto key = std::make_tuple(M, N, K, lda, ldb, ldc, omp_in_parallel() ? 1 : ctx.num_threads());
   Prim* prim;
   {
     std::lock_guard<std::mutex> lock(d.mu);
@@ -237,20 +241,21 @@ void gemm_bf16_nt(const uint16_t* A, int64_t M, int64_t lda, const uint16_t* B, 
   d.strm.wait();
 }
 
-void matmul_bf16(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
+void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y,
+                 int64_t ldy) {
   const int64_t N = W.rows, K = W.cols;
   if (T <= 0 || N <= 0) return;
   if (W.format == WeightFormat::INT4_GROUP && !fast_supported(W))
     throw std::invalid_argument("matmul_bf16: INT4 group size " + std::to_string(W.group_size) +
                                 " is not a multiple of 32");
   thread_local Scratch s;
-  // Our AMX kernel for up to kAmxMaxTokens tokens (an expert's share of a prompt or of a batch),
+  // Our AMX kernel for up to 127 tokens (an expert's share of a prompt or of a batch; dispatch.h),
   // oneDNN's matmul above: on one 2816 x 2048 bf16 matrix split over 2 threads, ours ran 796,
   // 932 and 935 GFLOPS at 64, 128 and 256 tokens against oneDNN's 820, 1006 and 1213; on 186
   // experts of that shape read from DRAM, 48 tokens each, one per thread (bench/matmul), ours
   // read 19.9 GB/s of weights and oneDNN, which packs the weights on every call, 14.3.
-  if (amx_available() && K % kChunk == 0 && T < kAmxMaxTokens) {
-    matmul_amx(x, T, ldx, W, y, ldy, s);
+  if (gemm_bf16_kernel(T, W, host_features()) == Kernel::AmxGemm) {
+    matmul_amx(ctx, x, T, ldx, W, y, ldy, s);
     return;
   }
   const bool direct = W.format == WeightFormat::BF16;  // used in place, natural column order
@@ -262,9 +267,10 @@ void matmul_bf16(const float* x, int64_t T, int64_t ldx, const MatrixView& W, fl
   uint16_t* const a = s.a.data();  // the workers below see this thread's scratch through these
   // The conversion and the copy of the result run on every thread: a prompt makes dozens of
   // these calls, and on one thread they left the others idle for milliseconds each.
-#pragma omp parallel for schedule(static) if (T >= 64)
-  for (int64_t t0 = 0; t0 < T; t0 += 16)
+  parallel_for(ctx, (T + 15) / 16, T >= 64, [&](int64_t i) {
+    const int64_t t0 = i * 16;
     activations_bf16(x + t0 * ldx, std::min<int64_t>(16, T - t0), ldx, K, W.format, !direct, a + t0 * K, K);
+  });
   std::fill(a + T * K, a + Mp * K, uint16_t(0));
   const int64_t nb = direct ? kBlockN : std::min(kBlockN, kDequantRows);
   // When no rows were padded, oneDNN writes y itself.
@@ -279,17 +285,18 @@ void matmul_bf16(const float* x, int64_t T, int64_t ldx, const MatrixView& W, fl
     } else {
       if (s.w.size() < size_t(bn * K)) s.w.resize(size_t(bn * K));
       uint16_t* w = s.w.data();
-#pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < bn; r += 16) dequant_rows_bf16(W, n0 + r, std::min(bn, r + 16) + n0, w + r * K, K);
+      parallel_for(ctx, (bn + 15) / 16, true, [&](int64_t i) {
+        const int64_t r = i * 16;
+        dequant_rows_bf16(W, n0 + r, std::min(bn, r + 16) + n0, w + r * K, K);
+      });
       B = w;
     }
     if (in_place) {
-      gemm_bf16_nt(a, Mp, K, B, bn, K, K, y + n0, ldy);
+      gemm_bf16_nt(ctx, a, Mp, K, B, bn, K, K, y + n0, ldy);
       continue;
     }
-    gemm_bf16_nt(a, Mp, K, B, bn, K, K, c, bn);
-#pragma omp parallel for schedule(static) if (T >= 64)
-    for (int64_t t = 0; t < T; ++t) std::copy(c + t * bn, c + (t + 1) * bn, y + t * ldy + n0);
+    gemm_bf16_nt(ctx, a, Mp, K, B, bn, K, K, c, bn);
+    parallel_for(ctx, T, T >= 64, [&](int64_t t) { std::copy(c + t * bn, c + (t + 1) * bn, y + t * ldy + n0); });
   }
 }
 

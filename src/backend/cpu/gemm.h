@@ -5,17 +5,20 @@
 #pragma once
 #include <cstdint>
 
+#include "backend/cpu/context.h"
 #include "tensor/matrix.h"
 
 namespace mla::cpu {
 
 // y[t, :] = W x[t, :] for t < T, activations and weights rounded to bf16 (round to nearest even),
-// float32 accumulation. x: [T, W.cols] stride ldx; y: [T, W.rows] stride ldy.
-void matmul_bf16(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy);
+// float32 accumulation. x: [T, W.cols] stride ldx; y: [T, W.rows] stride ldy. On the kernel
+// gemm_bf16_kernel(T, W, host_features()) names (dispatch.h), on ctx's threads.
+void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy);
 
 // C[M, N] (float32, stride ldc) = A[M, K] (bf16, stride lda) . B[N, K]^T (bf16, stride ldb).
-// oneDNN primitives are created once per shape and kept (callers bucket M to bound their number).
-void gemm_bf16_nt(const uint16_t* A, int64_t M, int64_t lda, const uint16_t* B, int64_t N, int64_t ldb, int64_t K,
+// oneDNN primitives are created once per shape and thread count and kept (callers bucket M to
+// bound their number); they run on ctx.num_threads() threads.
+void gemm_bf16_nt(const Context& ctx, const uint16_t* A, int64_t M, int64_t lda, const uint16_t* B, int64_t N, int64_t ldb, int64_t K,
                   float* C, int64_t ldc);
 
 // Rows [n0, n1) of W as bf16 into dst (row stride ld), columns in the lane layout of W's format

@@ -4,22 +4,21 @@
 // FP8 block scales are folded into the activations per 128-row block (times 2^64, the sum
 // times 2^56, keeping the 2^-120 of the decode far from float32's range limits).
 //
-// In the fast precision (cpu::precision() == Fast) bf16, FP8 and INT4 weights take a second
+// In the fast precision (Context::precision == Fast) bf16, FP8 and INT4 weights take a second
 // family of kernels: the activations are rounded to bf16 once per call (round to nearest even,
 // permuted into the format's word layout), each 64-column step of a row is decoded to bf16 in
 // registers (exactly: the weights' values, times 2^-120 for FP8, before the INT4 group scale)
 // and dotted by VDPBF16PS, whose products of two bf16 are exact in float32 and summed in
 // float32. FP8 block scales and INT4 group scales multiply the float32 partial sums of their
 // 128 / 32 columns. F32 and F16 weights keep the float32 kernels in both precisions, and so do
-// products of more tokens than gemv_bf16_max_tokens() (1 by default; see gemv.h), except FP8
+// products of more tokens than Context::gemv_bf16_max_tokens (1 by default), except FP8
 // products of 2 to 16 tokens where the CPU has AMX: those run on tiles of 16 rows (amx.h), the
-// activations rounded to bf16 as above.
+// activations rounded to bf16 as above. dispatch.h's gemv_kernel decides, per product.
 #include "backend/cpu/gemv.h"
 
 #include <omp.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <span>
 #include <type_traits>
@@ -27,7 +26,7 @@
 
 #include "backend/cpu/amx.h"
 #include "backend/cpu/decode_avx512.h"
-#include "backend/cpu/precision.h"
+#include "backend/cpu/dispatch.h"
 #include "tensor/dtype.h"
 
 namespace mla::cpu {
@@ -48,8 +47,6 @@ constexpr int64_t kSerialWork = int64_t(1) << 18;
 // to 1 MiB against a fixed 192 KiB: fp8 24.7-25.1 against 22.2-22.8 tokens/s, bf16 17.7 against
 // 15.9-16.4, int4 21.2-22.5 against 20.3-20.5 (alternating runs); up to 2 MiB, fp8 24.1-24.3.
 constexpr double kMinUnitBytes = 192 * 1024, kMaxUnitBytes = 1024 * 1024;
-
-std::atomic<int64_t> g_bf16_max_tokens{1};  // see gemv_bf16_max_tokens()
 
 struct Unit {
   bool fast;  // a job of the bf16 kernels
@@ -515,9 +512,6 @@ void prepare_amx(const float* x, int64_t T, int64_t ldx, int64_t S, Layout64 lay
 
 }  // namespace
 
-int64_t gemv_bf16_max_tokens() { return g_bf16_max_tokens.load(std::memory_order_relaxed); }
-void set_gemv_bf16_max_tokens(int64_t T) { g_bf16_max_tokens.store(T, std::memory_order_relaxed); }
-
 void gemv_reference(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
   std::vector<float> row(static_cast<size_t>(W.cols));
   for (int64_t n = 0; n < W.rows; ++n) {
@@ -530,7 +524,7 @@ void gemv_reference(const float* x, int64_t T, int64_t ldx, const MatrixView& W,
   }
 }
 
-void gemv_batch(std::span<const GemvJob> jobs) {
+void gemv_batch(const Context& ctx, std::span<const GemvJob> jobs) {
   // Jobs without a fast kernel run on the reference; the rest are prepared (activations permuted
   // into the format's lane layout, on this thread; in the fast precision rounded to bf16 for the
   // formats with a bf16 kernel) and split across the threads by weight bytes.
@@ -542,19 +536,15 @@ void gemv_batch(std::span<const GemvJob> jobs) {
   thread_local std::vector<double> cum;  // weight bytes before each fast job
   thread_local std::vector<std::pair<bool, size_t>> order;  // (bf16 kernel, index) of each job in cum
   thread_local std::vector<Unit> units;
-  const bool fast_precision = precision() == Precision::Fast;
-  const int64_t bf16_max_tokens = g_bf16_max_tokens.load(std::memory_order_relaxed);
-  const bool amx = fast_precision && amx_available();
-  // FP8 weights and 2 to 16 tokens on AMX tiles in the fast precision (amx.h).
-  auto amx_job = [&](const GemvJob& j) {
-    return amx && j.T >= 2 && j.T <= kAmxGemvTokens && j.W.cols >= kStep && j.W.format == WeightFormat::FP8_BLOCK128;
-  };
-  auto bf16_job = [&](const GemvJob& j) { return fast_precision && j.T <= bf16_max_tokens && bf16_kernel(j.W); };
+  const CpuFeatures features = host_features();
+  auto kernel_of = [&](const GemvJob& j) { return gemv_kernel(ctx, j.T, j.W, features); };
   size_t need = 0, need16 = 0;
   for (const auto& j : jobs) {
-    if (j.T <= 0 || j.W.rows <= 0 || !fast_supported(j.W)) continue;
+    if (j.T <= 0 || j.W.rows <= 0) continue;
+    const Kernel k = kernel_of(j);
+    if (k == Kernel::GemvReference) continue;
     const size_t words = size_t(j.T * (j.W.cols / kStep) * kStep);
-    if (amx_job(j) || bf16_job(j)) need16 += words;
+    if (k == Kernel::GemvAmxFp8 || k == Kernel::GemvBf16) need16 += words;
     else need += size_t(j.T * (j.W.cols / kChunk) * kChunk);
   }
   if (prepared.size() < need) prepared.resize(need);
@@ -568,11 +558,12 @@ void gemv_batch(std::span<const GemvJob> jobs) {
   size_t off = 0, off16 = 0;
   for (const auto& j : jobs) {
     if (j.T <= 0 || j.W.rows <= 0) continue;
-    if (!fast_supported(j.W)) {
+    const Kernel k = kernel_of(j);
+    if (k == Kernel::GemvReference) {
       gemv_reference(j.x, j.T, j.ldx, j.W, j.y, j.ldy);
       continue;
     }
-    if (amx_job(j)) {
+    if (k == Kernel::GemvAmxFp8) {
       const int64_t S = j.W.cols / kStep, n = j.T * S * kStep;
       uint16_t* xp = prepared16.data() + off16;
       off16 += size_t(n);
@@ -580,7 +571,7 @@ void gemv_batch(std::span<const GemvJob> jobs) {
       prepare_amx(j.x, j.T, j.ldx, S, Layout64::Fp8Unpack, kFp8FastXScale, amx_tmp.data(), xp);
       order.push_back({true, frows.size()});
       frows.push_back(FastRows{&j.W, j.x, j.ldx, xp, j.T, S, j.W.cols / kChunk, j.y, j.ldy, true});
-    } else if (bf16_job(j)) {
+    } else if (k == Kernel::GemvBf16) {
       const int64_t S = j.W.cols / kStep;
       uint16_t* xp = prepared16.data() + off16;
       off16 += size_t(j.T * S * kStep);
@@ -620,7 +611,8 @@ void gemv_batch(std::span<const GemvJob> jobs) {
     if (fast) fs[k].run(n0, n1);
     else rs[k].run(n0, n1);
   };
-  const bool serial = weights < kSerialWork || omp_in_parallel() || omp_get_max_threads() == 1;
+  const int threads = ctx.num_threads();
+  const bool serial = weights < kSerialWork || omp_in_parallel() || threads == 1;
   if (serial) {
     for (const auto& [fast, k] : order) run(rows, frows, fast, k, 0, fast ? frows[k].W->rows : rows[k].W.rows);
     return;
@@ -629,7 +621,7 @@ void gemv_batch(std::span<const GemvJob> jobs) {
   // dynamically: a thread that is descheduled for a while (shared cores) holds up one unit, not
   // half of the product.
   units.clear();
-  const double unit_bytes = std::clamp(total / (4.0 * omp_get_max_threads()), kMinUnitBytes, kMaxUnitBytes);
+  const double unit_bytes = std::clamp(total / (4.0 * threads), kMinUnitBytes, kMaxUnitBytes);
   for (size_t i = 0; i < order.size(); ++i) {
     const auto [fast, k] = order[i];
     const int64_t N = fast ? frows[k].W->rows : rows[k].W.rows;
@@ -642,16 +634,16 @@ void gemv_batch(std::span<const GemvJob> jobs) {
   const std::vector<FastRows>& fall = frows;
   const std::vector<Unit>& work = units;
   const int64_t nunits = int64_t(work.size());
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t u = 0; u < nunits; ++u) {
     const Unit& w = work[size_t(u)];
     run(all, fall, w.fast, w.job, w.n0, w.n1);
   }
 }
 
-void gemv(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
+void gemv(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
   const GemvJob job{x, T, ldx, W, y, ldy};
-  gemv_batch(std::span<const GemvJob>(&job, 1));
+  gemv_batch(ctx, std::span<const GemvJob>(&job, 1));
 }
 
 }  // namespace mla::cpu

@@ -1,9 +1,10 @@
 #include "backend/cpu/ops.h"
 
-#include "backend/cpu/amx.h"
+#include "backend/cpu/dispatch.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemv.h"
-#include "backend/cpu/precision.h"
+#include "backend/cpu/onednn_threads.h"
+#include "backend/cpu/parallel.h"
 #include "backend/cpu/vec_math.h"
 
 #include <omp.h>
@@ -18,12 +19,7 @@
 
 namespace mla::cpu {
 
-int num_threads() { return omp_get_max_threads(); }
-void set_num_threads(int n) {
-  if (n > 0) omp_set_num_threads(n);
-}
-
-void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+void sgemm(const Context& ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
            int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
@@ -31,6 +27,7 @@ void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0 ? 0.0f : beta * C[i * ldc + j];
     return;
   }
+  const OneDnnThreads threads(ctx);
   dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (st != dnnl_success) throw std::runtime_error("dnnl_sgemm failed with status " + std::to_string(int(st)));
 }
@@ -39,80 +36,67 @@ namespace {
 
 // Rows per dequantized block in the GEMM path: 64 rows of up to 18K floats stay in L2.
 constexpr int64_t kBlockRows = 64;
-// Up to this many tokens the products run on the GEMV kernels (gemv.h: weight rows streamed and
-// dotted with 4 tokens at a time, so 12 tokens read a weight 3 times, from cache after the
-// first). In the precise mode up to 16: its alternative, weights dequantized to float32 for
-// sgemm, measured 3-9x slower there (bench/int4_expert). In the fast mode, FP8 and INT4 weights
-// up to 12 tokens: batched decode of 64 sequences (5-12 tokens per expert, mla bench --batches
-// 64) ran 61-74 tokens/s in bf16 with oneDNN's GEMM from 5 tokens on and 75-83 with the GEMV up
-// to 12 (alternating runs); FP8 and INT4 gained more, and against the AMX kernel (dequantizing
-// 32 rows at a time) they still ran 104-112 against 100-104 (FP8) and 130-132 against 108-110
-// (INT4). bf16 weights, which the AMX kernel reads in place, go to it from 5 tokens on: 95-106
-// tokens/s at batch 64 with the GEMV up to 12, 106-124 with it up to 4 (alternating runs).
-// FP8 on AMX tiles (amx.h) costs about the same for 2 or 16 tokens: the GEMV takes up to 16
-// (batch 16: 92.8 and 88.6 tokens/s against 85.5 and 86.6 with 12; batch 64 within the noise).
-int64_t gemv_max_tokens(const MatrixView& W) {
-  if (precision() == Precision::Precise) return 16;
-  if (W.format == WeightFormat::FP8_BLOCK128 && amx_available()) return kAmxGemvTokens;
-  return W.format == WeightFormat::BF16 ? 4 : 12;
-}
-
 }  // namespace
 
-void matmul(const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
+void matmul(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
   const int64_t N = W.rows, K = W.cols;
   if (T <= 0 || N <= 0) return;
-  if (T <= gemv_max_tokens(W)) {
-    gemv(x, T, ldx, W, y, ldy);
+  const Kernel kernel = matmul_kernel(ctx, T, W, host_features());
+  if (is_gemv(kernel)) {
+    gemv(ctx, x, T, ldx, W, y, ldy);
     return;
   }
-  if (precision() == Precision::Fast && (W.format != WeightFormat::INT4_GROUP || W.group_size % 32 == 0)) {
-    matmul_bf16(x, T, ldx, W, y, ldy);
+  if (kernel == Kernel::AmxGemm || kernel == Kernel::OnednnBf16) {
+    matmul_bf16(ctx, x, T, ldx, W, y, ldy);
     return;
   }
-  if (W.format == WeightFormat::F32) {
-    sgemm(false, true, T, N, K, 1.0f, x, ldx, static_cast<const float*>(W.data), K, 0.0f, y, ldy);
+  if (kernel == Kernel::Sgemm) {
+    sgemm(ctx, false, true, T, N, K, 1.0f, x, ldx, static_cast<const float*>(W.data), K, 0.0f, y, ldy);
     return;
   }
   const int64_t nblocks = (N + kBlockRows - 1) / kBlockRows;
-#pragma omp parallel
-  {
-    std::vector<float> block(static_cast<size_t>(kBlockRows * K));
-#pragma omp for schedule(dynamic)
-    for (int64_t b = 0; b < nblocks; ++b) {
-      int64_t r0 = b * kBlockRows, nr = std::min(kBlockRows, N - r0);
-      for (int64_t r = 0; r < nr; ++r) W.dequant_row(r0 + r, block.data() + r * K);
-      sgemm(false, true, T, nr, K, 1.0f, x, ldx, block.data(), K, 0.0f, y + r0, ldy);
-    }
+  auto run = [&](int64_t b) {
+    thread_local std::vector<float> block;  // each thread's, kept between calls
+    if (block.size() < size_t(kBlockRows * K)) block.resize(size_t(kBlockRows * K));
+    int64_t r0 = b * kBlockRows, nr = std::min(kBlockRows, N - r0);
+    for (int64_t r = 0; r < nr; ++r) W.dequant_row(r0 + r, block.data() + r * K);
+    sgemm(ctx, false, true, T, nr, K, 1.0f, x, ldx, block.data(), K, 0.0f, y + r0, ldy);
+  };
+  const int threads = region_threads(ctx, nblocks > 1);
+  if (threads == 1) {  // no region of one thread (parallel.h)
+    for (int64_t b = 0; b < nblocks; ++b) run(b);
+    return;
   }
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+  for (int64_t b = 0; b < nblocks; ++b) run(b);
 }
 
-void matmul_batch(std::span<const MatmulJob> jobs) {
+void matmul_batch(const Context& ctx, std::span<const MatmulJob> jobs) {
   thread_local std::vector<GemvJob> small;
   small.clear();
+  const CpuFeatures features = host_features();
   for (const auto& j : jobs) {
     if (j.T <= 0 || j.W.rows <= 0) continue;
-    if (j.T <= gemv_max_tokens(j.W)) small.push_back(j);
-    else matmul(j.x, j.T, j.ldx, j.W, j.y, j.ldy);
+    if (j.T <= gemv_max_tokens(ctx, j.W, features)) small.push_back(j);
+    else matmul(ctx, j.x, j.T, j.ldx, j.W, j.y, j.ldy);
   }
-  gemv_batch(small);
+  gemv_batch(ctx, small);
 }
 
-void rmsnorm(const float* x, int64_t T, int64_t n, int64_t ldx, const float* w, float eps, float* out, int64_t ldo) {
-#pragma omp parallel for schedule(static) if (T * n >= (int64_t(1) << 16))
-  for (int64_t t = 0; t < T; ++t) {
+void rmsnorm(const Context& ctx, const float* x, int64_t T, int64_t n, int64_t ldx, const float* w, float eps,
+             float* out, int64_t ldo) {
+  parallel_for(ctx, T, T * n >= (int64_t(1) << 16), [&](int64_t t) {
     const float* xr = x + t * ldx;
     double ss = 0;
     for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
     float inv = float(1.0 / std::sqrt(ss / double(n) + eps));
     float* o = out + t * ldo;
     for (int64_t i = 0; i < n; ++i) o[i] = xr[i] * inv * w[i];
-  }
+  });
 }
 
-void silu_mul(const float* gate_up, int64_t T, int64_t n, float* out) {
-#pragma omp parallel for schedule(static) if (T * n >= (int64_t(1) << 16))
-  for (int64_t t = 0; t < T; ++t) {
+void silu_mul(const Context& ctx, const float* gate_up, int64_t T, int64_t n, float* out) {
+  parallel_for(ctx, T, T * n >= (int64_t(1) << 16), [&](int64_t t) {
     const float* g = gate_up + t * 2 * n;
     const float* u = g + n;
     float* o = out + t * n;
@@ -123,7 +107,7 @@ void silu_mul(const float* gate_up, int64_t T, int64_t n, float* out) {
       _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), _mm512_loadu_ps(u + i)));
     }
     for (; i < n; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-  }
+  });
 }
 
 void rope_interleaved(float* x, const float* cos, const float* sin, int64_t half) {

@@ -1,12 +1,12 @@
-// The process-wide precision of the CPU matrix products.
-//  precise (the library's default): float32 activations and accumulation everywhere; `mla
+// The precision of the CPU matrix products, one setting of cpu::Context (context.h):
+//  precise (a Context's default): float32 activations and accumulation everywhere; `mla
 //    logits` and the fixture tests run this way (logits within 1e-3 of transformers').
 //  fast (`mla run`, `chat`, `serve` and `bench` by default): activations rounded to bf16 (about
 //    3 significant digits) inside the products, float32 accumulation. Prompt-sized products run
-//    as bf16 x bf16 -> f32 GEMMs on oneDNN (AMX); single-token products of bf16, FP8 and INT4
-//    weights on the GEMV's VDPBF16PS kernels (gemv.h, gemv_bf16_max_tokens), FP8 products of
-//    2 to 16 tokens on AMX tiles where the CPU has them (amx.h). `mla verify`
-//    reports the difference against float32.
+//    as bf16 x bf16 -> f32 GEMMs on AMX or oneDNN; single-token products of bf16, FP8 and INT4
+//    weights on the GEMV's VDPBF16PS kernels (gemv.h, Context::gemv_bf16_max_tokens), FP8
+//    products of 2 to 16 tokens on AMX tiles where the CPU has them (amx.h). dispatch.h says
+//    which kernel runs a product. `mla verify` reports the difference against float32.
 #pragma once
 #include <string>
 
@@ -14,8 +14,6 @@ namespace mla::cpu {
 
 enum class Precision { Precise, Fast };
 
-Precision precision();
-void set_precision(Precision p);
 Precision parse_precision(const std::string& s);  // "precise" | "fast"; throws std::invalid_argument
 const char* precision_name(Precision p);
 

@@ -5,7 +5,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -28,8 +27,6 @@ constexpr int kMadvCollapse = 25;
 // hole between mappings, which is at least a page).
 constexpr size_t kMergeGap = 64;
 
-std::atomic<WeightPlacement> g_placement{WeightPlacement::Auto};
-
 // Bytes from v.scales that v reads (a row slice reads its rows' scales, found through row0).
 size_t scale_extent(const MatrixView& v) {
   switch (v.format) {
@@ -51,11 +48,8 @@ size_t mem_available() {
 
 }  // namespace
 
-void set_weight_placement(WeightPlacement p) { g_placement.store(p); }
-WeightPlacement weight_placement() { return g_placement.load(); }
-
-bool should_copy_weights(size_t weight_bytes) {
-  switch (weight_placement()) {
+bool should_copy_weights(WeightPlacement placement, size_t weight_bytes) {
+  switch (placement) {
     case WeightPlacement::HugePages: return true;
     case WeightPlacement::Mapped: return false;
     case WeightPlacement::Auto: return weight_bytes < mem_available() / 2;
@@ -67,7 +61,7 @@ WeightArena::~WeightArena() {
   for (auto& [p, n] : maps_) munmap(p, n);
 }
 
-void WeightArena::adopt(std::span<MatrixView* const> views) {
+void WeightArena::adopt(const Context& ctx, std::span<MatrixView* const> views) {
   struct Range {
     uintptr_t begin, end;
   };
@@ -109,7 +103,7 @@ void WeightArena::adopt(std::span<MatrixView* const> views) {
     uint8_t* dst = static_cast<uint8_t*>(p) + (r.begin % 64);
     const uint8_t* src = reinterpret_cast<const uint8_t*>(r.begin);
     const int64_t chunks = int64_t((n + kHuge - 1) / kHuge);
-#pragma omp parallel for schedule(dynamic, 4)
+#pragma omp parallel for schedule(dynamic, 4) num_threads(ctx.num_threads())
     for (int64_t c = 0; c < chunks; ++c) {
       const size_t o = size_t(c) * kHuge;
       std::memcpy(dst + o, src + o, std::min(kHuge, n - o));

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/context.h"
 #include "tensor/matrix.h"
 
 namespace mla::cpu {
@@ -21,8 +22,9 @@ class WeightArena {
   WeightArena& operator=(const WeightArena&) = delete;
 
   // Copies the memory every view reads (weights and scales, merged into contiguous regions;
-  // views sharing memory keep sharing it) and repoints the views at the copies.
-  void adopt(std::span<MatrixView* const> views);
+  // views sharing memory keep sharing it) and repoints the views at the copies; the copy runs on
+  // ctx's threads.
+  void adopt(const Context& ctx, std::span<MatrixView* const> views);
 
   size_t bytes() const { return bytes_; }          // copied
   size_t huge_bytes() const;                         // of those, on huge pages now (AnonHugePages)
@@ -33,11 +35,9 @@ class WeightArena {
   size_t bytes_ = 0;
 };
 
-// Whether Model::load copies the weights into a WeightArena: on by default when the weights
-// take less than half of the memory available (MemAvailable); off leaves them memory-mapped.
-enum class WeightPlacement { Auto, HugePages, Mapped };
-void set_weight_placement(WeightPlacement p);
-WeightPlacement weight_placement();
-bool should_copy_weights(size_t weight_bytes);
+// Whether Model::load copies weights of this many bytes into a WeightArena, by the placement of
+// its context (WeightPlacement, context.h): Auto when they take less than half of the memory
+// available (MemAvailable).
+bool should_copy_weights(WeightPlacement placement, size_t weight_bytes);
 
 }  // namespace mla::cpu

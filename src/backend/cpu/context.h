@@ -1,0 +1,42 @@
+// The CPU context: every setting that decides what the CPU kernels compute and how they run.
+// There are no process-wide switches: a Model keeps the Context it was loaded with
+// (Model::load) and hands it to every kernel it calls (matmul, matmul_batch, gemv, the
+// attention's thread split, rmsnorm, ...); a test builds the contexts it compares. A
+// default-constructed Context is the library's default: float32 precision, every core,
+// weights placed automatically, the measured dispatch thresholds.
+#pragma once
+#include <cstdint>
+
+#include "backend/cpu/precision.h"
+
+namespace mla::cpu {
+
+// Whether Model::load copies the weights into a WeightArena on huge pages (weight_memory.h):
+// Auto when the weights take less than half of the memory available (MemAvailable); Mapped
+// leaves them memory-mapped.
+enum class WeightPlacement { Auto, HugePages, Mapped };
+
+struct Context {
+  Precision precision = Precision::Precise;
+  // Threads of every OpenMP region a kernel opens (num_threads clause; oneDNN's calls get the
+  // same count). 0: all cores, or OMP_NUM_THREADS where set (OpenMP's default, never changed
+  // by the library).
+  int threads = 0;
+  WeightPlacement weights = WeightPlacement::Auto;
+  // Fast precision: the VDPBF16PS GEMV serves products of at most this many tokens, the float32
+  // GEMV the rest (FP8 on AMX tiles excepted; dispatch.h). Measured on a Xeon with AVX512-BF16
+  // (bench/matmul --l2): VDPBF16PS retires about 0.45 per cycle against 1.85 FMAs, so only at 1
+  // token, where the cheaper decode to bf16 pays, are the bf16 kernels faster (bf16, FP8:
+  // ~15-20% in L2; INT4: even); from 2 tokens on they are slower. Tests raise it to reach the
+  // multi-token bf16 tiles.
+  int64_t gemv_bf16_max_tokens = 1;
+
+  // The thread count the kernels use: threads, or OpenMP's default when it is 0 (at least 1).
+  int num_threads() const;
+  bool fast() const { return precision == Precision::Fast; }
+};
+
+// A thread count as Context::threads reads it: n when positive, else OpenMP's default.
+int threads_or_default(int n);
+
+}  // namespace mla::cpu

@@ -1,0 +1,76 @@
+// The kernel of each product (see dispatch.h).
+#include "backend/cpu/dispatch.h"
+
+#include "backend/cpu/amx.h"
+#include "backend/cpu/decode_avx512.h"
+
+namespace mla::cpu {
+
+namespace {
+
+using avx512::bf16_kernel;     // the format has VDPBF16PS kernels
+using avx512::fast_supported;  // the format has fused GEMV kernels (else the reference)
+using avx512::kChunk;          // columns of one AVX-512 decode
+using avx512::kStep;           // columns of one bf16 GEMV step
+constexpr int64_t kAmxGemmMaxTokens = 128;  // the AMX GEMM below this; oneDNN from it (gemm.cpp)
+
+}  // namespace
+
+CpuFeatures host_features() {
+  static const CpuFeatures f{amx_available()};
+  return f;
+}
+
+const char* kernel_name(Kernel k) {
+  switch (k) {
+    case Kernel::GemvReference: return "gemv-reference";
+    case Kernel::GemvF32: return "gemv-f32";
+    case Kernel::GemvBf16: return "gemv-bf16";
+    case Kernel::GemvAmxFp8: return "gemv-amx-fp8";
+    case Kernel::AmxGemm: return "amx-gemm";
+    case Kernel::OnednnBf16: return "onednn-bf16";
+    case Kernel::Sgemm: return "sgemm";
+    case Kernel::DequantSgemm: return "dequant-sgemm";
+  }
+  return "?";
+}
+
+// Up to this many tokens the products run on the GEMV kernels (gemv.h: weight rows streamed and
+// dotted with 4 tokens at a time, so 12 tokens read a weight 3 times, from cache after the
+// first). In the precise mode up to 16: its alternative, weights dequantized to float32 for
+// sgemm, measured 3-9x slower there (bench/int4_expert). In the fast mode, FP8 and INT4 weights
+// up to 12 tokens: batched decode of 64 sequences (5-12 tokens per expert, mla bench --batches
+// 64) ran 61-74 tokens/s in bf16 with oneDNN's GEMM from 5 tokens on and 75-83 with the GEMV up
+// to 12 (alternating runs); FP8 and INT4 gained more, and against the AMX kernel (dequantizing
+// 32 rows at a time) they still ran 104-112 against 100-104 (FP8) and 130-132 against 108-110
+// (INT4). bf16 weights, which the AMX kernel reads in place, go to it from 5 tokens on: 95-106
+// tokens/s at batch 64 with the GEMV up to 12, 106-124 with it up to 4 (alternating runs).
+// FP8 on AMX tiles (amx.h) costs about the same for 2 or 16 tokens: the GEMV takes up to 16
+// (batch 16: 92.8 and 88.6 tokens/s against 85.5 and 86.6 with 12; batch 64 within the noise).
+int64_t gemv_max_tokens(const Context& ctx, const MatrixView& W, const CpuFeatures& f) {
+  if (!ctx.fast()) return 16;
+  if (W.format == WeightFormat::FP8_BLOCK128 && f.amx) return kAmxGemvTokens;
+  return W.format == WeightFormat::BF16 ? 4 : 12;
+}
+
+Kernel gemv_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f) {
+  if (!fast_supported(W)) return Kernel::GemvReference;
+  if (ctx.fast() && f.amx && T >= 2 && T <= kAmxGemvTokens && W.cols >= kStep &&
+      W.format == WeightFormat::FP8_BLOCK128)
+    return Kernel::GemvAmxFp8;
+  if (ctx.fast() && T <= ctx.gemv_bf16_max_tokens && bf16_kernel(W)) return Kernel::GemvBf16;
+  return Kernel::GemvF32;
+}
+
+Kernel gemm_bf16_kernel(int64_t T, const MatrixView& W, const CpuFeatures& f) {
+  return f.amx && W.cols % kChunk == 0 && T < kAmxGemmMaxTokens ? Kernel::AmxGemm : Kernel::OnednnBf16;
+}
+
+Kernel matmul_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f) {
+  if (T <= gemv_max_tokens(ctx, W, f)) return gemv_kernel(ctx, T, W, f);
+  if (ctx.fast() && fast_supported(W))
+    return gemm_bf16_kernel(T, W, f);
+  return W.format == WeightFormat::F32 ? Kernel::Sgemm : Kernel::DequantSgemm;
+}
+
+}  // namespace mla::cpu

@@ -1,0 +1,51 @@
+// Which kernel computes a product y = W x of T tokens: one pure function of the context (its
+// precision and bf16 threshold), T, the weight's format and the CPU's features. matmul,
+// matmul_batch and gemv_batch run what it returns; tests pin its table for CPUs with and
+// without AMX (the features are an argument, so the table is checked on any machine).
+#pragma once
+#include <cstdint>
+
+#include "backend/cpu/context.h"
+#include "tensor/matrix.h"
+
+namespace mla::cpu {
+
+// What the CPU offers beyond the AVX-512 (F, BW, VL, BF16) the engine is built for.
+struct CpuFeatures {
+  bool amx = false;  // AMX-BF16 tiles, granted to this process by the kernel
+};
+CpuFeatures host_features();  // this machine's (detected once)
+
+enum class Kernel {
+  GemvReference,  // MatrixView::dequant_row and a float dot product: INT4 groups not a multiple of 32
+  GemvF32,        // fused dequantize-and-FMA GEMV on float32 activations (gemv.h)
+  GemvBf16,       // the GEMV's VDPBF16PS kernels on bf16 activations (fast; bf16, FP8, INT4)
+  GemvAmxFp8,     // FP8 rows decoded onto AMX tiles, 2 to 16 tokens (fast; amx.h)
+  AmxGemm,        // bf16 GEMM on AMX tiles, amx_gemm_rows32, 32 weight rows at a time (fast; gemm.h)
+  OnednnBf16,     // oneDNN's bf16 matmul primitive (fast; gemm.h)
+  Sgemm,          // float32 weights straight into oneDNN's sgemm (precise)
+  DequantSgemm,   // blocks of rows dequantized to float32, then sgemm (precise)
+};
+const char* kernel_name(Kernel k);
+inline bool is_gemv(Kernel k) { return k <= Kernel::GemvAmxFp8; }
+
+// Up to this many tokens matmul runs a product on the GEMV kernels (see dispatch.cpp for the
+// measurements): 16 in the precise precision; in the fast one 16 for FP8 with AMX, 4 for bf16
+// weights, 12 for the other formats.
+int64_t gemv_max_tokens(const Context& ctx, const MatrixView& W, const CpuFeatures& f);
+
+// The kernel of the GEMV family that gemv and gemv_batch run a product of T tokens on (any T).
+Kernel gemv_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f);
+
+// The bf16 GEMM of a product past the GEMV's tokens (matmul_bf16, gemm.h): AmxGemm up to 127
+// tokens where the CPU has AMX and K is a multiple of 32, else OnednnBf16.
+Kernel gemm_bf16_kernel(int64_t T, const MatrixView& W, const CpuFeatures& f);
+
+// The kernel matmul runs a product of T tokens on: the GEMV's up to gemv_max_tokens; past it,
+// in the fast precision, the AMX GEMM up to 127 tokens where the CPU has AMX and K is a multiple
+// of 32, else oneDNN; in the precise precision sgemm (float32 weights) or blocks dequantized to
+// float32 for sgemm. INT4 groups not a multiple of 32 have no bf16 GEMM: dequantized sgemm.
+// Reads only W's format, cols and group_size.
+Kernel matmul_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f);
+
+}  // namespace mla::cpu

@@ -1,0 +1,173 @@
+// The dispatch rule (backend/cpu/dispatch.h): which kernel a product of T tokens runs on, for
+// each precision, weight format and CPU (with and without AMX, passed in: the table holds on
+// any machine), and the context's defaults.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "backend/cpu/context.h"
+#include "backend/cpu/dispatch.h"
+#include "tensor/matrix.h"
+
+namespace {
+
+using mla::MatrixView;
+using mla::WeightFormat;
+using mla::cpu::Context;
+using mla::cpu::CpuFeatures;
+using mla::cpu::Kernel;
+
+MatrixView weight(WeightFormat f, int64_t cols = 7168, int64_t group = 32) {
+  MatrixView w;  // the rule reads the format, the columns and the INT4 group size, never the data
+  w.format = f;
+  w.rows = 2048;
+  w.cols = cols;
+  w.group_size = f == WeightFormat::INT4_GROUP ? group : 0;
+  return w;
+}
+
+Context context(mla::cpu::Precision p, int64_t bf16_max_tokens = 1) {
+  Context c;
+  c.precision = p;
+  c.gemv_bf16_max_tokens = bf16_max_tokens;
+  return c;
+}
+
+const int64_t kTokens[] = {1, 2, 4, 5, 12, 13, 16, 17, 127, 128, 1000};
+
+// The kernels of matmul over kTokens, by short names, for reading the table below.
+std::string row(const Context& ctx, const MatrixView& w, const CpuFeatures& f) {
+  std::string s;
+  for (int64_t T : kTokens) {
+    switch (mla::cpu::matmul_kernel(ctx, T, w, f)) {
+      case Kernel::GemvReference: s += " ref"; break;
+      case Kernel::GemvF32: s += " f32"; break;
+      case Kernel::GemvBf16: s += " bf16"; break;
+      case Kernel::GemvAmxFp8: s += " tile"; break;
+      case Kernel::AmxGemm: s += " amx"; break;
+      case Kernel::OnednnBf16: s += " dnnl"; break;
+      case Kernel::Sgemm: s += " sgemm"; break;
+      case Kernel::DequantSgemm: s += " deq"; break;
+    }
+  }
+  return s.substr(1);
+}
+
+struct Row {
+  const char* name;
+  MatrixView w;
+  const char* kernels;  // over kTokens: 1 2 4 5 12 13 16 17 127 128 1000
+};
+
+TEST(Dispatch, FastWithAmx) {
+  const Context fast = context(mla::cpu::Precision::Fast);
+  const CpuFeatures amx{true};
+  const Row rows[] = {
+      {"f32", weight(WeightFormat::F32), "f32 f32 f32 f32 f32 amx amx amx amx dnnl dnnl"},
+      {"f16", weight(WeightFormat::F16), "f32 f32 f32 f32 f32 amx amx amx amx dnnl dnnl"},
+      {"bf16", weight(WeightFormat::BF16), "bf16 f32 f32 amx amx amx amx amx amx dnnl dnnl"},
+      {"fp8", weight(WeightFormat::FP8_BLOCK128), "bf16 tile tile tile tile tile tile amx amx dnnl dnnl"},
+      {"int4 g32", weight(WeightFormat::INT4_GROUP), "bf16 f32 f32 f32 f32 amx amx amx amx dnnl dnnl"},
+      {"int4 g128", weight(WeightFormat::INT4_GROUP, 7168, 128), "bf16 f32 f32 f32 f32 amx amx amx amx dnnl dnnl"},
+      {"int4 g48", weight(WeightFormat::INT4_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
+      // K not a multiple of 32: no AMX GEMM; FP8 narrower than a 64-column step: no tiles.
+      {"bf16 K=33", weight(WeightFormat::BF16, 33), "bf16 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl dnnl dnnl"},
+      {"fp8 K=32", weight(WeightFormat::FP8_BLOCK128, 32), "bf16 f32 f32 f32 f32 f32 f32 amx amx dnnl dnnl"},
+  };
+  for (const Row& r : rows) EXPECT_EQ(row(fast, r.w, amx), r.kernels) << r.name;
+}
+
+TEST(Dispatch, FastWithoutAmx) {
+  // No tiles: FP8 keeps the GEMV up to 12 tokens like INT4, every GEMM goes to oneDNN.
+  const Context fast = context(mla::cpu::Precision::Fast);
+  const CpuFeatures no_amx{false};
+  const Row rows[] = {
+      {"f32", weight(WeightFormat::F32), "f32 f32 f32 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl"},
+      {"f16", weight(WeightFormat::F16), "f32 f32 f32 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl"},
+      {"bf16", weight(WeightFormat::BF16), "bf16 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl dnnl dnnl"},
+      {"fp8", weight(WeightFormat::FP8_BLOCK128), "bf16 f32 f32 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl"},
+      {"int4 g32", weight(WeightFormat::INT4_GROUP), "bf16 f32 f32 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl"},
+      {"int4 g48", weight(WeightFormat::INT4_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
+  };
+  for (const Row& r : rows) EXPECT_EQ(row(fast, r.w, no_amx), r.kernels) << r.name;
+}
+
+TEST(Dispatch, PreciseIgnoresAmxAndTheBf16Threshold) {
+  // float32 throughout: the GEMV up to 16 tokens, then sgemm (dequantized blocks but for F32).
+  const Row rows[] = {
+      {"f32", weight(WeightFormat::F32), "f32 f32 f32 f32 f32 f32 f32 sgemm sgemm sgemm sgemm"},
+      {"f16", weight(WeightFormat::F16), "f32 f32 f32 f32 f32 f32 f32 deq deq deq deq"},
+      {"bf16", weight(WeightFormat::BF16), "f32 f32 f32 f32 f32 f32 f32 deq deq deq deq"},
+      {"fp8", weight(WeightFormat::FP8_BLOCK128), "f32 f32 f32 f32 f32 f32 f32 deq deq deq deq"},
+      {"int4 g32", weight(WeightFormat::INT4_GROUP), "f32 f32 f32 f32 f32 f32 f32 deq deq deq deq"},
+      {"int4 g48", weight(WeightFormat::INT4_GROUP, 7152, 48), "ref ref ref ref ref ref ref deq deq deq deq"},
+  };
+  for (const Context& ctx : {context(mla::cpu::Precision::Precise), context(mla::cpu::Precision::Precise, 1000)})
+    for (bool amx : {true, false})
+      for (const Row& r : rows) EXPECT_EQ(row(ctx, r.w, CpuFeatures{amx}), r.kernels) << r.name << " amx " << amx;
+}
+
+TEST(Dispatch, Bf16ThresholdMovesTheGemvKernels) {
+  // Raised, the VDPBF16PS kernels serve every token count the GEMV takes; FP8 on AMX keeps its
+  // tiles for 2 to 16 tokens; F32 and F16 have no bf16 GEMV; matmul's GEMM thresholds stay.
+  const Context all = context(mla::cpu::Precision::Fast, int64_t(1) << 40);
+  const CpuFeatures amx{true}, no_amx{false};
+  EXPECT_EQ(row(all, weight(WeightFormat::BF16), amx), "bf16 bf16 bf16 amx amx amx amx amx amx dnnl dnnl");
+  EXPECT_EQ(row(all, weight(WeightFormat::FP8_BLOCK128), amx), "bf16 tile tile tile tile tile tile amx amx dnnl dnnl");
+  EXPECT_EQ(row(all, weight(WeightFormat::FP8_BLOCK128), no_amx), "bf16 bf16 bf16 bf16 bf16 dnnl dnnl dnnl dnnl dnnl dnnl");
+  EXPECT_EQ(row(all, weight(WeightFormat::INT4_GROUP), amx), "bf16 bf16 bf16 bf16 bf16 amx amx amx amx dnnl dnnl");
+  EXPECT_EQ(row(all, weight(WeightFormat::F16), amx), "f32 f32 f32 f32 f32 amx amx amx amx dnnl dnnl");
+  // gemv and gemv_batch take any token count; beyond 16 FP8 leaves the tiles.
+  EXPECT_EQ(mla::cpu::gemv_kernel(all, 100, weight(WeightFormat::BF16), amx), Kernel::GemvBf16);
+  EXPECT_EQ(mla::cpu::gemv_kernel(all, 17, weight(WeightFormat::FP8_BLOCK128), amx), Kernel::GemvBf16);
+  const Context fast = context(mla::cpu::Precision::Fast);
+  EXPECT_EQ(mla::cpu::gemv_kernel(fast, 17, weight(WeightFormat::FP8_BLOCK128), amx), Kernel::GemvF32);
+  EXPECT_EQ(mla::cpu::gemv_kernel(fast, 1, weight(WeightFormat::F32), amx), Kernel::GemvF32);
+}
+
+TEST(Dispatch, GemvTokensAndGemmKernelAgreeWithMatmul) {
+  const Context fast = context(mla::cpu::Precision::Fast), precise;
+  for (bool amx : {true, false})
+    for (WeightFormat f : {WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::FP8_BLOCK128,
+                           WeightFormat::INT4_GROUP})
+      for (const Context* ctx : {&fast, &precise}) {
+        const CpuFeatures feat{amx};
+        const MatrixView w = weight(f);
+        const int64_t g = mla::cpu::gemv_max_tokens(*ctx, w, feat);
+        for (int64_t T = 1; T <= 300; ++T) {
+          const Kernel k = mla::cpu::matmul_kernel(*ctx, T, w, feat);
+          EXPECT_EQ(mla::cpu::is_gemv(k), T <= g) << mla::cpu::kernel_name(k) << " T=" << T;
+          if (T <= g) {
+            EXPECT_EQ(k, mla::cpu::gemv_kernel(*ctx, T, w, feat));
+          } else if (ctx->fast()) {
+            EXPECT_EQ(k, mla::cpu::gemm_bf16_kernel(T, w, feat));
+          }
+        }
+      }
+}
+
+TEST(Dispatch, KernelNamesAreDistinct) {
+  std::vector<std::string> names;
+  for (Kernel k : {Kernel::GemvReference, Kernel::GemvF32, Kernel::GemvBf16, Kernel::GemvAmxFp8, Kernel::AmxGemm,
+                   Kernel::OnednnBf16, Kernel::Sgemm, Kernel::DequantSgemm}) {
+    for (const auto& n : names) EXPECT_NE(n, mla::cpu::kernel_name(k));
+    names.push_back(mla::cpu::kernel_name(k));
+  }
+}
+
+TEST(Context, DefaultsAndThreads) {
+  const Context c;
+  EXPECT_EQ(c.precision, mla::cpu::Precision::Precise);
+  EXPECT_EQ(c.threads, 0);
+  EXPECT_EQ(c.weights, mla::cpu::WeightPlacement::Auto);
+  EXPECT_EQ(c.gemv_bf16_max_tokens, 1);
+  EXPECT_GE(c.num_threads(), 1);  // 0: OpenMP's default
+  Context three;
+  three.threads = 3;
+  EXPECT_EQ(three.num_threads(), 3);
+  EXPECT_EQ(mla::cpu::threads_or_default(5), 5);
+  EXPECT_EQ(mla::cpu::threads_or_default(0), c.num_threads());
+}
+
+}  // namespace
