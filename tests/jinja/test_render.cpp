@@ -171,4 +171,43 @@ TEST(JinjaRender, DeepSeekV3TemplateStaysFarInsideTheLimits) {
   EXPECT_EQ(Template(tok.chat_template(), tight).render(context), full);
 }
 
+TEST(JinjaRender, MacroPerMessageTemplateStaysInsideTightLimits) {
+  // The shape of Kimi K2's and GLM-4.7-Flash's templates: a macro rendering each message's
+  // content, namespace state across the loop, tools and tool calls as JSON.
+  const std::string source =
+      "{%- macro visible_text(content) -%}"
+      "{%- if content is string -%}{{ content }}"
+      "{%- elif content is iterable -%}{%- for item in content if item.type == 'text' -%}{{ item.text }}{%- endfor -%}"
+      "{%- else -%}{{ content }}{%- endif -%}"
+      "{%- endmacro -%}"
+      "{%- set ns = namespace(last_user=-1) -%}"
+      "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}"
+      "{%- if tools -%}<tools>{% for t in tools %}{{ t | tojson(ensure_ascii=False) }}{% endfor %}</tools>{%- endif -%}"
+      "{%- for m in messages -%}"
+      "<|{{ m.role }}|>{{ visible_text(m.content) }}"
+      "{%- if m.tool_calls -%}{%- for tc in m.tool_calls -%}<call>{{ tc.function.name }}:"
+      "{{ tc.function.arguments | tojson }}</call>{%- endfor -%}{%- endif -%}"
+      "{%- if loop.index0 == ns.last_user -%}[last user]{%- endif -%}"
+      "{%- endfor -%}"
+      "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}";
+  ojson messages = ojson::array();
+  for (int i = 0; i < 500; ++i) {
+    messages.push_back({{"role", "user"}, {"content", ojson::array({{{"type", "text"}, {"text", "q" + std::to_string(i)}}})}});
+    messages.push_back({{"role", "assistant"},
+                        {"content", "a" + std::to_string(i)},
+                        {"tool_calls", ojson::array({{{"function", {{"name", "f"}, {"arguments", {{"x", i}}}}}}})}});
+  }
+  ojson context = {{"messages", messages},
+                   {"add_generation_prompt", true},
+                   {"tools", ojson::array({{{"name", "f"}, {"parameters", {{"type", "object"}}}}})}};
+  const std::string full = Template(source).render(context);
+  EXPECT_NE(full.find("<|user|>q499[last user]<|assistant|>a499<call>f:{\"x\": 499}</call><|assistant|>"), std::string::npos);
+  Limits tight;
+  tight.max_depth = 32;
+  tight.max_call_depth = 2;
+  tight.max_output_bytes = full.size() * 2;
+  tight.max_steps = 200'000;
+  EXPECT_EQ(Template(source, tight).render(context), full);
+}
+
 }  // namespace
