@@ -1,11 +1,13 @@
 // `mla analyze`: the MLA arithmetic of a config (KV-cache sizes, path FLOPs, decode
-// intensity against a roofline), for a config.json or a preset of a released model.
+// intensity against a roofline), for a config.json or an entry of the preset table
+// (model/presets.h: the released models and the benchmark's checkpoint).
 #include <CLI/CLI.hpp>
 #include <fstream>
 #include <iostream>
 
 #include "cli/command.h"
 #include "engine/analyze.h"
+#include "model/presets.h"
 
 namespace {
 
@@ -20,7 +22,7 @@ int run(int argc, char** argv) {
   double peak_tflops = 0, bandwidth_tbs = 0;
   bool json_out = false;
   auto* cfg_opt = app.add_option("--config", config_path, "a config.json file");
-  auto* preset_opt = app.add_option("--preset", preset, "a released config: " + names);
+  auto* preset_opt = app.add_option("--preset", preset, "a released config or the benchmark's (" + std::string(mla::kBenchPreset) + "): " + names);
   cfg_opt->excludes(preset_opt);
   preset_opt->excludes(cfg_opt);
   app.add_option("--case", case_strs, "T,S: FLOPs of T new tokens after S-T cached (repeatable)")->allow_extra_args(false);

@@ -1,5 +1,6 @@
-// The MLA arithmetic behind `mla analyze`: presets of the released configs, KV-cache sizes,
-// path FLOPs (through mla::MlaCosts, the formulas the path policy uses) and decode intensity.
+// The MLA arithmetic behind `mla analyze`: KV-cache sizes (kv/cache_size.h), path FLOPs
+// (through mla::MlaCosts, the formulas the path policy uses) and decode intensity, for a config
+// or an entry of the preset table (model/presets.h).
 #include "engine/analyze.h"
 
 #include <cmath>
@@ -7,7 +8,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "kv/latent_pool.h"
+#include "kv/cache_size.h"
+#include "model/presets.h"
 #include "model/path_policy.h"
 
 namespace mla {
@@ -15,199 +17,6 @@ namespace mla {
 using nlohmann::json;
 
 namespace {
-
-// The presets are the released config.json files, written down with the fields that
-// ModelConfig::from_json reads (architecture sizes, routing, RoPE). Quantization configs are
-// left out: they do not change the attention arithmetic.
-struct Preset {
-  const char* name;
-  const char* source;
-  json config;
-};
-
-// Kimi K2's language model (K2 and K2.5 differ in their context length and YaRN factor).
-json kimi_k2_text(int64_t max_positions, double yarn_factor) {
-  return json{{"model_type", "kimi_k2"},
-              {"vocab_size", 163840},
-              {"hidden_size", 7168},
-              {"intermediate_size", 18432},
-              {"moe_intermediate_size", 2048},
-              {"num_hidden_layers", 61},
-              {"num_attention_heads", 64},
-              {"n_shared_experts", 1},
-              {"n_routed_experts", 384},
-              {"num_experts_per_tok", 8},
-              {"routed_scaling_factor", 2.827},
-              {"kv_lora_rank", 512},
-              {"q_lora_rank", 1536},
-              {"qk_rope_head_dim", 64},
-              {"qk_nope_head_dim", 128},
-              {"v_head_dim", 128},
-              {"topk_method", "noaux_tc"},
-              {"scoring_func", "sigmoid"},
-              {"n_group", 1},
-              {"topk_group", 1},
-              {"first_k_dense_replace", 1},
-              {"norm_topk_prob", true},
-              {"max_position_embeddings", max_positions},
-              {"rope_theta", 50000},
-              {"rope_scaling",
-               {{"type", "yarn"},
-                {"factor", yarn_factor},
-                {"original_max_position_embeddings", 4096},
-                {"beta_fast", 1},
-                {"beta_slow", 1},
-                {"mscale", 1.0},
-                {"mscale_all_dim", 1.0}}}};
-}
-
-const std::vector<Preset>& presets() {
-  static const std::vector<Preset> all = {
-      {"deepseek-v3", "deepseek-ai/DeepSeek-V3 config.json (V3-0324 and R1 share it)",
-       json{{"model_type", "deepseek_v3"},
-            {"vocab_size", 129280},
-            {"hidden_size", 7168},
-            {"intermediate_size", 18432},
-            {"moe_intermediate_size", 2048},
-            {"num_hidden_layers", 61},
-            {"num_attention_heads", 128},
-            {"n_shared_experts", 1},
-            {"n_routed_experts", 256},
-            {"num_experts_per_tok", 8},
-            {"routed_scaling_factor", 2.5},
-            {"kv_lora_rank", 512},
-            {"q_lora_rank", 1536},
-            {"qk_rope_head_dim", 64},
-            {"qk_nope_head_dim", 128},
-            {"v_head_dim", 128},
-            {"topk_method", "noaux_tc"},
-            {"scoring_func", "sigmoid"},
-            {"n_group", 8},
-            {"topk_group", 4},
-            {"first_k_dense_replace", 3},
-            {"norm_topk_prob", true},
-            {"max_position_embeddings", 163840},
-            {"rope_theta", 10000},
-            {"rope_scaling",
-             {{"type", "yarn"},
-              {"factor", 40},
-              {"original_max_position_embeddings", 4096},
-              {"beta_fast", 32},
-              {"beta_slow", 1},
-              {"mscale", 1.0},
-              {"mscale_all_dim", 1.0}}}}},
-      {"deepseek-v2", "deepseek-ai/DeepSeek-V2 config.json (V2-Chat and V2.5 share the attention)",
-       json{{"model_type", "deepseek_v2"},
-            {"vocab_size", 102400},
-            {"hidden_size", 5120},
-            {"intermediate_size", 12288},
-            {"moe_intermediate_size", 1536},
-            {"num_hidden_layers", 60},
-            {"num_attention_heads", 128},
-            {"n_shared_experts", 2},
-            {"n_routed_experts", 160},
-            {"num_experts_per_tok", 6},
-            {"routed_scaling_factor", 16.0},
-            {"kv_lora_rank", 512},
-            {"q_lora_rank", 1536},
-            {"qk_rope_head_dim", 64},
-            {"qk_nope_head_dim", 128},
-            {"v_head_dim", 128},
-            {"topk_method", "group_limited_greedy"},
-            {"scoring_func", "softmax"},
-            {"n_group", 8},
-            {"topk_group", 3},
-            {"first_k_dense_replace", 1},
-            {"norm_topk_prob", false},
-            {"max_position_embeddings", 163840},
-            {"rope_theta", 10000},
-            {"rope_scaling",
-             {{"type", "yarn"},
-              {"factor", 40},
-              {"original_max_position_embeddings", 4096},
-              {"beta_fast", 32},
-              {"beta_slow", 1},
-              {"mscale", 0.707},
-              {"mscale_all_dim", 0.707}}}}},
-      {"deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite config.json (q_lora_rank null: plain q_proj)",
-       json{{"model_type", "deepseek_v2"},
-            {"vocab_size", 102400},
-            {"hidden_size", 2048},
-            {"intermediate_size", 10944},
-            {"moe_intermediate_size", 1408},
-            {"num_hidden_layers", 27},
-            {"num_attention_heads", 16},
-            {"n_shared_experts", 2},
-            {"n_routed_experts", 64},
-            {"num_experts_per_tok", 6},
-            {"routed_scaling_factor", 1.0},
-            {"kv_lora_rank", 512},
-            {"q_lora_rank", nullptr},
-            {"qk_rope_head_dim", 64},
-            {"qk_nope_head_dim", 128},
-            {"v_head_dim", 128},
-            {"topk_method", "greedy"},
-            {"scoring_func", "softmax"},
-            {"n_group", 1},
-            {"topk_group", 1},
-            {"first_k_dense_replace", 1},
-            {"norm_topk_prob", false},
-            {"max_position_embeddings", 163840},
-            {"rope_theta", 10000},
-            {"rope_scaling",
-             {{"type", "yarn"},
-              {"factor", 40},
-              {"original_max_position_embeddings", 4096},
-              {"beta_fast", 32},
-              {"beta_slow", 1},
-              {"mscale", 0.707},
-              {"mscale_all_dim", 0.707}}}}},
-      {"kimi-k2", "moonshotai/Kimi-K2-Instruct config.json (model_type kimi_k2, DeepSeek-V3 architecture, 64 heads)",
-       kimi_k2_text(131072, 32)},
-      // K2.5 wraps the K2 language model under text_config (model_type kimi_k25); its attention
-      // is K2's. The RoPE fields follow the 256K-context K2 releases; they do not enter the
-      // arithmetic here. The INT4 quantization_config of its experts is left out.
-      {"kimi-k2.5",
-       "moonshotai/Kimi-K2.5 config.json (model_type kimi_k25, the K2 language model under text_config)",
-       json{{"model_type", "kimi_k25"}, {"text_config", kimi_k2_text(262144, 64)}}},
-      // GLM-4.7-Flash: 20 heads whose q/k are 192 + 64 wide and v 256 wide (qk_nope != v).
-      {"glm-4.7-flash", "zai-org/GLM-4.7-Flash config.json (model_type glm4_moe_lite)",
-       json{{"model_type", "glm4_moe_lite"},
-            {"vocab_size", 154880},
-            {"hidden_size", 2048},
-            {"intermediate_size", 10240},
-            {"moe_intermediate_size", 1536},
-            {"num_hidden_layers", 47},
-            {"num_attention_heads", 20},
-            {"n_shared_experts", 1},
-            {"n_routed_experts", 64},
-            {"num_experts_per_tok", 4},
-            {"routed_scaling_factor", 1.8},
-            {"kv_lora_rank", 512},
-            {"q_lora_rank", 768},
-            {"qk_rope_head_dim", 64},
-            {"qk_nope_head_dim", 192},
-            {"v_head_dim", 256},
-            {"topk_method", "noaux_tc"},
-            {"scoring_func", "sigmoid"},
-            {"n_group", 1},
-            {"topk_group", 1},
-            {"first_k_dense_replace", 1},
-            {"norm_topk_prob", true},
-            {"rms_norm_eps", 1e-5},
-            {"max_position_embeddings", 202752},
-            {"rope_theta", 1000000}}},
-  };
-  return all;
-}
-
-const Preset& find_preset(const std::string& name) {
-  for (auto& p : presets())
-    if (name == p.name) return p;
-  std::string known;
-  for (auto& p : presets()) known += std::string(known.empty() ? "" : ", ") + p.name;
-  throw std::invalid_argument("unknown preset '" + name + "' (" + known + ")");
-}
 
 // All the figures, computed once for both the JSON and the report.
 struct Figures {
@@ -222,19 +31,19 @@ struct Figures {
 
 Figures figures(const ModelConfig& c) {
   Figures f{};
-  const int64_t H = c.num_attention_heads, L = c.num_hidden_layers, d = c.qk_nope_head_dim;
-  f.latent = c.kv_lora_rank + c.qk_rope_head_dim;
-  f.expanded = H * (c.qk_nope_head_dim + c.qk_rope_head_dim) + H * c.v_head_dim;
+  const CacheShape s = CacheShape::of(c);
+  f.latent = latent_row_elems(c.kv_lora_rank, c.qk_rope_head_dim);
+  f.expanded = expanded_elems_per_layer(s);
   // The DeepSeek-V2 paper's Table 1 counts keys and values of head size d_h = qk_nope_head_dim:
   // MHA 2 n_h d_h, GQA 2 n_g d_h (8 groups here), MQA 2 d_h; MLA (d_c + d_h^R).
-  f.mha = 2 * H * d;
-  f.gqa8 = 2 * 8 * d;
-  f.mqa = 2 * d;
-  const int64_t bf16_row = LatentPool::row_bytes(c.kv_lora_rank, c.qk_rope_head_dim, KvDType::BF16);
-  const int64_t fp8_row = LatentPool::row_bytes(c.kv_lora_rank, c.qk_rope_head_dim, KvDType::FP8);
-  f.latent_bf16 = bf16_row * L;
-  f.latent_fp8 = fp8_row * L;
-  f.expanded_bf16 = f.expanded * 2 * L;
+  f.mha = mha_elems_per_layer(s);
+  f.gqa8 = gqa_elems_per_layer(s, 8);
+  f.mqa = mqa_elems_per_layer(s);
+  const int64_t bf16_row = latent_row_bytes(c.kv_lora_rank, c.qk_rope_head_dim, KvDType::BF16);
+  const int64_t fp8_row = latent_row_bytes(c.kv_lora_rank, c.qk_rope_head_dim, KvDType::FP8);
+  f.latent_bf16 = latent_bytes_per_token(s, KvDType::BF16);
+  f.latent_fp8 = latent_bytes_per_token(s, KvDType::FP8);
+  f.expanded_bf16 = expanded_bytes_per_token(s, 2);
   f.costs = MlaCosts::of(c);
   // Absorbed decode reads each cached latent row once per step and every head uses it: per
   // head kv_lora + rope multiply-adds for the score q~.c_KV + q_pe.k_pe and kv_lora for the
@@ -296,10 +105,7 @@ const std::vector<std::string>& analyze_preset_names() {
 
 json analyze_preset_json(const std::string& name) { return find_preset(name).config; }
 
-ModelConfig analyze_preset(const std::string& name) {
-  const Preset& p = find_preset(name);
-  return ModelConfig::from_json(p.config, std::string("preset ") + p.name);
-}
+ModelConfig analyze_preset(const std::string& name) { return preset_config(name); }
 
 AnalyzeCase parse_analyze_case(const std::string& s) {
   auto bad = [&](const std::string& why) {

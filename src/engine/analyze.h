@@ -1,8 +1,9 @@
 // The MLA arithmetic of a model configuration, as `mla analyze` prints it: KV-cache sizes of
 // the latent against the expanded (MHA-form) cache and the DeepSeek-V2 paper's MHA / GQA / MQA
 // accounting, the FLOPs of the expand and absorb paths (mla::MlaCosts) for given batch
-// shapes, and the arithmetic intensity of absorbed decode against a roofline. Presets hold
-// the released configs of the MLA families. Per layer, one device, no tensor parallelism.
+// shapes, and the arithmetic intensity of absorbed decode against a roofline. Presets are the
+// entries of the one table of shapes (model/presets.h). Per layer, one device, no tensor
+// parallelism.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -14,10 +15,10 @@
 
 namespace mla {
 
-// The preset names, in the order `mla analyze --help` lists them.
+// The names of the preset table's entries, in the order `mla analyze --help` lists them.
 const std::vector<std::string>& analyze_preset_names();
-// The released config.json of a preset as a JSON object (fields MLA arithmetic does not use
-// may be left out); throws std::invalid_argument for an unknown name.
+// The config.json of a preset as a JSON object (fields MLA arithmetic does not use may be left
+// out); throws std::invalid_argument for an unknown name. analyze_preset is preset_config.
 nlohmann::json analyze_preset_json(const std::string& name);
 ModelConfig analyze_preset(const std::string& name);
 

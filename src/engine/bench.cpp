@@ -24,6 +24,7 @@
 #include "backend/cpu/weight_memory.h"
 #include "model/checkpoint_writer.h"
 #include "model/model.h"
+#include "model/presets.h"
 
 namespace mla::bench {
 
@@ -355,7 +356,7 @@ Report run(const Options& opt) {
     ro.weights = kind;
     ro.seed = 1;
     ro.shards = 4;
-    write_random_checkpoint(rep.dir, v2_lite_config(opt.layers), ro);
+    write_random_checkpoint(rep.dir, bench_checkpoint_config(opt.layers), ro);
     std::ofstream(stamp) << want.dump() << "\n";
     rep.write_seconds = seconds_since(t0);
   }

@@ -138,8 +138,8 @@ struct Report {
   double limit_tps() const { return active.bytes > 0 ? bandwidth_gbps * 1e9 / active.bytes : 0; }
 };
 
-// Writes the checkpoint if needed (mla::write_random_checkpoint of v2_lite_config(layers)),
-// loads it and measures. Progress lines go to stderr unless quiet.
+// Writes the checkpoint if needed (mla::write_random_checkpoint of the preset table's
+// bench_checkpoint_config(layers)), loads it and measures. Progress lines go to stderr unless quiet.
 Report run(const Options& opt);
 std::string format_report(const Report& r);
 

@@ -237,13 +237,19 @@ void Checkpoint::release_pages() const {
   for (auto& f : files_) madvise(const_cast<uint8_t*>(f->mapping()), f->mapping_size(), MADV_DONTNEED);
 }
 
-void write_safetensors(const std::string& path, const std::map<std::string, TensorData>& tensors,
+size_t TensorSpec::nbytes() const {
+  size_t n = dtype_size(dtype);
+  for (auto d : shape) n *= size_t(d);
+  return n;
+}
+
+void write_safetensors(const std::string& path, const std::vector<const TensorSpec*>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   json hdr = json::object();
   size_t off = 0;
-  for (auto& [name, t] : tensors) {
-    hdr[name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
-    off += t.bytes.size();
+  for (const TensorSpec* t : tensors) {
+    hdr[t->name] = {{"dtype", dtype_name(t->dtype)}, {"shape", t->shape}, {"data_offsets", {off, off + t->nbytes()}}};
+    off += t->nbytes();
   }
   if (!metadata.empty()) hdr["__metadata__"] = metadata;
   std::string h = hdr.dump();
@@ -253,8 +259,31 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
   uint64_t n = h.size();
   f.write(reinterpret_cast<const char*>(&n), 8);
   f.write(h.data(), std::streamsize(h.size()));
-  for (auto& [name, t] : tensors) f.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
-  if (!f) format_error(path, "", "write failed");
+  std::vector<uint8_t> buf;
+  for (const TensorSpec* t : tensors) {
+    buf.resize(t->nbytes());
+    t->fill(buf.data());
+    f.write(reinterpret_cast<const char*>(buf.data()), std::streamsize(buf.size()));
+  }
+  if (!f) format_error(path, "", "write failed (disk full?)");
+}
+
+void write_safetensors(const std::string& path, const std::map<std::string, TensorData>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (auto& [name, t] : tensors) {
+    const TensorData* data = &t;
+    specs.push_back({name, t.dtype, t.shape, [data](uint8_t* out) {
+                       std::memcpy(out, data->bytes.data(), data->bytes.size());
+                     }});
+    if (specs.back().nbytes() != t.bytes.size())
+      format_error(path, name, "holds " + std::to_string(t.bytes.size()) + " bytes, its shape and dtype " +
+                                   std::to_string(specs.back().nbytes()));
+  }
+  std::vector<const TensorSpec*> order;
+  for (const TensorSpec& s : specs) order.push_back(&s);
+  write_safetensors(path, order, metadata);
 }
 
 TensorData tensor_f32(std::vector<int64_t> shape, const float* data) {

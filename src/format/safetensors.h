@@ -70,8 +70,25 @@ class Checkpoint {
   std::map<std::string, const TensorInfo*> index_;
 };
 
-// Writes a safetensors file (tensors in name order, 8-byte aligned header). Used by the demo
-// checkpoint writer, `mla logits`, and tests.
+// ---- writing: the one safetensors writer (checkpoints, `mla logits`, tests)
+
+// One tensor to write, produced when its turn comes: fill writes exactly nbytes() bytes, so a
+// multi-gigabyte checkpoint is never held in memory.
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::function<void(uint8_t* out)> fill;
+  size_t nbytes() const;
+};
+
+// Writes a safetensors file: the JSON header (keys sorted, padded with spaces to a multiple of
+// 8 bytes; __metadata__ when metadata is not empty), then the tensors' data in the order given.
+// Throws FormatError naming the path when it cannot be written.
+void write_safetensors(const std::string& path, const std::vector<const TensorSpec*>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// Tensors already in memory, written in name order.
 struct TensorData {
   DType dtype;
   std::vector<int64_t> shape;

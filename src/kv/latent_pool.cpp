@@ -25,25 +25,16 @@ KvDType parse_kv_dtype(const std::string& s) {
   throw std::invalid_argument("unknown KV cache dtype '" + s + "' (f32, bf16, fp8)");
 }
 
-int64_t LatentPool::row_bytes(int64_t kvr, int64_t rope, KvDType dtype) {
-  switch (dtype) {
-    case KvDType::F32: return (kvr + rope) * 4;
-    case KvDType::BF16: return (kvr + rope) * 2;
-    case KvDType::FP8: return kvr + (kvr + 127) / 128 * 4 + rope * 2;
-  }
-  return 0;
-}
-
 int64_t LatentPool::pages_for_budget(double bytes, int64_t num_layers, int64_t kvr, int64_t rope, int64_t page_size,
                                      KvDType dtype) {
-  double per_page = double(row_bytes(kvr, rope, dtype)) * double(page_size) * double(num_layers);
+  double per_page = double(latent_row_bytes(kvr, rope, dtype)) * double(page_size) * double(num_layers);
   return std::max<int64_t>(0, int64_t(bytes / per_page));
 }
 
 LatentPool::LatentPool(int64_t num_layers, int64_t kvr, int64_t rope, int64_t num_pages, int64_t page_size,
                        KvDType dtype)
     : num_layers_(num_layers), kv_lora_rank_(kvr), rope_dim_(rope), num_pages_(num_pages), page_size_(page_size),
-      dtype_(dtype), row_bytes_(row_bytes(kvr, rope, dtype)) {
+      dtype_(dtype), row_bytes_(latent_row_bytes(kvr, rope, dtype)) {
   if (num_layers <= 0 || kvr <= 0 || rope < 0 || num_pages < 0 || page_size <= 0)
     throw std::invalid_argument("LatentPool: bad geometry");
   if (num_pages > INT32_MAX) throw std::invalid_argument("LatentPool: too many pages");
@@ -55,7 +46,7 @@ LatentPool::LatentPool(int64_t num_layers, int64_t kvr, int64_t rope, int64_t nu
 }
 
 int64_t LatentPool::pages_needed(const PageTable& seq, int64_t new_length) const {
-  int64_t want = (new_length + page_size_ - 1) / page_size_;
+  int64_t want = pages_for_tokens(new_length, page_size_);
   return std::max<int64_t>(0, want - int64_t(seq.pages.size()));
 }
 

@@ -7,13 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "kv/cache_size.h"
+
 namespace mla {
 
-enum class KvDType {
-  F32,   // reference
-  BF16,  // default
-  FP8,   // latent as e4m3 with one float32 scale per 128 values, then k_pe in bf16 (FlashMLA layout)
-};
 const char* kv_dtype_name(KvDType t);
 KvDType parse_kv_dtype(const std::string& s);  // "f32" | "bf16" | "fp8"; throws otherwise
 
@@ -29,7 +26,10 @@ class LatentPool {
   // Pages that fit in a budget of bytes (all layers).
   static int64_t pages_for_budget(double bytes, int64_t num_layers, int64_t kv_lora_rank, int64_t rope_dim,
                                   int64_t page_size, KvDType dtype);
-  static int64_t row_bytes(int64_t kv_lora_rank, int64_t rope_dim, KvDType dtype);
+  // latent_row_bytes of kv/cache_size.h.
+  static int64_t row_bytes(int64_t kv_lora_rank, int64_t rope_dim, KvDType dtype) {
+    return latent_row_bytes(kv_lora_rank, rope_dim, dtype);
+  }
 
   int64_t num_layers() const { return num_layers_; }
   int64_t page_size() const { return page_size_; }

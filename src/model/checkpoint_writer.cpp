@@ -6,41 +6,15 @@
 #include <fstream>
 
 #include "format/error.h"
+#include "format/safetensors.h"
 
 namespace mla {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-size_t TensorSpec::nbytes() const {
-  size_t n = dtype_size(dtype);
-  for (auto d : shape) n *= size_t(d);
-  return n;
-}
-
-static void write_shard(const std::string& path, const std::vector<const TensorSpec*>& specs) {
-  json hdr = json::object();
-  size_t off = 0;
-  for (auto* t : specs) {
-    hdr[t->name] = {{"dtype", dtype_name(t->dtype)}, {"shape", t->shape}, {"data_offsets", {off, off + t->nbytes()}}};
-    off += t->nbytes();
-  }
-  hdr["__metadata__"] = {{"format", "pt"}};
-  std::string h = hdr.dump();
-  while (h.size() % 8) h += ' ';
-  std::ofstream f(path, std::ios::binary);
-  if (!f) format_error(path, "", "cannot open for writing");
-  uint64_t n = h.size();
-  f.write(reinterpret_cast<const char*>(&n), 8);
-  f.write(h.data(), std::streamsize(h.size()));
-  std::vector<uint8_t> buf;
-  for (auto* t : specs) {
-    buf.resize(t->nbytes());
-    t->fill(buf.data());
-    f.write(reinterpret_cast<const char*>(buf.data()), std::streamsize(buf.size()));
-  }
-  if (!f) format_error(path, "", "write failed (disk full?)");
-}
+// As torch's save_file writes it (transformers reads "format": "pt").
+static const std::map<std::string, std::string> kPtMetadata = {{"format", "pt"}};
 
 void write_checkpoint(const std::string& dir, const json& config, std::vector<TensorSpec> tensors, int shards) {
   fs::create_directories(dir);
@@ -55,7 +29,7 @@ void write_checkpoint(const std::string& dir, const json& config, std::vector<Te
   if (shards <= 1) {
     std::vector<const TensorSpec*> all;
     for (auto& t : tensors) all.push_back(&t);
-    write_shard((fs::path(dir) / "model.safetensors").string(), all);
+    write_safetensors((fs::path(dir) / "model.safetensors").string(), all, kPtMetadata);
     return;
   }
   size_t total = 0;
@@ -72,7 +46,7 @@ void write_checkpoint(const std::string& dir, const json& config, std::vector<Te
       weight_map[tensors[next].name] = name;
       part.push_back(&tensors[next++]);
     }
-    write_shard((fs::path(dir) / name).string(), part);
+    write_safetensors((fs::path(dir) / name).string(), part, kPtMetadata);
   }
   json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   std::ofstream f(fs::path(dir) / "model.safetensors.index.json");
@@ -269,43 +243,6 @@ json demo_config(int64_t vocab_size) {
            {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 4096}, {"beta_fast", 32},
             {"beta_slow", 1}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}}},
           {"num_nextn_predict_layers", 0},
-          {"torch_dtype", "bfloat16"}};
-}
-
-json v2_lite_config(int64_t layers) {
-  return {{"architectures", {"DeepseekV2ForCausalLM"}},
-          {"model_type", "deepseek_v2"},
-          {"vocab_size", 129280},
-          {"hidden_size", 2048},
-          {"intermediate_size", 10944},
-          {"moe_intermediate_size", 1408},
-          {"num_hidden_layers", layers},
-          {"num_attention_heads", 16},
-          {"num_key_value_heads", 16},
-          {"n_shared_experts", 2},
-          {"n_routed_experts", 64},
-          {"routed_scaling_factor", 1.0},
-          {"kv_lora_rank", 512},
-          {"q_lora_rank", nullptr},
-          {"qk_rope_head_dim", 64},
-          {"v_head_dim", 128},
-          {"qk_nope_head_dim", 128},
-          {"topk_method", "greedy"},
-          {"scoring_func", "softmax"},
-          {"n_group", 1},
-          {"topk_group", 1},
-          {"num_experts_per_tok", 6},
-          {"first_k_dense_replace", 1},
-          {"moe_layer_freq", 1},
-          {"norm_topk_prob", false},
-          {"hidden_act", "silu"},
-          {"max_position_embeddings", 163840},
-          {"rms_norm_eps", 1e-6},
-          {"bos_token_id", 0},
-          {"eos_token_id", 1},
-          {"tie_word_embeddings", false},
-          {"rope_theta", 10000.0},
-          {"rope_scaling", nullptr},
           {"torch_dtype", "bfloat16"}};
 }
 

@@ -10,19 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "format/safetensors.h"
 #include "tensor/dtype.h"
 
 namespace mla {
 
-struct TensorSpec {
-  std::string name;
-  DType dtype;
-  std::vector<int64_t> shape;
-  // Fills exactly nbytes() bytes.
-  std::function<void(uint8_t* out)> fill;
-  size_t nbytes() const;
-};
-
+// TensorSpec (one tensor, produced by a callback) and the safetensors writer are in
+// format/safetensors.h.
 // Writes dir/config.json and the tensors (in name order) over `shards` files.
 void write_checkpoint(const std::string& dir, const nlohmann::json& config, std::vector<TensorSpec> tensors,
                       int shards = 1);
@@ -49,7 +43,7 @@ void write_random_checkpoint(const std::string& dir, nlohmann::json config, cons
 // A small model of the DeepSeek-V3 architecture (q LoRA, YaRN, sigmoid noaux_tc routing over
 // expert groups, a dense first layer, shared experts) for the built-in demo.
 nlohmann::json demo_config(int64_t vocab_size);
-// DeepSeek-V2-Lite's shape with `layers` layers (the CPU benchmark's checkpoint).
-nlohmann::json v2_lite_config(int64_t layers);
+// The CPU benchmark's checkpoint config is the table's entry: mla::bench_checkpoint_config
+// (model/presets.h).
 
 }  // namespace mla

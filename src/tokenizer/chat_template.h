@@ -1,34 +1,27 @@
-// Chat templates: an interpreter for the subset of Jinja2 that HuggingFace chat templates use,
-// rendering with the settings of transformers' apply_chat_template (trim_blocks and
-// lstrip_blocks on, a single trailing newline of the template dropped, loop controls enabled).
-//
-// Supported: {{ }}, {% %}, {# #} with whitespace control (-, +); statements if/elif/else,
-// for (tuple targets, `if` filter, else, loop.index/index0/revindex/revindex0/first/last/length/
-// previtem/nextitem/cycle, break/continue), set (plain, tuple, namespace attribute, block set),
-// macro and calls, with, filter blocks, raw, generation (rendered as its body); expressions with
-// literals, lists, dicts, attribute/index access, slicing, arithmetic, ~, comparisons,
-// and/or/not, in / not in, `is` tests, inline if/else, filters and Python string/dict/list
-// methods; globals range, namespace, dict, raise_exception, strftime_now.
-// Anything else (include, extends, block, import, call blocks, recursive loops ...) throws
-// ChatTemplateError naming the construct and its line and column.
+// Chat templates: a checkpoint's Jinja template (tokenizer_config.json's chat_template, or
+// chat_template.jinja beside it; see Tokenizer::chat_template) rendered over messages as
+// transformers' apply_chat_template does it. The interpreter is in src/jinja/ (template.h lists
+// the Jinja supported); its limits (jinja/limits.h) keep an untrusted template from crashing or
+// stalling the process.
 #pragma once
 
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <stdexcept>
 #include <string>
+
+#include "jinja/error.h"
+#include "jinja/limits.h"
 
 namespace mla {
 
-class ChatTemplateError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+// Syntax errors, errors a template raises, and jinja::LimitError (derived) past a limit.
+using ChatTemplateError = jinja::Error;
 
 // A parsed template, reusable across renders.
 class ChatTemplate {
  public:
-  explicit ChatTemplate(const std::string& source);  // throws ChatTemplateError on syntax errors
+  // Throws ChatTemplateError on syntax errors.
+  explicit ChatTemplate(const std::string& source, const jinja::Limits& limits = {});
   ChatTemplate(ChatTemplate&&) noexcept;
   ChatTemplate& operator=(ChatTemplate&&) noexcept;
   ~ChatTemplate();

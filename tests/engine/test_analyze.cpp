@@ -135,7 +135,7 @@ TEST(Analyze, JsonKeysExactly) {
   EXPECT_TRUE(no_roof["flops"]["cases"].empty());
 }
 
-// The sizes the brief lists for each released config.
+// The sizes of each released config, and of the benchmark's entry.
 TEST(Analyze, PresetsHoldTheReleasedSizes) {
   struct Want {
     const char* name;
@@ -148,6 +148,8 @@ TEST(Analyze, PresetsHoldTheReleasedSizes) {
       {"kimi-k2", 64, 7168, 1536, 128, 128, 61, 163840, 384, 8, 1, 1, 2048, 18432},
       {"kimi-k2.5", 64, 7168, 1536, 128, 128, 61, 163840, 384, 8, 1, 1, 2048, 18432},
       {"glm-4.7-flash", 20, 2048, 768, 192, 256, 47, 154880, 64, 4, 1, 1, 1536, 10240},
+      // The benchmark's checkpoint: V2-Lite's layers with V3's vocabulary (its own entry).
+      {"bench-v2-lite", 16, 2048, 0, 128, 128, 27, 129280, 64, 6, 2, 1, 1408, 10944},
   };
   ASSERT_EQ(mla::analyze_preset_names().size(), std::size(wants));
   for (auto& w : wants) {
@@ -174,6 +176,16 @@ TEST(Analyze, PresetsHoldTheReleasedSizes) {
   EXPECT_EQ(mla::analyze_preset("deepseek-v2").topk_group, 3);
   EXPECT_EQ(mla::analyze_preset("kimi-k2").n_group, 1);
   EXPECT_EQ(mla::analyze_preset("kimi-k2.5").weight_prefix, "language_model.");
+  // RoPE scaling as released: YaRN for the DeepSeek and Kimi models, none for GLM-4.7-Flash and
+  // the benchmark's checkpoint.
+  for (const char* yarn40 : {"deepseek-v3", "deepseek-v2", "deepseek-v2-lite"}) {
+    EXPECT_TRUE(mla::analyze_preset(yarn40).rope_scaling.yarn) << yarn40;
+    EXPECT_DOUBLE_EQ(mla::analyze_preset(yarn40).rope_scaling.factor, 40) << yarn40;
+  }
+  EXPECT_DOUBLE_EQ(mla::analyze_preset("kimi-k2").rope_scaling.factor, 32);
+  EXPECT_DOUBLE_EQ(mla::analyze_preset("kimi-k2.5").rope_scaling.factor, 64);
+  EXPECT_FALSE(mla::analyze_preset("glm-4.7-flash").rope_scaling.yarn);
+  EXPECT_FALSE(mla::analyze_preset("bench-v2-lite").rope_scaling.yarn);
 }
 
 TEST(Analyze, ParseCase) {
