@@ -14,6 +14,7 @@ namespace {
 using J = nlohmann::ordered_json;
 
 constexpr int64_t kMaxInt16 = 9999999999999999LL;  // 16 digits: the default integer bound
+constexpr int64_t kMaxCopiedLength = 256;             // string bounds written out count by count
 
 // The base rules and the rules each one uses.
 const std::map<std::string, std::pair<std::string, std::vector<std::string>>>& base_rules() {
@@ -428,10 +429,38 @@ class Converter {
     const int64_t min = get_count(s, "minLength", path, 0);
     const int64_t max = get_count(s, "maxLength", path, -1);
     if (max >= 0 && max < min) malformed(path, "maxLength is less than minLength");
-    use("char");
-    const std::string rep = max < 0 ? "{" + std::to_string(min) + ",}"
-                                    : "{" + std::to_string(min) + "," + std::to_string(max) + "}";
-    return add_rule(hint, "\"\\\"\" char" + rep + " \"\\\"\"");
+    if (max > kMaxCopiedLength || min > kMaxCopiedLength) {
+      // Long bounds: one shared char rule counted by nested optionals. Correct, but a token at
+      // such a position depends on the count, so the mask checks most tokens at run time.
+      use("char");
+      const std::string rep = max < 0 ? "{" + std::to_string(min) + ",}"
+                                      : "{" + std::to_string(min) + "," + std::to_string(max) + "}";
+      return add_rule(hint, "\"\\\"\" char" + rep + " \"\\\"\"");
+    }
+    // Each count its own rule and its own copy of the character rule: every position then knows
+    // how many characters remain, and the per-position token sets are exact (computed once per
+    // count reached).
+    const std::string char_body = base_rules().at("char").first;
+    const std::string name = fresh(hint);
+    rules_.push_back({name, ""});
+    const size_t slot = rules_.size() - 1;
+    std::vector<std::string> level(size_t(max < 0 ? min + 1 : max + 1));
+    for (auto& l : level) l = fresh(hint + "-n");
+    for (size_t k = 0; k < level.size(); ++k) {
+      const bool last = k + 1 == level.size();
+      const std::string c = add_rule(hint + "-c", char_body);
+      std::string body;
+      if (max < 0 && last) {
+        body = c + " " + level[k] + " | \"\"";  // unbounded tail: c*
+      } else if (last) {
+        body = "\"\"";
+      } else {
+        body = c + " " + level[k + 1] + (int64_t(k) >= min ? " | \"\"" : "");
+      }
+      rules_.push_back({level[k], body});
+    }
+    rules_[slot].second = "\"\\\"\" " + level[0] + " \"\\\"\"";
+    return name;
   }
 
   // A bound of minimum/maximum/exclusive*: the value, whether exclusive; nullopt if absent.

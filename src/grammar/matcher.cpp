@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <functional>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -123,7 +124,7 @@ inline void add(State& s, int32_t v) {
 struct Machine {
   const Grammar& g;
   const std::vector<ByteSet>& follow;
-  const std::vector<int32_t>& single_site;
+  const std::vector<int32_t>& exit_site;
   Arena& arena;
 
   // Adds the stacks reached from frame (pos, parent) once every rule at the top is expanded:
@@ -156,7 +157,7 @@ struct Machine {
     } else {
       // Leaving rule r into an unknown context: follow its only call site, else stop here.
       const int32_t r = ctx_rule(parent);
-      const int32_t site = single_site[size_t(r)];
+      const int32_t site = exit_site[size_t(r)];
       if (site >= 0) {
         expand(site + 1, ctx_of(g.rule_of(site)), out, depth + 1);
       } else {
@@ -179,13 +180,43 @@ struct Machine {
   }
 };
 
+// Subtree ends of the flat trie: for the sorted token i and each depth d in (lcp[i], len(i)]
+// (the trie nodes token i opens), ends[base[i] + d - lcp[i] - 1] is the first index past the
+// subtree of i's prefix of length d.
+void build_skips(size_t n, const uint16_t* lcp, const std::function<size_t(size_t)>& length,
+                 std::vector<uint32_t>& base, std::vector<uint32_t>& ends) {
+  base.assign(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t own = i == 0 ? 0 : lcp[i];
+    base[i + 1] = base[i] + uint32_t(length(i) > own ? length(i) - own : 0);
+  }
+  ends.assign(base[n], uint32_t(n));
+  std::vector<std::pair<uint32_t, uint32_t>> open;  // (depth, slot), depths increasing
+  for (size_t j = 0; j < n; ++j) {
+    const size_t own = j == 0 ? 0 : lcp[j];
+    while (!open.empty() && open.back().first > own) {
+      ends[open.back().second] = uint32_t(j);
+      open.pop_back();
+    }
+    for (size_t d = own + 1; d <= length(j); ++d) open.push_back({uint32_t(d), base[j] + uint32_t(d - own - 1)});
+  }
+}
+
+size_t common_prefix(std::string_view a, std::string_view b) {
+  size_t k = 0;
+  while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+  return k;
+}
+
 // Walks tokens sorted by bytes (lcp[i]: prefix shared with token i-1) from a start state,
-// advancing each shared prefix once. visit(i, verdict) with verdict 1 accepted, 2 dependent
-// (only with exit markers), 0 rejected. skip(i) true: the token is not walked (its verdict does
-// not matter); the prefix bookkeeping still holds.
+// advancing each shared prefix once and jumping over the subtree of a dead prefix (with the
+// skip arrays of build_skips, when given). visit(i, verdict) with verdict 1 accepted, 2
+// dependent (only with exit markers); rejected tokens are not visited. skip(i) true: the token
+// is not walked (its verdict does not matter).
 template <class Bytes, class Skip, class Visit>
-void walk_sorted(const Machine& m, const State& start, size_t n, const uint16_t* lcp, Bytes bytes, Skip skip,
-                 Visit visit, std::vector<State>& states, std::vector<uint8_t>& deps) {
+void walk_sorted(const Machine& m, const State& start, size_t n, const uint16_t* lcp, const uint32_t* skip_base,
+                 const uint32_t* skip_ends, Bytes bytes, Skip skip, Visit visit, std::vector<State>& states,
+                 std::vector<uint8_t>& deps) {
   if (states.empty()) states.resize(1);
   states[0] = start;
   deps.assign(std::max<size_t>(deps.size(), 1), 0);
@@ -211,8 +242,18 @@ void walk_sorted(const Machine& m, const State& start, size_t n, const uint16_t*
     valid = k;
     if (k == s.size() && !states[k].empty()) {
       visit(i, 1);
-    } else {
-      visit(i, deps[k] ? 2 : 0);
+    } else if (deps[k]) {
+      visit(i, 2);
+    } else if (skip_base) {
+      // Dead at depth k: every token under this prefix is rejected.
+      const size_t own = i == 0 ? 0 : lcp[i];
+      if (k > own && k >= 1) {
+        const size_t end = skip_ends[skip_base[i] + (k - own - 1)];
+        if (end > i + 1) {
+          if (end < n) carry = common_prefix(s, bytes(end));
+          i = end - 1;
+        }
+      }
     }
   }
 }
@@ -247,6 +288,8 @@ TokenTable::TokenTable(std::vector<std::optional<std::string>> bytes, std::vecto
     while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
     lcp_[i] = uint16_t(std::min<size_t>(k, 65535));
   }
+  build_skips(sorted_.size(), lcp_.data(), [&](size_t i) { return this->bytes(sorted_[i]).size(); }, skip_base_,
+              skip_ends_);
 }
 
 bool TokenTable::is_stop(int32_t id) const {
@@ -344,6 +387,21 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenTab
   single_site_.assign(nr, -1);
   for (size_t r = 0; r < nr; ++r)
     if (count[r] == 1 && int32_t(r) != grammar_.root()) single_site_[r] = site[r];
+  // Where leaving a rule continues: through a chain of single call sites in tail position (as
+  // the nested optionals of a repetition) to the first site that is not a tail, or -1.
+  exit_site_.assign(nr, -1);
+  for (size_t r = 0; r < nr; ++r) {
+    int32_t cur = int32_t(r);
+    for (size_t hops = 0; hops <= nr; ++hops) {
+      const int32_t q = single_site_[size_t(cur)];
+      if (q < 0) break;
+      if (el[size_t(q) + 1].kind != Element::kEnd) {
+        exit_site_[r] = q;
+        break;
+      }
+      cur = grammar_.rule_of(q);
+    }
+  }
   positions_.resize(el.size());
 }
 
@@ -356,7 +414,7 @@ const CompiledGrammar::PositionTokens& CompiledGrammar::position_tokens(int32_t 
   if (slot) return *slot;
   auto pt = std::make_unique<PositionTokens>();
   Arena arena;
-  Machine m{grammar_, follow_, single_site_, arena};
+  Machine m{grammar_, follow_, exit_site_, arena};
   const State start{arena.get(pos, ctx_of(grammar_.rule_of(pos)))};
   const auto& ids = tokens_->sorted_ids();
   const TokenTable& tt = *tokens_;
@@ -364,7 +422,8 @@ const CompiledGrammar::PositionTokens& CompiledGrammar::position_tokens(int32_t 
   std::vector<uint8_t> deps;
   std::vector<size_t> dep_index;
   walk_sorted(
-      m, start, ids.size(), tokens_->sorted_lcp().data(), [&](size_t i) { return tt.bytes(ids[i]); },
+      m, start, ids.size(), tokens_->sorted_lcp().data(), tt.skip_base().data(), tt.skip_ends().data(),
+      [&](size_t i) { return tt.bytes(ids[i]); },
       [](size_t) { return false; },
       [&](size_t i, int verdict) {
         if (verdict == 1) pt->accept_ids.push_back(ids[i]);
@@ -390,6 +449,9 @@ const CompiledGrammar::PositionTokens& CompiledGrammar::position_tokens(int32_t 
     }
     pt->dependent_lcp.push_back(l);
   }
+  build_skips(pt->dependent_ids.size(), pt->dependent_lcp.data(),
+              [&](size_t i) { return tt.bytes(pt->dependent_ids[i]).size(); }, pt->dependent_skip_base,
+              pt->dependent_skip_ends);
   slot = std::move(pt);
   return *slot;
 }
@@ -511,7 +573,8 @@ void Matcher::fill_mask(std::span<uint32_t> mask) {
     const int32_t* ids = pt.dependent_ids.data();
     State start{s};
     walk_sorted(
-        m, start, pt.dependent_ids.size(), pt.dependent_lcp.data(), [&](size_t i) { return tt->bytes(ids[i]); },
+        m, start, pt.dependent_ids.size(), pt.dependent_lcp.data(), pt.dependent_skip_base.data(),
+        pt.dependent_skip_ends.data(), [&](size_t i) { return tt->bytes(ids[i]); },
         [&](size_t i) { return (mask[size_t(ids[i]) >> 5] >> (ids[i] & 31)) & 1; },
         [&](size_t i, int verdict) {
           if (verdict == 1) set_bit(ids[i]);

@@ -58,6 +58,9 @@ class TokenTable {
   // The flat trie: allowed, non-stop ids sorted by bytes; lcp[i] = common prefix with id i-1.
   const std::vector<int32_t>& sorted_ids() const { return sorted_; }
   const std::vector<uint16_t>& sorted_lcp() const { return lcp_; }
+  // The trie's subtree ends, to jump over a dead prefix (see build_skips in matcher.cpp).
+  const std::vector<uint32_t>& skip_base() const { return skip_base_; }
+  const std::vector<uint32_t>& skip_ends() const { return skip_ends_; }
 
  private:
   std::string data_;
@@ -66,6 +69,7 @@ class TokenTable {
   std::vector<int32_t> stop_ids_;
   std::vector<int32_t> sorted_;
   std::vector<uint16_t> lcp_;
+  std::vector<uint32_t> skip_base_, skip_ends_;
 };
 
 class CompiledGrammar {
@@ -88,6 +92,7 @@ class CompiledGrammar {
     std::vector<int32_t> accept_ids;
     std::vector<int32_t> dependent_ids;
     std::vector<uint16_t> dependent_lcp;
+    std::vector<uint32_t> dependent_skip_base, dependent_skip_ends;
   };
   const PositionTokens& position_tokens(int32_t pos) const;
 
@@ -102,6 +107,7 @@ class CompiledGrammar {
   std::shared_ptr<const TokenTable> tokens_;
   std::vector<ByteSet> follow_;
   std::vector<int32_t> single_site_;
+  std::vector<int32_t> exit_site_;
   mutable std::mutex mutex_;
   mutable std::vector<std::unique_ptr<PositionTokens>> positions_;
 };
