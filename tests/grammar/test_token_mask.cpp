@@ -5,6 +5,7 @@
 
 #include <random>
 
+#include "engine/sampler.h"
 #include "grammar/grammar_test_util.h"
 
 namespace mla::test {
@@ -117,6 +118,40 @@ TEST(TokenMask, MatchesBruteForceOnASmallVocabulary) {
         ASSERT_FALSE(allowed.empty());
         const int32_t pick = allowed[rng() % allowed.size()];
         ASSERT_TRUE(m.accept_token(pick));
+        if (m.is_done()) break;
+      }
+    }
+  }
+}
+
+// Grammars beyond JSON and the slow paths (a long string bound, a generic x{0,n}), against
+// brute force on the small vocabulary.
+TEST(TokenMask, MatchesBruteForceOnOtherGrammars) {
+  auto table = small_table();
+  std::vector<std::shared_ptr<const CompiledGrammar>> grammars = {
+      std::make_shared<const CompiledGrammar>(
+          grammar::json_schema_grammar(J::parse(R"({"type":"object","properties":{"s":{"type":"string","maxLength":300},
+              "t":{"type":"string","minLength":2}},"required":["s","t"]})")),
+          table),
+      std::make_shared<const CompiledGrammar>(grammar::Grammar::parse(R"(root ::= "a"{0,40} "b" | "ab"* "c" x
+x ::= [\u00e0-\u00ff]{1,3} | "n" "ull"?)"),
+                                              table),
+      std::make_shared<const CompiledGrammar>(grammar::Grammar::parse(R"(root ::= ( "{\"" | "[" root "]" | "12" ) root?)"),
+                                              table),
+  };
+  std::mt19937 rng(3);
+  for (const auto& g : grammars) {
+    for (int walk = 0; walk < 25; ++walk) {
+      Matcher m(g);
+      std::vector<uint32_t> mask(table->mask_words());
+      for (int step = 0; step < 50; ++step) {
+        m.fill_mask(mask);
+        ASSERT_EQ(mask, brute_force_mask(m, *table)) << g->grammar().to_string() << " step " << step;
+        std::vector<int32_t> allowed;
+        for (size_t id = 0; id < table->vocab_size(); ++id)
+          if (bit(mask, int32_t(id))) allowed.push_back(int32_t(id));
+        ASSERT_FALSE(allowed.empty()) << "step " << step;
+        ASSERT_TRUE(m.accept_token(allowed[rng() % allowed.size()]));
         if (m.is_done()) break;
       }
     }
@@ -259,6 +294,43 @@ TEST(TokenMaskDeepSeek, RandomWalksProduceValidDocuments) {
     }
   }
   EXPECT_GE(ended, 18);  // most walks reach the end
+}
+
+}  // namespace
+}  // namespace mla::test
+
+namespace mla::test {
+namespace {
+
+// The engine's order: mask the raw logits (-inf outside the mask), then the sampler's penalties,
+// temperature and filters (it drops non-finite logits), then accept the drawn token.
+TEST(TokenMaskDeepSeek, SamplerDrawsOnlyAllowedTokens) {
+  auto table = deepseek_v3_token_table();
+  auto g = std::make_shared<const grammar::CompiledGrammar>(
+      grammar::json_schema_grammar(nlohmann::ordered_json::parse(kSchemas[1])), table);
+  std::vector<SamplingParams> params(4);
+  params[0].temperature = 0;  // greedy
+  params[1].temperature = 0.8f, params[1].top_k = 40, params[1].top_p = 0.9f;
+  params[2].temperature = 1.5f, params[2].min_p = 0.05f, params[2].repetition_penalty = 1.3f;
+  params[3].temperature = 1.0f, params[3].presence_penalty = 1.5f, params[3].frequency_penalty = 0.5f;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> noise(0.0f, 3.0f);
+  for (size_t k = 0; k < params.size(); ++k) {
+    params[k].seed = 100 + k;
+    Sampler sampler(params[k]);
+    grammar::Matcher m(g);
+    std::vector<uint32_t> mask(table->mask_words());
+    std::vector<float> logits(table->vocab_size());
+    for (int step = 0; step < 60 && !m.is_done(); ++step) {
+      for (auto& x : logits) x = noise(rng);
+      m.fill_mask(mask);
+      grammar::apply_mask(logits, mask);
+      const int32_t id = sampler.sample(logits);
+      ASSERT_TRUE(bit(mask, id)) << "params " << k << " step " << step << " drew " << id;
+      ASSERT_TRUE(m.accept_token(id));
+      sampler.add_output_token(id);
+    }
+  }
 }
 
 }  // namespace
