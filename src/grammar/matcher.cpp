@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "tokenizer/tokenizer.h"
 
@@ -213,12 +214,84 @@ size_t common_prefix(std::string_view a, std::string_view b) {
 // skip arrays of build_skips, when given). visit(i, verdict) with verdict 1 accepted, 2
 // dependent (only with exit markers); rejected tokens are not visited. skip(i) true: the token
 // is not walked (its verdict does not matter).
-template <class Bytes, class Skip, class Visit>
-void walk_sorted(const Machine& m, const State& start, size_t n, const uint16_t* lcp, const uint32_t* skip_base,
-                 const uint32_t* skip_ends, Bytes bytes, Skip skip, Visit visit, std::vector<State>& states,
-                 std::vector<uint8_t>& deps) {
-  if (states.empty()) states.resize(1);
-  states[0] = start;
+// The states along a walk, one per depth: plain sets of stacks, advanced directly (run time).
+struct DirectSteps {
+  const Machine& m;
+  std::vector<State>& states;
+  void start(const State& s) {
+    if (states.empty()) states.resize(1);
+    states[0] = s;
+  }
+  void reserve(size_t depth) {
+    if (states.size() < depth + 1) states.resize(depth + 1);
+  }
+  bool empty(size_t k) const { return states[k].empty(); }
+  bool advance(size_t k, uint8_t b) {
+    bool dep = false;
+    m.advance(states[k], b, states[k + 1], dep);
+    return dep;
+  }
+};
+
+// Interned states with memoized transitions, for the precomputation: its walks come back to the
+// same states again and again (a string's body returns to one state after every character),
+// so most trie nodes cost one table lookup.
+struct MemoSteps {
+  const Machine& m;
+  struct Hash {
+    size_t operator()(const State& s) const {
+      uint64_t h = 0x9e3779b97f4a7c15ULL;
+      for (int32_t v : s) h = (h ^ uint32_t(v)) * 0x100000001b3ULL;
+      return size_t(h ^ (h >> 29));
+    }
+  };
+  std::unordered_map<State, int32_t, Hash> index;
+  std::vector<State> sets;
+  std::vector<int32_t> next;  // 256 per state: next id * 2 + dependent, or -1
+  std::vector<int32_t> ids;   // per depth
+  State scratch;
+
+  int32_t intern(State s) {
+    std::sort(s.begin(), s.end());
+    auto it = index.find(s);
+    if (it != index.end()) return it->second;
+    const int32_t id = int32_t(sets.size());
+    index.emplace(s, id);
+    sets.push_back(std::move(s));
+    next.resize(next.size() + 256, -1);
+    return id;
+  }
+  void start(const State& s) {
+    if (ids.empty()) ids.resize(1);
+    ids[0] = intern(s);
+  }
+  void reserve(size_t depth) {
+    if (ids.size() < depth + 1) ids.resize(depth + 1);
+  }
+  bool empty(size_t k) const { return sets[size_t(ids[k])].empty(); }
+  bool advance(size_t k, uint8_t b) {
+    const size_t slot = size_t(ids[k]) * 256 + b;
+    int32_t enc = next[slot];
+    if (enc < 0) {
+      bool dep = false;
+      m.advance(sets[size_t(ids[k])], b, scratch, dep);
+      enc = intern(scratch) * 2 + (dep ? 1 : 0);
+      next[slot] = enc;
+    }
+    ids[k + 1] = enc >> 1;
+    return enc & 1;
+  }
+};
+
+// Walks tokens sorted by bytes (lcp[i]: prefix shared with token i-1) from a start state,
+// advancing each shared prefix once and jumping over the subtree of a dead prefix (with the
+// skip arrays of build_skips, when given). visit(i, verdict) with verdict 1 accepted, 2
+// dependent (only with exit markers); rejected tokens are not visited. skip(i) true: the token
+// is not walked (its verdict does not matter).
+template <class Steps, class Bytes, class Skip, class Visit>
+void walk_sorted(Steps& st, const State& start, size_t n, const uint16_t* lcp, const uint32_t* skip_base,
+                 const uint32_t* skip_ends, Bytes bytes, Skip skip, Visit visit, std::vector<uint8_t>& deps) {
+  st.start(start);
   deps.assign(std::max<size_t>(deps.size(), 1), 0);
   deps[0] = 0;
   size_t valid = 0;
@@ -229,18 +302,14 @@ void walk_sorted(const Machine& m, const State& start, size_t n, const uint16_t*
     const std::string_view s = bytes(i);
     size_t k = std::min(i == 0 ? size_t(0) : carry, valid);
     carry = SIZE_MAX;
-    if (states.size() < s.size() + 1) {
-      states.resize(s.size() + 1);
-      deps.resize(s.size() + 1);
-    }
-    while (k < s.size() && !states[k].empty()) {
-      bool dep = deps[k];
-      m.advance(states[k], uint8_t(s[k]), states[k + 1], dep);
-      deps[k + 1] = dep;
+    st.reserve(s.size());
+    if (deps.size() < s.size() + 1) deps.resize(s.size() + 1);
+    while (k < s.size() && !st.empty(k)) {
+      deps[k + 1] = uint8_t(deps[k] | uint8_t(st.advance(k, uint8_t(s[k]))));
       ++k;
     }
     valid = k;
-    if (k == s.size() && !states[k].empty()) {
+    if (k == s.size() && !st.empty(k)) {
       visit(i, 1);
     } else if (deps[k]) {
       visit(i, 2);
@@ -418,18 +487,18 @@ const CompiledGrammar::PositionTokens& CompiledGrammar::position_tokens(int32_t 
   const State start{arena.get(pos, ctx_of(grammar_.rule_of(pos)))};
   const auto& ids = tokens_->sorted_ids();
   const TokenTable& tt = *tokens_;
-  std::vector<State> states;
   std::vector<uint8_t> deps;
   std::vector<size_t> dep_index;
+  MemoSteps steps{m, {}, {}, {}, {}, {}};
   walk_sorted(
-      m, start, ids.size(), tokens_->sorted_lcp().data(), tt.skip_base().data(), tt.skip_ends().data(),
+      steps, start, ids.size(), tokens_->sorted_lcp().data(), tt.skip_base().data(), tt.skip_ends().data(),
       [&](size_t i) { return tt.bytes(ids[i]); },
       [](size_t) { return false; },
       [&](size_t i, int verdict) {
         if (verdict == 1) pt->accept_ids.push_back(ids[i]);
         if (verdict == 2) dep_index.push_back(i);
       },
-      states, deps);
+      deps);
   if (pt->accept_ids.size() * 64 > tt.vocab_size()) {
     pt->accept_mask.assign(tt.mask_words(), 0);
     for (int32_t id : pt->accept_ids) pt->accept_mask[size_t(id) >> 5] |= uint32_t(1) << (id & 31);
@@ -572,14 +641,15 @@ void Matcher::fill_mask(std::span<uint32_t> mask) {
     if (pt.dependent_ids.empty()) continue;
     const int32_t* ids = pt.dependent_ids.data();
     State start{s};
+    DirectSteps steps{m, impl_->states};
     walk_sorted(
-        m, start, pt.dependent_ids.size(), pt.dependent_lcp.data(), pt.dependent_skip_base.data(),
+        steps, start, pt.dependent_ids.size(), pt.dependent_lcp.data(), pt.dependent_skip_base.data(),
         pt.dependent_skip_ends.data(), [&](size_t i) { return tt->bytes(ids[i]); },
         [&](size_t i) { return (mask[size_t(ids[i]) >> 5] >> (ids[i] & 31)) & 1; },
         [&](size_t i, int verdict) {
           if (verdict == 1) set_bit(ids[i]);
         },
-        impl_->states, impl_->deps);
+        impl_->deps);
   }
   arena.release(mark);
   if (end)
