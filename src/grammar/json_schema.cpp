@@ -24,7 +24,8 @@ const std::map<std::string, std::pair<std::string, std::vector<std::string>>>& b
       {"object", {R"("{" ws ( string ":" ws value ( "," ws string ":" ws value )* ws )? "}")", {"ws", "string", "value"}}},
       {"array", {R"("[" ws ( value ( "," ws value )* ws )? "]")", {"ws", "value"}}},
       {"string", {R"("\"" char* "\"")", {"char"}}},
-      {"char", {R"([^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ))", {}}},
+      // \u escapes: a code point outside the surrogates, or a high and a low surrogate as a pair.
+      {"char", {R"([^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" ( [0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} | [dD] [89abAB] [0-9a-fA-F]{2} "\\u" [dD] [c-fC-F] [0-9a-fA-F]{2} ) ))", {}}},
       {"integer", {R"("-"? ( "0" | [1-9] [0-9]{0,15} ))", {}}},
       {"number", {R"("-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?)", {}}},
       {"boolean", {R"("true" | "false")", {}}},

@@ -15,6 +15,16 @@
 //
 // A step: fill_mask() ORs, for each stack, the precomputed accepted set of its top position and
 // checks only the context-dependent tokens against the real stack.
+//
+// Per decode step of a constrained sequence, the engine:
+//   1. fill_mask(mask) — it reads only the matcher, so it may run while the forward pass runs;
+//   2. apply_mask(logits_row, mask) on the raw logits, before Sampler::sample (whose penalties
+//      keep -inf at -inf and whose filters drop non-finite logits: temperature, top-k, top-p and
+//      min-p then act on the allowed tokens only, greedy picks the best allowed one);
+//   3. accept_token(sampled) — true for any id the mask allowed; then Sampler::add_output_token;
+//   4. finish with reason "stop" when the sampled id is a stop id (or is_done()).
+// Speculative decoding: for k draft tokens, fill_mask / check / accept_token each in turn
+// (a draft token outside its mask ends the accepted run), and rollback(n) the rejected ones.
 #pragma once
 
 #include <cstdint>

@@ -34,7 +34,10 @@ void check(const Case& c) {
 
 TEST(JsonSchema, Scalars) {
   check({R"({"type":"string"})", {R"("")", R"("abc")", R"("a\"b\\c\n\u00e9")", "\"caf\xC3\xA9 \xF0\x9F\x98\x80\""},
-         {R"(abc)", R"("a)", "\"a\nb\"", R"("\x")", R"("\u12")", "\"\xC3\"", R"("a" )"}});
+         {R"(abc)", R"("a)", "\"a\nb\"", R"("\x")", R"("\u12")", "\"\xC3\"", R"("a" )", R"("\ud800")",
+          R"("\udc00x")", R"("\ud83dx")"}});
+  check({R"({"type":"string"})", {R"("\ud83d\ude00")", R"("\uD83D\uDE00\u20ac\uffff")"}, {R"("\ud83d\u0041")"}});
+  check({R"({"type":"string","maxLength":1})", {R"("\ud83d\ude00")", R"("\u00e9")"}, {R"("\u00e9\u00e9")"}});
   check({R"({"type":"integer"})", {"0", "-7", "1234567890123456"}, {"01", "--0", "1.5", "1e3", "+1", "12345678901234567", ""}});
   check({R"({"type":"number"})", {"0", "-0.5", "3.25", "1e10", "2.5E-3", "-12e+2"}, {".5", "1.", "01", "1e", "--1", "1.5.2"}});
   check({R"({"type":"boolean"})", {"true", "false"}, {"True", "1", "null"}});
