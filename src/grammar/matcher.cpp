@@ -499,7 +499,7 @@ const CompiledGrammar::PositionTokens& CompiledGrammar::position_tokens(int32_t 
         if (verdict == 2) dep_index.push_back(i);
       },
       deps);
-  if (pt->accept_ids.size() * 64 > tt.vocab_size()) {
+  if (pt->accept_ids.size() * 32 > tt.vocab_size()) {  // a mask is the smaller
     pt->accept_mask.assign(tt.mask_words(), 0);
     for (int32_t id : pt->accept_ids) pt->accept_mask[size_t(id) >> 5] |= uint32_t(1) << (id & 31);
     pt->accept_ids.clear();
@@ -521,8 +521,30 @@ const CompiledGrammar::PositionTokens& CompiledGrammar::position_tokens(int32_t 
   build_skips(pt->dependent_ids.size(), pt->dependent_lcp.data(),
               [&](size_t i) { return tt.bytes(pt->dependent_ids[i]).size(); }, pt->dependent_skip_base,
               pt->dependent_skip_ends);
-  slot = std::move(pt);
+  // Share an equal set computed before.
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
+  for (uint32_t w : pt->accept_mask) mix(w);
+  mix(~uint64_t(0));
+  for (int32_t id : pt->accept_ids) mix(uint32_t(id));
+  mix(~uint64_t(0));
+  for (int32_t id : pt->dependent_ids) mix(uint32_t(id));
+  auto [lo, hi] = distinct_.equal_range(h);
+  for (auto it = lo; it != hi; ++it) {
+    const PositionTokens& o = *it->second;
+    if (o.accept_mask == pt->accept_mask && o.accept_ids == pt->accept_ids && o.dependent_ids == pt->dependent_ids) {
+      slot = it->second;
+      return *slot;
+    }
+  }
+  slot = std::shared_ptr<const PositionTokens>(std::move(pt));
+  distinct_.emplace(h, slot);
   return *slot;
+}
+
+size_t CompiledGrammar::distinct_position_sets() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return distinct_.size();
 }
 
 size_t CompiledGrammar::precompute_all() const {
