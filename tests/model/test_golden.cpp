@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 
+#include "backend/cpu/amx.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
 #include "engine/run_modes.h"
@@ -122,12 +123,31 @@ TEST(MultiThread, FastPrecisionExpertsPerThreadMatchOneThread) {
   RunOptions opt;
   opt.mode = RunMode::parse("prefill");
   cpu::set_num_threads(1);
+  const MoeCounters c0 = l.model->moe_counters();
   auto one = run_logits(*l.model, ids, opt);
+  const MoeCounters c1 = l.model->moe_counters();
   cpu::set_num_threads(2);
   auto two = run_logits(*l.model, ids, opt);
+  const MoeCounters c2 = l.model->moe_counters();
   cpu::set_num_threads(before);
   cpu::set_precision(saved);
-  EXPECT_LE(test::max_abs_diff(one, two), 1e-3f);
+  // The branch under test ran: one thread batched every MoE layer, two threads ran each of them
+  // expert per thread.
+  const int64_t moe_layers = l.model->config().num_hidden_layers - l.model->config().first_k_dense_replace;
+  EXPECT_EQ(c1.expert_per_thread, c0.expert_per_thread);
+  EXPECT_EQ(c1.batched - c0.batched, moe_layers);
+  EXPECT_EQ(c2.expert_per_thread - c1.expert_per_thread, moe_layers);
+  EXPECT_EQ(c2.batched, c1.batched);
+  // Bound: every product splits its output rows (or its experts) across the threads, never one
+  // sum, so where the CPU has AMX (our kernels for every product of this 108-token prompt) each
+  // value is computed by the same operations on one thread or two: the logits are equal
+  // (measured: equal). Without AMX oneDNN's GEMMs run, which may split a sum by thread count:
+  // float32 noise (relative ~1e-7) unless it flips the bf16 rounding of an activation, which
+  // moves the input by 2^-8 of it and a logit by 2^-8 |x_i| |w_ij|: about 4e-4 for |x_i| ~ 1 and
+  // |w| ~ 0.1 (this fixture's lm_head: max |w| 0.37, final-norm |x| <= 4.3): 1e-3 allows about
+  // two such flips per logit.
+  if (cpu::amx_available()) EXPECT_EQ(test::max_abs_diff(one, two), 0.0f);
+  else EXPECT_LE(test::max_abs_diff(one, two), 1e-3f);
   // Against transformers' float32: bf16 activations move most logits by a few 1e-3, but on these
   // random weights a rounding can flip a near-tied expert choice and move that token's row by
   // O(1) (see tests/engine/test_verify.cpp), so the mean is bounded, not the max.
