@@ -1,9 +1,9 @@
 // Throughput of the three MLA attention paths (expand, absorb, chunked) on the CPU for one
 // DeepSeek-V2-Lite-sized attention layer (H 16, kv_lora 512, rope 64, nope 128, v 128, hidden
 // 2048; random bf16 weights in memory), over new tokens T and cached tokens C: prefill (C = 0),
-// extend and decode (T = 1). The layer runs through the code the model runs: cpu::matmul for
-// q_proj / kv_a_proj / kv_b_proj / W_UK / W_UV / o_proj, rmsnorm and RoPE, the latent pool
-// (bf16) and the cpu attention kernels. It prints tokens/s per path and the ratio between
+// extend and decode (T = 1). The layer runs through the model's own attention unit
+// (model/mla.h, MlaAttention: projections, norm and RoPE, the cache write into a bf16 latent
+// pool, expand / absorb / chunked attention, o_proj). It prints tokens/s per path and the ratio between
 // paths, and where expand overtakes absorb in practice next to the FLOP model's
 // crossover_new_tokens (mla::MlaCosts).
 //
@@ -24,12 +24,11 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/attention.h"
 #include "backend/cpu/ops.h"
-#include "engine/analyze.h"
+#include "model/presets.h"
 #include "kv/latent_pool.h"
+#include "model/mla.h"
 #include "model/path_policy.h"
-#include "model/rope.h"
 #include "tensor/dtype.h"
 
 namespace {
@@ -51,20 +50,18 @@ struct Bf16Weight {
   }
 };
 
-// One attention layer of the model's shape, run the way Model::forward and Model::attention run it.
+// One attention layer of the model's shape: random weights as the loader would hold them, run
+// by the model's attention unit.
 struct Layer {
-  mla::cpu::Context ctx;  // the kernels' (threads from --threads)
-  const mla::ModelConfig& c;
   int64_t H, nope, rope, vd, kvr, qk, dim, D;
   Bf16Weight q, kv_a, kv_b, o;
   std::vector<uint16_t> uk_data;
-  std::vector<MatrixView> w_uk_t, w_uv;
-  std::vector<float> kv_a_norm;
-  mla::Rope rope_tab;
+  mla::LayerWeights W;
+  mla::MlaAttention attn;
+  mla::cpu::Context ctx;  // the precise precision; threads from --threads
 
-  Layer(const mla::ModelConfig& cfg, std::mt19937& rng)
-      : c(cfg),
-        H(cfg.num_attention_heads),
+  Layer(const mla::ModelConfig& cfg, const mla::cpu::Context& context, std::mt19937& rng)
+      : H(cfg.num_attention_heads),
         nope(cfg.qk_nope_head_dim),
         rope(cfg.qk_rope_head_dim),
         vd(cfg.v_head_dim),
@@ -76,10 +73,16 @@ struct Layer {
         kv_a(dim, D, rng),
         kv_b(H * (nope + vd), kvr, rng),
         o(D, H * vd, rng),
-        kv_a_norm(size_t(kvr), 1.0f),
-        rope_tab(cfg) {
-    // Weight absorption as the loader does it: W_UV[h] is a row slice of kv_b, W_UK[h]^T a
-    // transposed bf16 copy.
+        attn(cfg),
+        ctx(context) {
+    if (cfg.q_lora_rank > 0) throw std::invalid_argument("bench: the layer has a plain q_proj");
+    W.q = q.view;
+    W.kv_a = kv_a.view;
+    W.kv_b = kv_b.view;
+    W.o = o.view;
+    W.kv_a_norm.assign(size_t(kvr), 1.0f);
+    // Weight absorption as the loader does it for bf16 kv_b: W_UV[h] is a row slice of kv_b,
+    // W_UK[h]^T a transposed bf16 copy.
     uk_data.resize(size_t(H * kvr * nope));
     std::vector<float> row(static_cast<size_t>(kvr));
     for (int64_t h = 0; h < H; ++h) {
@@ -92,79 +95,32 @@ struct Layer {
       uk.rows = kvr;
       uk.cols = nope;
       uk.data = uk_data.data() + h * kvr * nope;
-      w_uk_t.push_back(uk);
-      w_uv.push_back(kv_b.view.slice_rows(h * (nope + vd) + nope, vd));
+      W.w_uk_t.push_back(uk);
+      W.w_uv.push_back(kv_b.view.slice_rows(h * (nope + vd) + nope, vd));
     }
   }
 
   // T new tokens at positions C..C+T-1 of `seq` (which holds C tokens): projections, the
   // latents into the pool, attention on `path`, o_proj. Returns seconds spent in the attention
-  // itself (gather and path), the part that differs between paths.
+  // itself (MlaAttention::attend: the part that differs between paths).
   double forward(const float* x, int64_t T, mla::LatentPool& pool, mla::PageTable& seq, mla::AttnPath path,
                  int64_t prefix_chunk, float* y) {
     const int64_t C = seq.length, S = C + T;
     std::vector<float> qv(size_t(T * H * qk)), kv(size_t(T * dim)), out(size_t(T * H * vd));
-    std::vector<float> cosv(size_t(rope / 2)), sinv(size_t(rope / 2));
-    mla::cpu::matmul(ctx, x, T, q.view, qv.data());
-    mla::cpu::matmul(ctx, x, T, kv_a.view, kv.data());
+    std::vector<int64_t> pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = C + t;
+    attn.project(ctx, W, x, T, pos.data(), qv.data(), kv.data());
     if (!pool.reserve(seq, S)) throw std::runtime_error("bench: pool too small");
-    for (int64_t t = 0; t < T; ++t) {
-      float* row = kv.data() + t * dim;
-      mla::cpu::rmsnorm(ctx, row, 1, kvr, kvr, kv_a_norm.data(), 1e-6f, row, kvr);
-      rope_tab.angles(C + t, cosv.data(), sinv.data());
-      mla::cpu::rope_interleaved(row + kvr, cosv.data(), sinv.data(), rope / 2);
-      for (int64_t h = 0; h < H; ++h)
-        mla::cpu::rope_interleaved(qv.data() + (t * H + h) * qk + nope, cosv.data(), sinv.data(), rope / 2);
-      pool.write(0, seq, C + t, row, row + kvr);
-    }
-    seq.length = S;
+    attn.write_cache(pool, 0, seq, C, T, kv.data());
+    const std::vector<int32_t> ids(static_cast<size_t>(T), 0);  // only their count is read
+    const mla::SeqSlice batch[] = {{&seq, ids}};
+    const int64_t first[] = {0, T};
     auto t0 = Clock::now();
-    attend(T, C, qv.data(), pool, seq, path, prefix_chunk, out.data());
+    attn.attend(ctx, W, pool, 0, batch, first, mla::mla_form(path), prefix_chunk, qv.data(), out.data());
     double attn_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    mla::cpu::matmul(ctx, out.data(), T, o.view, y);
+    seq.length = S;
+    attn.o_proj(ctx, W, out.data(), T, y);
     return attn_s;
-  }
-
-  // The body of Model::attention for one sequence.
-  void attend(int64_t n, int64_t cached, const float* qb, const mla::LatentPool& pool, const mla::PageTable& seq,
-              mla::AttnPath path, int64_t prefix_chunk, float* ob) {
-    const int64_t S = cached + n;
-    const float scale = float(c.softmax_scale());
-    std::vector<float> latent(size_t(S * dim)), lse(size_t(n * H));
-    pool.gather(0, seq, 0, S, latent.data());
-    if (path == mla::AttnPath::Absorb) {
-      std::vector<float> q_lat(size_t(n * H * kvr)), o_lat(size_t(n * H * kvr));
-      for (int64_t h = 0; h < H; ++h)
-        mla::cpu::matmul(ctx, qb + h * qk, n, H * qk, w_uk_t[size_t(h)], q_lat.data() + h * kvr, H * kvr);
-      mla::cpu::AbsorbArgs a{q_lat.data(), qb + nope, H * qk, qk, latent.data(), n, S, H, kvr, rope, cached, 0, scale};
-      mla::cpu::attention_absorb(ctx, a, o_lat.data(), lse.data());
-      for (int64_t h = 0; h < H; ++h)
-        mla::cpu::matmul(ctx, o_lat.data() + h * kvr, n, H * kvr, w_uv[size_t(h)], ob + h * vd, H * vd);
-      return;
-    }
-    std::vector<std::pair<int64_t, int64_t>> ranges;
-    if (path == mla::AttnPath::Chunked) {
-      const int64_t Cc = std::max<int64_t>(1, prefix_chunk);
-      for (int64_t s0 = 0; s0 < cached; s0 += Cc) ranges.push_back({s0, std::min(cached, s0 + Cc)});
-      ranges.push_back({cached, S});
-    } else {
-      ranges.push_back({0, S});
-    }
-    std::vector<float> part(size_t(n * H * vd)), part_lse(size_t(n * H)), kvx;
-    std::fill(lse.begin(), lse.end(), -std::numeric_limits<float>::infinity());
-    std::fill(ob, ob + n * H * vd, 0.0f);
-    for (auto [k0, k1] : ranges) {
-      const int64_t nk = k1 - k0;
-      kvx.resize(size_t(nk * H * (nope + vd)));
-      mla::cpu::matmul(ctx, latent.data() + k0 * dim, nk, dim, kv_b.view, kvx.data(), H * (nope + vd));
-      mla::cpu::ExpandArgs a{qb, kvx.data(), latent.data() + k0 * dim + kvr, dim, n, nk, H, nope, rope, vd, cached, k0, scale};
-      if (ranges.size() == 1) {
-        mla::cpu::attention_expand(ctx, a, ob, lse.data());
-      } else {
-        mla::cpu::attention_expand(ctx, a, part.data(), part_lse.data());
-        mla::cpu::merge_partial(ob, lse.data(), part.data(), part_lse.data(), n * H, vd);
-      }
-    }
   }
 };
 
@@ -230,15 +186,16 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  mla::cpu::Context ctx;
+  ctx.threads = threads;
   if (quick) min_time = std::min(min_time, 0.05);
 
   const auto bench_start = Clock::now();
-  const mla::ModelConfig cfg = mla::analyze_preset("deepseek-v2-lite");
+  const mla::ModelConfig cfg = mla::preset_config("deepseek-v2-lite");
   const mla::MlaCosts costs = mla::MlaCosts::of(cfg);
   mla::PathPolicy policy;  // the model's defaults: prefix_chunk 1024
   std::mt19937 rng(1234);
-  Layer L(cfg, rng);
-  L.ctx.threads = std::max(0, threads);
+  Layer L(cfg, ctx, rng);
 
   const std::vector<int64_t> cached_list = quick ? std::vector<int64_t>{0, 2048} : std::vector<int64_t>{0, 512, 2048, 4096};
   const std::vector<int64_t> new_list =
@@ -250,10 +207,10 @@ int main(int argc, char** argv) {
               "nope %lld, v %lld, hidden %lld), bf16 weights, bf16 latent pool, %d threads, load average %.2f, OMP_WAIT_POLICY %s\n",
               (long long)cfg.num_attention_heads, (long long)cfg.kv_lora_rank, (long long)cfg.qk_rope_head_dim,
               (long long)cfg.qk_nope_head_dim, (long long)cfg.v_head_dim, (long long)cfg.hidden_size,
-              L.ctx.num_threads(), load_average(),
+              ctx.num_threads(), load_average(),
               std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)");
   std::printf("tokens/s = new tokens / time of the whole layer (projections, pool, attention, o_proj); the ratios "
-              "compare the attention part alone (gather + path), which is all that differs. chunked runs the cached "
+              "compare the attention part alone (MlaAttention::attend), which is all that differs. chunked runs the cached "
               "prefix %lld tokens at a time.\n",
               (long long)policy.prefix_chunk);
   std::printf("FLOP model (mla::MlaCosts): pair expand %.0f, absorb %.0f; expand %.0f per cached token, absorb %.0f "

@@ -1,5 +1,6 @@
 // `mla verify`: the expand-vs-absorb equivalence experiment on a checkpoint (prefill, then
-// greedy decode steps; f32 and bf16 latent cache, float32 and fast precision), as a table or JSON.
+// greedy decode steps; f32, bf16 and fp8 latent cache, float32 and fast precision; each against a
+// reference that reads the same cache), as a table or JSON.
 #include <CLI/CLI.hpp>
 #include <iostream>
 #include <random>
@@ -13,8 +14,8 @@ namespace {
 
 int run(int argc, char** argv) {
   CLI::App app{"Run a token sequence on both MLA paths (expand, absorb), prefill then K decode steps, in float32 "
-               "with an f32 and a bf16 latent cache and in the fast precision, and report how far apart their "
-               "outputs are and the cache bytes",
+               "with an f32, a bf16 and an fp8 latent cache and in the fast precision, and report how far apart their "
+               "outputs are, how far each is from a naive reference attention over the same cache, and the cache bytes",
                "mla verify"};
   std::string model_dir, ids_str;
   int64_t random_n = 0, decode = 8, page_size = 64;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 
@@ -54,7 +55,8 @@ int32_t argmax(const float* x, int64_t n) { return int32_t(std::max_element(x, x
 // Prefill `prompt` then feed `decoded` one token at a time (when `generate`, each fed token is
 // first chosen greedily from the previous row and appended to `decoded`, K of them).
 PathRun run_path(Model& model, const std::vector<int32_t>& prompt, std::vector<int32_t>& decoded, bool generate,
-                 int64_t K, AttnPath path, KvDType dtype, int64_t page_size, const cpu::Context& ctx) {
+                 int64_t K, AttnPath path, KvDType dtype, int64_t page_size, const cpu::Context& ctx,
+                 bool reference = false) {
   const ModelConfig& c = model.config();
   const int64_t V = c.vocab_size, L = c.num_hidden_layers, n = int64_t(prompt.size()), total = n + K;
   LatentPool pool = model.make_pool((total + page_size - 1) / page_size, page_size, dtype);
@@ -66,6 +68,7 @@ PathRun run_path(Model& model, const std::vector<int32_t>& prompt, std::vector<i
   ForwardOptions fo;
   fo.path = path;
   fo.attn = &attn;
+  fo.reference_attention = reference;
   fo.context = &ctx;
   auto step = [&](std::span<const int32_t> ids) {
     SeqSlice s{&seq, ids};
@@ -88,7 +91,7 @@ PathRun run_path(Model& model, const std::vector<int32_t>& prompt, std::vector<i
   cb.bytes_per_page = pool.bytes_per_page();
   cb.latent_active = cb.active_tokens * cb.bytes_per_token;
   cb.latent_allocated = cb.pages_used * cb.bytes_per_page;
-  cb.expanded_elem_bytes = dtype == KvDType::F32 ? 4 : 2;
+  cb.expanded_elem_bytes = dtype == KvDType::F32 ? 4 : dtype == KvDType::BF16 ? 2 : 1;
   const int64_t expanded_per_token =
       (c.num_attention_heads * c.qk_head_dim() + c.num_attention_heads * c.v_head_dim) * cb.expanded_elem_bytes * L;
   cb.expanded_active = cb.active_tokens * expanded_per_token;
@@ -127,21 +130,28 @@ VerifyReport verify_paths(Model& model, const VerifyOptions& opt, const std::str
   const int64_t K = opt.decode_steps;
 
   std::vector<float> f32_absorb_logits;
+  std::map<KvDType, std::vector<float>> reference_logits;  // per cache dtype
   struct ModeSpec {
     const char* name;
     KvDType dtype;
     bool fast;
   };
   for (const ModeSpec& spec : {ModeSpec{"f32", KvDType::F32, false}, ModeSpec{"bf16 cache", KvDType::BF16, false},
-                               ModeSpec{"fast", KvDType::BF16, true}}) {
-    cpu::Context ctx = model.context();  // its threads, this mode's precision
-    ctx.precision = spec.fast ? cpu::Precision::Fast : cpu::Precision::Precise;
+                               ModeSpec{"fast", KvDType::BF16, true}, ModeSpec{"fp8 cache", KvDType::FP8, false},
+                               ModeSpec{"fast fp8", KvDType::FP8, true}}) {
     // The f32 expand run is the first one: it chooses the decoded tokens all runs are fed.
     const bool generate = rep.decoded.empty() && K > 0;
-    const PathRun ex = run_path(model, rep.prompt, rep.decoded, generate, K, AttnPath::Expand, spec.dtype,
-                                opt.page_size, ctx);
-    const PathRun ab = run_path(model, rep.prompt, rep.decoded, false, K, AttnPath::Absorb, spec.dtype,
-                                opt.page_size, ctx);
+    PathRun ex, ab;
+    cpu::Context ctx = model.context(), precise = model.context();  // its threads, this mode's precision
+    ctx.precision = spec.fast ? cpu::Precision::Fast : cpu::Precision::Precise;
+    precise.precision = cpu::Precision::Precise;
+    ex = run_path(model, rep.prompt, rep.decoded, generate, K, AttnPath::Expand, spec.dtype, opt.page_size, ctx);
+    ab = run_path(model, rep.prompt, rep.decoded, false, K, AttnPath::Absorb, spec.dtype, opt.page_size, ctx);
+    if (!reference_logits.count(spec.dtype))
+      reference_logits[spec.dtype] = run_path(model, rep.prompt, rep.decoded, false, K, AttnPath::Absorb, spec.dtype,
+                                              opt.page_size, precise, true)
+                                         .logits;
+    const std::vector<float>& ref = reference_logits[spec.dtype];
     VerifyMode m;
     m.kv_dtype = spec.dtype;
     m.fast = spec.fast;
@@ -159,9 +169,41 @@ VerifyReport verify_paths(Model& model, const VerifyOptions& opt, const std::str
       for (int64_t i = 0; i < m.rows; ++i)
         m.argmax_agree_f32 += argmax(ab.logits.data() + i * V, V) == argmax(f32_absorb_logits.data() + i * V, V);
     }
+    m.expand_vs_reference = compare_outputs(ex.logits, ref);
+    m.absorb_vs_reference = compare_outputs(ab.logits, ref);
+    for (int64_t i = 0; i < m.rows; ++i)
+      m.argmax_agree_reference += argmax(ab.logits.data() + i * V, V) == argmax(ref.data() + i * V, V);
     rep.modes.push_back(std::move(m));
   }
   return rep;
+}
+
+VerifyMode compare_paths(Model& model, const std::vector<int32_t>& prompt, KvDType dtype, bool fast,
+                         int64_t page_size) {
+  if (prompt.empty()) throw std::invalid_argument("compare_paths: no prompt token ids");
+  const int64_t V = model.config().vocab_size;
+  std::vector<int32_t> none;
+  cpu::Context ctx = model.context(), precise = model.context();
+  ctx.precision = fast ? cpu::Precision::Fast : cpu::Precision::Precise;
+  precise.precision = cpu::Precision::Precise;
+  const PathRun ex = run_path(model, prompt, none, false, 0, AttnPath::Expand, dtype, page_size, ctx);
+  const PathRun ab = run_path(model, prompt, none, false, 0, AttnPath::Absorb, dtype, page_size, ctx);
+  const PathRun ref = run_path(model, prompt, none, false, 0, AttnPath::Absorb, dtype, page_size, precise, true);
+  VerifyMode m;
+  m.name = std::string(fast ? "fast" : "f32 compute") + ", " + kv_dtype_name(dtype) + " cache";
+  m.kv_dtype = dtype;
+  m.fast = fast;
+  m.cache = ab.cache;
+  m.logits = compare_outputs(ex.logits, ab.logits);
+  for (size_t l = 0; l < ex.attn.size(); ++l) m.attn.push_back(compare_outputs(ex.attn[l], ab.attn[l]));
+  m.rows = int64_t(ex.logits.size()) / V;
+  for (int64_t i = 0; i < m.rows; ++i) {
+    m.argmax_agree += argmax(ex.logits.data() + i * V, V) == argmax(ab.logits.data() + i * V, V);
+    m.argmax_agree_reference += argmax(ab.logits.data() + i * V, V) == argmax(ref.logits.data() + i * V, V);
+  }
+  m.expand_vs_reference = compare_outputs(ex.logits, ref.logits);
+  m.absorb_vs_reference = compare_outputs(ab.logits, ref.logits);
+  return m;
 }
 
 json verify_json(const VerifyReport& r) {
@@ -194,6 +236,11 @@ json verify_json(const VerifyReport& r) {
       jm["absorb_logits_vs_f32"] = stats_json(m.absorb_vs_f32);
       jm["absorb_argmax_agree_with_f32"] = m.argmax_agree_f32;
     }
+    jm["reference"] = std::string("f32 compute, naive attention in double over the same ") + kv_dtype_name(m.kv_dtype) +
+                      " cache";
+    jm["expand_logits_vs_reference"] = stats_json(m.expand_vs_reference);
+    jm["absorb_logits_vs_reference"] = stats_json(m.absorb_vs_reference);
+    jm["absorb_argmax_agree_with_reference"] = m.argmax_agree_reference;
     modes.push_back(jm);
   }
   return {{"model", r.model},     {"num_layers", r.num_layers}, {"prompt", r.prompt},
@@ -206,7 +253,8 @@ std::string verify_text(const VerifyReport& r) {
   o << "mla verify " << r.model << ": " << r.prompt.size() << " prompt tokens [" << ids_str(r.prompt) << "], "
     << r.decoded.size() << " decode steps [" << ids_str(r.decoded) << "] (greedy, from the f32 expand run)\n";
   o << "Modes: \"f32\" computes in float32 on a float32 latent cache; \"bf16 cache\" stores the cache in bf16;\n"
-       "\"fast\" also rounds activations to bf16 inside the matrix products (the default of mla run and serve).\n\n";
+       "\"fast\" also rounds activations to bf16 inside the matrix products (the default of mla run and serve);\n"
+       "\"fp8 cache\" and \"fast fp8\" store c_KV as e4m3 with a float32 scale per 128 values (k_pe bf16).\n\n";
 
   o << "Cache bytes, all " << r.num_layers << " layers\n";
   std::snprintf(line, sizeof line, "  %-11s %7s %10s %11s %6s %14s %14s %16s %16s %8s\n", "mode", "tokens", "B/token",
@@ -243,6 +291,18 @@ std::string verify_text(const VerifyReport& r) {
                   (long long)m.argmax_agree, (long long)m.rows);
     o << line;
   }
+  o << "\nAgainst the reference of each mode's cache: float32 compute, the naive attention in double reading the\n"
+       "same cache pages (c_KV quantized exactly as the mode's), |path - reference| of the logits\n";
+  std::snprintf(line, sizeof line, "  %-11s %12s %12s %12s %12s %14s\n", "mode", "expand max", "expand mean",
+                "absorb max", "absorb mean", "absorb argmax");
+  o << line;
+  for (auto& m : r.modes) {
+    std::snprintf(line, sizeof line, "  %-11s %12.3e %12.3e %12.3e %12.3e %7lld of %lld\n", m.name.c_str(),
+                  m.expand_vs_reference.max_abs, m.expand_vs_reference.mean_abs, m.absorb_vs_reference.max_abs,
+                  m.absorb_vs_reference.mean_abs, (long long)m.argmax_agree_reference, (long long)m.rows);
+    o << line;
+  }
+  o << "\n";
   for (auto& m : r.modes)
     if (m.kv_dtype != KvDType::F32 || m.fast) {
       std::snprintf(line, sizeof line,

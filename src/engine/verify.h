@@ -1,11 +1,14 @@
 // The equivalence experiment behind `mla verify`: one token sequence is prefilled and then
-// decoded K steps on both exact MLA paths (expand and absorb) in three modes: float32 compute
-// with a float32 latent cache, float32 compute with the bf16 cache, and the fast precision
+// decoded K steps on both exact MLA paths (expand and absorb) in five modes: float32 compute
+// with a float32 latent cache, float32 compute with the bf16 cache, the fast precision
 // (activations rounded to bf16 inside the matrix products, backend/cpu/precision.h) with the
-// bf16 cache, which is how `mla run` and `mla serve` compute by default. It reports the cache
-// bytes of the latent against the expanded form, how far apart the two paths' outputs are
-// (final logits and every layer's attention output), and each bf16 mode's absorb logits
-// against the float32 mode's.
+// bf16 cache, which is how `mla run` and `mla serve` compute by default, and float32 and fast
+// compute with the fp8 cache (c_KV as e4m3 with one float32 scale per 128 values, k_pe bf16).
+// It reports the cache bytes of the latent against the expanded form, how far apart the two
+// paths' outputs are (final logits and every layer's attention output), each mode's absorb
+// logits against the float32 mode's, and both paths' logits against the reference of the mode's
+// cache: float32 compute with the plain naive attention in double (MlaForm::Reference) reading
+// the same cache pages, so its c_KV is quantized exactly as the mode's.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -34,7 +37,7 @@ struct CacheBytes {
 };
 
 struct VerifyMode {
-  std::string name;  // "f32", "bf16 cache" or "fast"
+  std::string name;  // "f32", "bf16 cache", "fast", "fp8 cache" or "fast fp8"
   KvDType kv_dtype = KvDType::F32;
   bool fast = false;  // the fast precision (else float32 compute)
   CacheBytes cache;
@@ -43,6 +46,9 @@ struct VerifyMode {
   int64_t rows = 0, argmax_agree = 0;  // logits rows, and those whose argmax is the same on both paths
   ErrorStats absorb_vs_f32;         // bf16 modes: absorb logits against the f32 mode's
   int64_t argmax_agree_f32 = 0;     // bf16 modes: absorb rows whose argmax is the f32 mode's
+  // Against the reference run on the same cache dtype (float32 compute, naive attention).
+  ErrorStats expand_vs_reference, absorb_vs_reference;
+  int64_t argmax_agree_reference = 0;  // absorb rows whose argmax is the reference's
 };
 
 struct VerifyOptions {
@@ -56,10 +62,15 @@ struct VerifyReport {
   int64_t num_layers = 0;
   std::vector<int32_t> prompt, decoded;
   int64_t page_size = 0;
-  std::vector<VerifyMode> modes;  // f32, bf16 cache, fast
+  std::vector<VerifyMode> modes;  // f32, bf16 cache, fast, fp8 cache, fast fp8
 };
 
 VerifyReport verify_paths(Model& model, const VerifyOptions& opt, const std::string& model_name = "");
+// One mode's comparison on a prompt alone (one prefill pass, no decode steps): expand against
+// absorb, and each against the reference over the same cache (`mla demo` prints it). The
+// absorb_vs_f32 fields are left empty.
+VerifyMode compare_paths(Model& model, const std::vector<int32_t>& prompt, KvDType dtype, bool fast,
+                         int64_t page_size = 64);
 nlohmann::json verify_json(const VerifyReport& r);
 std::string verify_text(const VerifyReport& r);
 

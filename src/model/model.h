@@ -14,6 +14,8 @@
 #include "format/safetensors.h"
 #include "kv/latent_pool.h"
 #include "model/config.h"
+#include "model/mla.h"
+#include "model/moe.h"
 #include "model/path_policy.h"
 #include "model/rope.h"
 #include "model/weights.h"
@@ -25,11 +27,6 @@ struct KvCacheExhausted : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-struct SeqSlice {
-  PageTable* seq;                 // cached tokens: [0, seq->length); grows by ids.size()
-  std::span<const int32_t> ids;   // new tokens
-};
-
 struct ForwardOptions {
   AttnPath path = AttnPath::Auto;
   PathPolicy policy;              // for Auto, and the chunk size of Chunked
@@ -38,6 +35,10 @@ struct ForwardOptions {
   // layer l-1, hidden[L] the final norm; attn[l] layer l's attention output (after o_proj).
   std::vector<std::vector<float>>* hidden = nullptr;
   std::vector<std::vector<float>>* attn = nullptr;
+  // Every layer's attention through the plain reference (MlaForm::Reference: the naive form in
+  // double over the pool's decoded rows) instead of the path's kernels: `mla verify`'s
+  // reference. The path is still chosen and counted as for a normal pass.
+  bool reference_attention = false;
   // The CPU context of this pass instead of the model's (precision, threads, thresholds: e.g.
   // `mla verify` runs one model in both precisions); null: the model's. Its weight placement
   // is not used (the weights were placed at load).
@@ -71,6 +72,9 @@ class Model {
   const ModelWeights& weights() const { return w_; }
   const PathCounters& path_counters() const { return counters_; }
   AttnPath last_path() const { return last_path_; }
+  // Which schedule the MoE layers' experts ran on (layer calls, summed over passes).
+  const MoeCounters& moe_counters() const { return moe_->counters(); }
+  void set_expert_schedule(ExpertSchedule s) { moe_->set_schedule(s); }
   // Times each part of later forward passes into *p (nullptr: off, the default).
   void set_profile(ForwardProfile* p) { profile_ = p; }
   LatentPool make_pool(int64_t num_pages, int64_t page_size = 64, KvDType dtype = KvDType::BF16) const;
@@ -84,9 +88,6 @@ class Model {
   Model() = default;
   // The context of the pass running now (ForwardOptions::context, else the model's).
   const cpu::Context& ctx() const { return *pass_ctx_; }
-  void attention(int64_t layer, std::span<SeqSlice> batch, const std::vector<int64_t>& first_token, AttnPath path,
-                 int64_t prefix_chunk, const float* q, LatentPool& pool, float* out);
-  void moe(const LayerWeights& L, const float* x, int64_t T, float* out);
   void mlp(const Mlp& m, const float* x, int64_t T, float* out, bool accumulate, const float* row_weights = nullptr);
 
   ModelConfig cfg_;
@@ -94,7 +95,8 @@ class Model {
   const cpu::Context* pass_ctx_ = &ctx_;
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;
-  std::unique_ptr<Rope> rope_;
+  std::unique_ptr<MlaAttention> mla_;  // the attention of every layer, with its working buffers
+  std::unique_ptr<MoeLayer> moe_;      // the MoE of every MoE layer, likewise
   MlaCosts costs_{};
   PathCounters counters_;
   AttnPath last_path_ = AttnPath::Auto;
@@ -105,26 +107,14 @@ class Model {
   std::vector<float> mlp_scratch_;
   // The forward pass's own activations (residual stream, normed input, q, latents, attention
   // output, layer output), reused the same way: fresh vectors cost a prompt ~20 ms of page faults.
-  // With the attention's and the router's working lists below, a decode step of a batch no larger
+  // With the attention unit's and the MoE unit's working lists (mla_, moe_), a decode step of a batch no larger
   // than one before it allocates nothing (test Model.DecodeStepsAllocateNothing).
   struct ForwardScratch {
-    std::vector<float> h, x, qa, q, kv, attn, delta, xn;
+    std::vector<float> h, x, q, kv, attn, delta, xn;
     std::vector<int32_t> ids;
     std::vector<int64_t> rows, first, pos;
     std::vector<SeqShape> shapes;
   } fwd_;
-  struct AttentionScratch {
-    std::vector<float> latent, kvx, part, part_lse, lse, q_lat, o_lat;
-    std::vector<cpu::MatmulJob> jobs;
-    std::vector<std::pair<int64_t, int64_t>> ranges;
-  } attn_;
-  struct MoeScratch {
-    std::vector<float> logits;
-    std::vector<std::pair<int64_t, float>> chosen;  // per token: (expert, weight), ascending experts
-    std::vector<std::pair<int64_t, int64_t>> picks;  // per choice: (expert, row among its tokens)
-    std::vector<int64_t> tokens_in, row0, active;
-    std::vector<cpu::MatmulJob> jobs;
-  } moe_;
   std::vector<cpu::MatmulJob> mlp_jobs_;
 };
 

@@ -6,8 +6,9 @@
 #include <map>
 #include <memory>
 
+#include "backend/cpu/amx.h"
 #include "backend/cpu/ops.h"
-#include "backend/cpu/context.h"
+#include "backend/cpu/precision.h"
 #include "engine/run_modes.h"
 #include "test_util.h"
 
@@ -92,8 +93,8 @@ namespace {
 // The kernels split rows across threads: two threads give the golden logits too (ctest runs
 // each test on one thread, so this test sets its own count).
 TEST(MultiThread, TwoThreadsReproduceTheGolden) {
-  cpu::Context two_threads;
-  two_threads.threads = 2;
+  cpu::Context two;
+  two.threads = 2;
   auto& l = load("deepseek-v3-fp8-tiny");
   auto ids = test::read_ids(*l.golden->find("seq3_ids"));
   auto want = test::read_f32(*l.golden->find("seq3_logits"));
@@ -102,7 +103,7 @@ TEST(MultiThread, TwoThreadsReproduceTheGolden) {
       RunOptions opt;
       opt.mode = RunMode::parse(mode);
       opt.path = path;
-      opt.context = &two_threads;
+      opt.context = &two;
       EXPECT_LE(test::max_abs_diff(run_logits(*l.model, ids, opt), want), kLogitTol) << mode;
     }
 }
@@ -113,19 +114,39 @@ TEST(MultiThread, TwoThreadsReproduceTheGolden) {
 // differ only by the summation order of the split products elsewhere (shared experts,
 // attention): far below the 1e-3 of the goldens, and below the fast precision's own error.
 TEST(MultiThread, FastPrecisionExpertsPerThreadMatchOneThread) {
-  cpu::Context fast;
-  fast.precision = cpu::Precision::Fast;
+  cpu::Context fast1, fast2;
+  fast1.precision = fast2.precision = cpu::Precision::Fast;
+  fast1.threads = 1;
+  fast2.threads = 2;
   auto& l = load("deepseek-v3-tiny");
   auto ids = test::read_ids(*l.golden->find("seq3_ids"));
   auto want = test::read_f32(*l.golden->find("seq3_logits"));
   RunOptions opt;
   opt.mode = RunMode::parse("prefill");
-  opt.context = &fast;
-  fast.threads = 1;
+  opt.context = &fast1;
+  const MoeCounters c0 = l.model->moe_counters();
   auto one = run_logits(*l.model, ids, opt);
-  fast.threads = 2;
+  const MoeCounters c1 = l.model->moe_counters();
+  opt.context = &fast2;
   auto two = run_logits(*l.model, ids, opt);
-  EXPECT_LE(test::max_abs_diff(one, two), 1e-3f);
+  const MoeCounters c2 = l.model->moe_counters();
+  // The branch under test ran: one thread batched every MoE layer, two threads ran each of them
+  // expert per thread.
+  const int64_t moe_layers = l.model->config().num_hidden_layers - l.model->config().first_k_dense_replace;
+  EXPECT_EQ(c1.expert_per_thread, c0.expert_per_thread);
+  EXPECT_EQ(c1.batched - c0.batched, moe_layers);
+  EXPECT_EQ(c2.expert_per_thread - c1.expert_per_thread, moe_layers);
+  EXPECT_EQ(c2.batched, c1.batched);
+  // Bound: every product splits its output rows (or its experts) across the threads, never one
+  // sum, so where the CPU has AMX (our kernels for every product of this 108-token prompt) each
+  // value is computed by the same operations on one thread or two: the logits are equal
+  // (measured: equal). Without AMX oneDNN's GEMMs run, which may split a sum by thread count:
+  // float32 noise (relative ~1e-7) unless it flips the bf16 rounding of an activation, which
+  // moves the input by 2^-8 of it and a logit by 2^-8 |x_i| |w_ij|: about 4e-4 for |x_i| ~ 1 and
+  // |w| ~ 0.1 (this fixture's lm_head: max |w| 0.37, final-norm |x| <= 4.3): 1e-3 allows about
+  // two such flips per logit.
+  if (cpu::amx_available()) EXPECT_EQ(test::max_abs_diff(one, two), 0.0f);
+  else EXPECT_LE(test::max_abs_diff(one, two), 1e-3f);
   // Against transformers' float32: bf16 activations move most logits by a few 1e-3, but on these
   // random weights a rounding can flip a near-tied expert choice and move that token's row by
   // O(1) (see tests/engine/test_verify.cpp), so the mean is bounded, not the max.

@@ -38,7 +38,7 @@ int64_t round32(int64_t n) { return (n + 31) / 32 * 32; }
 // values transposed [v, S] as bf16 (zero-padded to 32 rows and columns), then per block of
 // query rows the scores Q K^T and the output P V as bf16 products with float32 sums, the softmax
 // in float32 between them. Same blocks, masking and lse as the float32 path below.
-void attention_expand_amx(const Context& ctx, const ExpandArgs& a, int64_t tb, float* out, float* lse) {
+void expand_amx(const Context& ctx, const ExpandArgs& a, int64_t tb, float* out, float* lse) {
   const int64_t qk = a.nope + a.rope, ldkv = a.H * (a.nope + a.v);
   const int64_t S32 = round32(a.S), V32 = round32(a.v);
 #pragma omp parallel num_threads(ctx.num_threads())
@@ -94,18 +94,37 @@ void attention_expand_amx(const Context& ctx, const ExpandArgs& a, int64_t tb, f
   }
 }
 
+// Query rows in blocks; each block sees the keys up to its last row's position only, so a
+// causal prompt computes the lower triangle of the scores (and a few blocks' diagonal).
+int64_t expand_row_block(const ExpandArgs& a) {
+  return std::max<int64_t>(1, std::min({a.T, kExpandRows, kScoreBudget / std::max<int64_t>(1, a.S)}));
+}
+
 }  // namespace
 
+const char* expand_kernel_name(ExpandKernel k) { return k == ExpandKernel::Amx ? "amx" : "f32"; }
+
+bool amx_expand_supported(const ExpandArgs& a) { return (a.nope + a.rope) % 32 == 0 && host_features().amx; }
+
+ExpandKernel expand_kernel(const Context& ctx, const ExpandArgs& a) {
+  return ctx.fast() && amx_expand_supported(a) ? ExpandKernel::Amx : ExpandKernel::F32;
+}
+
 void attention_expand(const Context& ctx, const ExpandArgs& a, float* out, float* lse) {
+  if (expand_kernel(ctx, a) == ExpandKernel::Amx) attention_expand_amx(ctx, a, out, lse);
+  else attention_expand_f32(ctx, a, out, lse);
+}
+
+void attention_expand_amx(const Context& ctx, const ExpandArgs& a, float* out, float* lse) {
+  if (!amx_expand_supported(a))
+    throw std::logic_error(host_features().amx ? "attention_expand_amx: nope + rope is not a multiple of 32"
+                                           : "attention_expand_amx: this CPU has no AMX");
+  expand_amx(ctx, a, expand_row_block(a), out, lse);
+}
+
+void attention_expand_f32(const Context& ctx, const ExpandArgs& a, float* out, float* lse) {
   const int64_t qk = a.nope + a.rope, ldkv = a.H * (a.nope + a.v);
-  // Query rows in blocks; each block sees the keys up to its last row's position only, so a
-  // causal prompt computes the lower triangle of the scores (and a few blocks' diagonal).
-  const int64_t tb = std::max<int64_t>(
-      1, std::min({a.T, kExpandRows, kScoreBudget / std::max<int64_t>(1, a.S)}));
-  if (ctx.fast() && qk % 32 == 0 && host_features().amx) {
-    attention_expand_amx(ctx, a, tb, out, lse);
-    return;
-  }
+  const int64_t tb = expand_row_block(a);
 #pragma omp parallel num_threads(ctx.num_threads())
   {
     const vec::FlushDenormals flush;

@@ -22,7 +22,22 @@ struct ExpandArgs {
   float scale;
 };
 // out: [T, H, v]; lse: [T, H] (-inf where a row sees no key; its out row is then 0).
+// Runs expand_kernel(a)'s kernel.
 void attention_expand(const Context& ctx, const ExpandArgs& a, float* out, float* lse);
+
+// The two kernels of the expand path, each callable on its own (tests hold both to the
+// reference, attention_reference.h):
+//  F32: float32 products (AVX-512 sgemm), softmax in float32;
+//  Amx: bf16 products with float32 sums on AMX tiles, the softmax in float32 between them. It
+//       needs AMX on the CPU and (nope + rope) % 32 == 0.
+// attention_expand picks Amx in the fast precision where it can run, else F32.
+enum class ExpandKernel { F32, Amx };
+const char* expand_kernel_name(ExpandKernel k);
+bool amx_expand_supported(const ExpandArgs& a);
+ExpandKernel expand_kernel(const Context& ctx, const ExpandArgs& a);
+void attention_expand_f32(const Context& ctx, const ExpandArgs& a, float* out, float* lse);
+// Throws std::logic_error where !amx_expand_supported(a).
+void attention_expand_amx(const Context& ctx, const ExpandArgs& a, float* out, float* lse);
 
 struct AbsorbArgs {
   const float* q_lat;   // [T, H, kv_lora]: q_nope mapped through W_UK

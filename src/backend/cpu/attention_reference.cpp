@@ -1,0 +1,159 @@
+#include "backend/cpu/attention_reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace mla::cpu::ref {
+
+namespace {
+
+// Keys visible from position qpos, of S keys starting at position k_pos0.
+int64_t visible(int64_t qpos, int64_t k_pos0, int64_t S) { return std::clamp<int64_t>(qpos - k_pos0 + 1, 0, S); }
+
+// Softmax of scores s[0, n) in place (n > 0); returns the log-sum-exp.
+double softmax(std::vector<double>& s, int64_t n) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, s[size_t(j)]);
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - m));
+  for (int64_t j = 0; j < n; ++j) s[size_t(j)] /= sum;
+  return m + std::log(sum);
+}
+
+std::vector<double> latents(const LatentRows& keys, int64_t S) {
+  const int64_t dim = keys.dim();
+  std::vector<float> row(static_cast<size_t>(dim));
+  std::vector<double> c(static_cast<size_t>(S * dim));
+  for (int64_t j = 0; j < S; ++j) {
+    keys.row(j, row.data());
+    std::copy(row.begin(), row.end(), c.begin() + j * dim);
+  }
+  return c;
+}
+
+// One (query, head) row's attention over per-key keys k [S, dk] and values v [S, dv] (each with
+// its own stride), given its query qd [dk]: out [dv], returns the lse.
+template <class Out>
+float attend_row(const double* qd, int64_t dk, const double* k, int64_t ldk, const double* v, int64_t ldv, int64_t dv,
+                 int64_t n, double scale, std::vector<double>& s, Out* out) {
+  if (n == 0) {
+    std::fill(out, out + dv, Out(0));
+    return -std::numeric_limits<float>::infinity();
+  }
+  s.resize(size_t(n));
+  for (int64_t j = 0; j < n; ++j) {
+    double d = 0;
+    for (int64_t i = 0; i < dk; ++i) d += qd[i] * k[j * ldk + i];
+    s[size_t(j)] = scale * d;
+  }
+  const double lse = softmax(s, n);
+  for (int64_t i = 0; i < dv; ++i) {
+    double o = 0;
+    for (int64_t j = 0; j < n; ++j) o += s[size_t(j)] * v[j * ldv + i];
+    out[i] = Out(o);
+  }
+  return float(lse);
+}
+
+}  // namespace
+
+void LatentRows::row(int64_t j, float* out) const {
+  if (pool_) {
+    pool_->gather(layer_, *seq_, j, 1, out);
+  } else {
+    std::copy(rows_ + j * ld_, rows_ + j * ld_ + dim_, out);
+  }
+}
+
+void attention_expand(const ExpandArgs& a, float* out, float* lse) {
+  const int64_t qk = a.nope + a.rope, ldkv = a.H * (a.nope + a.v);
+  std::vector<double> k(static_cast<size_t>(a.S * qk)), v(static_cast<size_t>(a.S * a.v)), qd(static_cast<size_t>(qk)), s;
+  for (int64_t h = 0; h < a.H; ++h) {
+    for (int64_t j = 0; j < a.S; ++j) {
+      const float* kv = a.kv + j * ldkv + h * (a.nope + a.v);
+      for (int64_t i = 0; i < a.nope; ++i) k[size_t(j * qk + i)] = kv[i];
+      for (int64_t i = 0; i < a.rope; ++i) k[size_t(j * qk + a.nope + i)] = a.k_pe[j * a.ld_kpe + i];
+      for (int64_t i = 0; i < a.v; ++i) v[size_t(j * a.v + i)] = kv[a.nope + i];
+    }
+    for (int64_t t = 0; t < a.T; ++t) {
+      const float* q = a.q + (t * a.H + h) * qk;
+      for (int64_t i = 0; i < qk; ++i) qd[size_t(i)] = q[i];
+      lse[t * a.H + h] = attend_row(qd.data(), qk, k.data(), qk, v.data(), a.v, a.v,
+                                    visible(a.q_pos0 + t, a.k_pos0, a.S), a.scale, s, out + (t * a.H + h) * a.v);
+    }
+  }
+}
+
+void attention_absorb(const AbsorbArgs& a, const LatentRows& keys, float* out_lat, float* lse) {
+  const int64_t dim = a.kv_lora + a.rope;
+  const std::vector<double> c = latents(keys, a.S);
+  std::vector<double> qd(static_cast<size_t>(dim)), s;
+  for (int64_t t = 0; t < a.T; ++t)
+    for (int64_t h = 0; h < a.H; ++h) {
+      const float* ql = a.q_lat + (t * a.H + h) * a.kv_lora;
+      const float* qp = a.q_pe + t * a.ld_qpe + h * a.head_stride_qpe;
+      for (int64_t i = 0; i < a.kv_lora; ++i) qd[size_t(i)] = ql[i];
+      for (int64_t i = 0; i < a.rope; ++i) qd[size_t(a.kv_lora + i)] = qp[i];
+      // One shared key (c_KV | k_pe) and one shared value (c_KV) per token, for every head.
+      lse[t * a.H + h] = attend_row(qd.data(), dim, c.data(), dim, c.data(), dim, a.kv_lora,
+                                    visible(a.q_pos0 + t, a.k_pos0, a.S), a.scale, s,
+                                    out_lat + (t * a.H + h) * a.kv_lora);
+    }
+}
+
+void mla_naive(const MlaProblem& p, const LatentRows& keys, float* out, float* lse) {
+  const int64_t qk = p.nope + p.rope, kvr = p.kv_lora, dim = kvr + p.rope, hd = p.nope + p.v;
+  const std::vector<double> c = latents(keys, p.S);
+  // k = [W_UK[h] c_KV[j] | k_pe[j]], v = W_UV[h] c_KV[j]: the expanded keys and values.
+  std::vector<double> k(static_cast<size_t>(p.S * qk)), v(static_cast<size_t>(p.S * p.v)), qd(static_cast<size_t>(qk)), s;
+  for (int64_t h = 0; h < p.H; ++h) {
+    for (int64_t j = 0; j < p.S; ++j) {
+      const double* cj = c.data() + j * dim;
+      for (int64_t r = 0; r < hd; ++r) {
+        const float* w = p.kv_b + (h * hd + r) * kvr;
+        double d = 0;
+        for (int64_t i = 0; i < kvr; ++i) d += double(w[i]) * cj[i];
+        if (r < p.nope) k[size_t(j * qk + r)] = d;
+        else v[size_t(j * p.v + r - p.nope)] = d;
+      }
+      for (int64_t i = 0; i < p.rope; ++i) k[size_t(j * qk + p.nope + i)] = cj[kvr + i];
+    }
+    for (int64_t t = 0; t < p.T; ++t) {
+      const float* q = p.q + (t * p.H + h) * qk;
+      for (int64_t i = 0; i < qk; ++i) qd[size_t(i)] = q[i];
+      lse[t * p.H + h] = attend_row(qd.data(), qk, k.data(), qk, v.data(), p.v, p.v,
+                                    visible(p.q_pos0 + t, p.k_pos0, p.S), p.scale, s, out + (t * p.H + h) * p.v);
+    }
+  }
+}
+
+void mla_absorb(const MlaProblem& p, const LatentRows& keys, float* out, float* lse) {
+  const int64_t qk = p.nope + p.rope, kvr = p.kv_lora, dim = kvr + p.rope, hd = p.nope + p.v;
+  const std::vector<double> c = latents(keys, p.S);
+  std::vector<double> qd(static_cast<size_t>(dim)), s;
+  std::vector<double> o_lat(static_cast<size_t>(kvr));
+  for (int64_t t = 0; t < p.T; ++t)
+    for (int64_t h = 0; h < p.H; ++h) {
+      const float* q = p.q + (t * p.H + h) * qk;
+      // q_nope~ = W_UK[h]^T q_nope: the query in latent space; q_pe unchanged.
+      std::fill(qd.begin(), qd.end(), 0.0);
+      for (int64_t r = 0; r < p.nope; ++r) {
+        const float* w = p.kv_b + (h * hd + r) * kvr;
+        for (int64_t i = 0; i < kvr; ++i) qd[size_t(i)] += double(q[r]) * w[i];
+      }
+      for (int64_t i = 0; i < p.rope; ++i) qd[size_t(kvr + i)] = q[p.nope + i];
+      lse[t * p.H + h] = attend_row(qd.data(), dim, c.data(), dim, c.data(), dim, kvr,
+                                    visible(p.q_pos0 + t, p.k_pos0, p.S), p.scale, s, o_lat.data());
+      // out = W_UV[h] o_lat.
+      for (int64_t r = 0; r < p.v; ++r) {
+        const float* w = p.kv_b + (h * hd + p.nope + r) * kvr;
+        double d = 0;
+        for (int64_t i = 0; i < kvr; ++i) d += double(w[i]) * o_lat[size_t(i)];
+        out[(t * p.H + h) * p.v + r] = float(d);
+      }
+    }
+}
+
+}  // namespace mla::cpu::ref
