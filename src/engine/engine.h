@@ -135,6 +135,7 @@ class Engine {
   // Stepping-thread state.
   std::unordered_map<int64_t, std::unique_ptr<Sequence>> sequences_;
   std::vector<float> logits_;
+  std::vector<float> raw_logits_;  // a row before its logits processor, for logprobs
   EngineStats counters_;  // cumulative counters kept by the engine
   std::vector<std::pair<Callback, RequestEvent>> events_;  // of the current step, delivered at its end
 

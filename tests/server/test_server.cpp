@@ -299,7 +299,8 @@ TEST_F(ServerTest, BadRequestsGetOpenAIErrors) {
   expect_error(post("/v1/completions", {{"prompt", {"one", "two"}}}), 400, "prompt");
   expect_error(post("/v1/completions", {{"prompt", {1, 2, 9999}}}), 400, "prompt");
   expect_error(post("/v1/completions", {{"prompt", 42}}), 400, "prompt");
-  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"n", 2}}), 400, "n");
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"n", 0}}), 400, "n");
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"n", 17}}), 400, "n");
   expect_error(post("/v1/completions", {{"prompt", "hi"}, {"temperature", "hot"}}), 400, "temperature");
   expect_error(post("/v1/completions", {{"prompt", "hi"}, {"temperature", -1}}), 400, "temperature");
   expect_error(post("/v1/completions", {{"prompt", "hi"}, {"top_p", 0}}), 400, "top_p");
@@ -314,13 +315,17 @@ TEST_F(ServerTest, BadRequestsGetOpenAIErrors) {
   expect_error(post("/v1/completions", {{"prompt", long_ids}}), 400, "prompt");
   expect_error(post("/v1/completions", {{"prompt", long_ids}, {"stream", true}}), 400, "prompt");
   expect_error(post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 300}}), 400, "max_tokens");
-  expect_error(post("/v1/chat/completions", {{"prompt", "hi"}}), 400, "messages");
+  expect_error(post("/v1/chat/completions", {{"prompt", "hi"}}), 400, "prompt");  // a field of /v1/completions
+  expect_error(post("/v1/chat/completions", {{"max_tokens", 2}}), 400, "messages");
   expect_error(post("/v1/chat/completions", {{"messages", json::array()}}), 400, "messages");
   expect_error(post("/v1/chat/completions", {{"messages", {{{"content", "no role"}}}}}), 400, "messages");
   expect_error(post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", 5}}}}}), 400, "messages");
   expect_error(c.Get("/v1/nothing"), 404);
+  // A field the server does not implement is named; harmless metadata is accepted.
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"unknown_field", {1, 2}}}), 400,
+               "unknown_field");
   // The server still answers after all of that.
-  auto ok = post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"unknown_field", {1, 2}}});
+  auto ok = post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"user", "u-1"}, {"metadata", {{"k", "v"}}}});
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
 }
