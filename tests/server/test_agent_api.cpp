@@ -1,0 +1,336 @@
+// Unit tests of the agent-facing request fields and response shapes: request hygiene and the
+// agent fields (chat_request.h), a choice built from engine events with the tool-call and
+// reasoning parsers, streamed and whole (choice.h), log-probabilities of a logits row
+// (engine/logprobs.h), the tokenizer endpoints and the API key check (agent_api.h).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/logprobs.h"
+#include "server/agent_api.h"
+#include "server/chat_request.h"
+#include "server/choice.h"
+#include "server/openai.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace mla {
+namespace {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+using server::AgentFields;
+using server::ApiError;
+using server::Endpoint;
+using server::ToolChoice;
+
+json weather_tool() {
+  return {{"type", "function"},
+          {"function",
+           {{"name", "get_weather"},
+            {"description", "Weather of a city"},
+            {"parameters",
+             {{"type", "object"},
+              {"properties", {{"city", {{"type", "string"}}}, {"days", {{"type", "integer"}}}}},
+              {"required", {"city"}}}}}}};
+}
+
+AgentFields parse(const json& body, Endpoint ep = Endpoint::ChatCompletions) {
+  server::check_known_fields(ep, body);
+  return server::parse_agent_fields(ep, body, nullptr, json::object(), 1000);
+}
+
+// The param of the ApiError a body raises ("" when it parses).
+std::string error_param(const json& body, Endpoint ep = Endpoint::ChatCompletions) {
+  try {
+    parse(body, ep);
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400) << e.what();
+    EXPECT_FALSE(std::string(e.what()).empty());
+    return e.param.empty() ? "?" : e.param;
+  }
+  return "";
+}
+
+TEST(AgentRequest, ToolsAndToolChoice) {
+  json tools = json::array({weather_tool()});
+  AgentFields a = parse({{"messages", json::array()}, {"tools", tools}});
+  EXPECT_TRUE(a.has_tools());
+  EXPECT_TRUE(a.tools_active());
+  EXPECT_EQ(a.tool_choice.kind, ToolChoice::Kind::Auto);
+  ASSERT_NE(a.tool("get_weather"), nullptr);
+  EXPECT_EQ(a.tool("nope"), nullptr);
+
+  a = parse({{"tools", tools}, {"tool_choice", "none"}});
+  EXPECT_FALSE(a.tools_active());
+  a = parse({{"tools", tools}, {"tool_choice", "required"}, {"parallel_tool_calls", false}});
+  EXPECT_EQ(a.tool_choice.kind, ToolChoice::Kind::Required);
+  EXPECT_FALSE(a.parallel_tool_calls);
+  a = parse({{"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}});
+  EXPECT_EQ(a.tool_choice.kind, ToolChoice::Kind::Named);
+  EXPECT_EQ(a.tool_choice.name, "get_weather");
+
+  // Contradictions and malformed tools.
+  EXPECT_EQ(error_param({{"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "other"}}}}}}),
+            "tool_choice");
+  EXPECT_EQ(error_param({{"tool_choice", "required"}}), "tool_choice");
+  EXPECT_EQ(error_param({{"tools", tools}, {"tool_choice", "sometimes"}}), "tool_choice");
+  EXPECT_EQ(error_param({{"tools", "get_weather"}}), "tools");
+  EXPECT_EQ(error_param({{"tools", {{{"type", "code_interpreter"}}}}}), "tools");
+  EXPECT_EQ(error_param({{"tools", {weather_tool(), weather_tool()}}}), "tools");  // two of one name
+  json bad_name = weather_tool();
+  bad_name["function"]["name"] = "has space";
+  EXPECT_EQ(error_param({{"tools", {bad_name}}}), "tools");
+  EXPECT_EQ(error_param({{"tools", tools}, {"parallel_tool_calls", "yes"}}), "parallel_tool_calls");
+}
+
+TEST(AgentRequest, ResponseFormat) {
+  AgentFields a = parse({{"response_format", {{"type", "json_object"}}}});
+  EXPECT_EQ(a.format, server::ResponseFormat::JsonObject);
+  a = parse({{"response_format",
+              {{"type", "json_schema"},
+               {"json_schema", {{"name", "x"}, {"strict", true}, {"schema", {{"type", "object"}}}}}}}});
+  EXPECT_EQ(a.format, server::ResponseFormat::JsonSchema);
+  EXPECT_TRUE(a.strict);
+  EXPECT_EQ(a.schema["type"], "object");
+  EXPECT_EQ(error_param({{"response_format", {{"type", "yaml"}}}}), "response_format");
+  EXPECT_EQ(error_param({{"response_format", {{"type", "json_schema"}}}}), "response_format");
+  EXPECT_EQ(error_param({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", 3}}}}}}),
+            "response_format");
+  // A JSON answer contradicts a forced tool call.
+  EXPECT_EQ(error_param({{"tools", {weather_tool()}}, {"tool_choice", "required"},
+                         {"response_format", {{"type", "json_object"}}}}),
+            "response_format");
+}
+
+TEST(AgentRequest, LogprobsNAndLogitBias) {
+  AgentFields a = parse({{"logprobs", true}, {"top_logprobs", 5}});
+  EXPECT_EQ(a.logprobs, 5);
+  EXPECT_EQ(parse({{"logprobs", true}}).logprobs, 0);
+  EXPECT_EQ(parse({{"logprobs", false}}).logprobs, -1);
+  EXPECT_EQ(parse(json::object()).logprobs, -1);
+  EXPECT_EQ(error_param({{"logprobs", true}, {"top_logprobs", 21}}), "top_logprobs");
+  EXPECT_EQ(error_param({{"top_logprobs", 2}}), "top_logprobs");  // without logprobs
+  EXPECT_EQ(error_param({{"logprobs", 3}}), "logprobs");           // chat: a boolean
+  // Completions: an integer.
+  EXPECT_EQ(parse({{"prompt", "x"}, {"logprobs", 3}}, Endpoint::Completions).logprobs, 3);
+  EXPECT_EQ(error_param({{"prompt", "x"}, {"logprobs", 21}}, Endpoint::Completions), "logprobs");
+
+  EXPECT_EQ(parse({{"n", 4}}).n, 4);
+  EXPECT_EQ(error_param({{"n", 0}}), "n");
+  EXPECT_EQ(error_param({{"n", 1.5}}), "n");
+
+  a = parse({{"logit_bias", {{"17", 5}, {"3", -100}}}});
+  ASSERT_EQ(a.logit_bias.size(), 2u);
+  EXPECT_EQ(error_param({{"logit_bias", {{"1000", 1}}}}), "logit_bias");  // outside the vocabulary
+  EXPECT_EQ(error_param({{"logit_bias", {{"x1", 1}}}}), "logit_bias");
+  EXPECT_EQ(error_param({{"logit_bias", {{"5", 101}}}}), "logit_bias");
+}
+
+TEST(AgentRequest, UnknownFieldsAreNamedHarmlessOnesAccepted) {
+  EXPECT_EQ(error_param({{"messages", json::array()}, {"frobnicate", 1}}), "frobnicate");
+  EXPECT_EQ(error_param({{"functions", json::array()}}), "functions");
+  EXPECT_EQ(error_param({{"prompt", "x"}, {"tools", json::array()}}, Endpoint::Completions), "tools");
+  EXPECT_EQ(error_param({{"prompt", "x"}}), "prompt");  // a completions field on chat
+  EXPECT_EQ(error_param({{"messages", json::array()}, {"user", "u"}, {"metadata", {{"a", "b"}}}, {"store", false},
+                         {"service_tier", "auto"}, {"frobnicate", nullptr}}),
+            "");
+}
+
+TEST(AgentRequest, ChatTemplateKwargs) {
+  json defaults = {{"thinking", false}, {"x", 1}};
+  json body = {{"chat_template_kwargs", {{"thinking", true}}}};
+  AgentFields a = server::parse_agent_fields(Endpoint::ChatCompletions, body, nullptr, defaults, 10);
+  EXPECT_EQ(a.template_kwargs["thinking"], true);  // the request over the server's default
+  EXPECT_EQ(a.template_kwargs["x"], 1);
+  EXPECT_EQ(error_param({{"chat_template_kwargs", {{"messages", 1}}}}), "chat_template_kwargs");
+  EXPECT_EQ(error_param({{"chat_template_kwargs", "thinking"}}), "chat_template_kwargs");
+}
+
+TEST(AgentRequest, OrderedBodyKeepsTheToolsPropertyOrder) {
+  const std::string raw =
+      R"({"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"zeta":{"type":"string"},"alpha":{"type":"string"}}}}}]})";
+  ordered_json o = ordered_json::parse(raw);
+  AgentFields a = server::parse_agent_fields(Endpoint::ChatCompletions, json::parse(raw), &o, json::object(), 10);
+  const ordered_json& props = a.tools[0]["function"]["parameters"]["properties"];
+  EXPECT_EQ(props.begin().key(), "zeta");
+}
+
+// ---- choices from events ----
+
+struct ChoiceFixture {
+  test::TempDir dir{"choice-tok"};
+  Tokenizer tok;
+  ChoiceFixture() : tok(make()) {}
+  Tokenizer make() {
+    Tokenizer::write_byte_level_tokenizer(dir.str(), 300);
+    return Tokenizer::load(dir.str());
+  }
+};
+
+std::vector<RequestEvent> events_of(const std::vector<std::string>& pieces, FinishReason end) {
+  std::vector<RequestEvent> ev;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    RequestEvent e;
+    e.token = 65 + int32_t(i % 20);
+    e.text = pieces[i];
+    e.logprob = -0.5f;
+    e.top_logprobs = {{e.token, -0.5f}, {70, -1.5f}};
+    e.finished = i + 1 == pieces.size();
+    e.reason = end;
+    ev.push_back(e);
+  }
+  return ev;
+}
+
+TEST(AgentChoice, ToolCallsAndReasoningStreamedAndWholeAgree) {
+  ChoiceFixture f;
+  server::ParsedRequest p;
+  p.endpoint = Endpoint::ChatCompletions;
+  p.agent.tools = ordered_json::array({ordered_json(weather_tool())});
+  p.tool_parser = "deepseek_v3";
+  p.reasoning_parser = "deepseek_r1";
+  p.reasoning_opened = true;
+  p.agent.logprobs = 1;
+  const std::string out =
+      "I should look it up.</think>\n\nLet me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+      "```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  std::vector<std::string> pieces;
+  for (size_t i = 0; i < out.size(); i += 7) pieces.push_back(out.substr(i, 7));
+  auto events = events_of(pieces, FinishReason::Eos);
+
+  server::ChoiceBuilder whole(p, f.tok, 0);
+  for (auto& e : events) whole.add(e);
+  json c = whole.choice();
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  EXPECT_EQ(c["message"]["reasoning_content"], "I should look it up.");
+  EXPECT_EQ(c["message"]["content"], "Let me check.");
+  ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(c["message"]["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(c["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            json({{"city", "Paris"}}));
+  EXPECT_EQ(c["message"]["tool_calls"][0]["id"].get<std::string>().rfind("call_", 0), 0u);
+  // One logprobs entry per token but the ending EOS.
+  EXPECT_EQ(c["logprobs"]["content"].size(), events.size() - 1);
+  EXPECT_EQ(c["logprobs"]["content"][0]["top_logprobs"].size(), 2u);
+
+  server::ChoiceBuilder streamed(p, f.tok, 0);
+  std::string reasoning, content, name, args;
+  json last;
+  size_t lp_entries = 0;
+  for (auto& e : events)
+    for (json& ch : streamed.stream(e)) {
+      const json& d = ch["delta"];
+      if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+      if (d.contains("content")) content += d["content"].get<std::string>();
+      if (d.contains("tool_calls"))
+        for (const json& tc : d["tool_calls"]) {
+          EXPECT_EQ(tc["index"], 0);
+          if (tc["function"].contains("name")) name += tc["function"]["name"].get<std::string>();
+          args += tc["function"]["arguments"].get<std::string>();
+        }
+      if (ch["logprobs"].is_object()) lp_entries += ch["logprobs"]["content"].size();
+      last = ch;
+    }
+  EXPECT_EQ(reasoning, "I should look it up.");
+  EXPECT_EQ(content, "Let me check.");
+  EXPECT_EQ(name, "get_weather");
+  EXPECT_EQ(json::parse(args), json({{"city", "Paris"}}));
+  EXPECT_EQ(lp_entries, events.size() - 1);
+  EXPECT_EQ(last["finish_reason"], "tool_calls");
+  EXPECT_EQ(last["delta"], json::object());
+}
+
+TEST(AgentChoice, ParallelToolCallsFalseKeepsTheFirstCall) {
+  ChoiceFixture f;
+  server::ParsedRequest p;
+  p.endpoint = Endpoint::ChatCompletions;
+  p.agent.tools = ordered_json::array({ordered_json(weather_tool())});
+  p.agent.parallel_tool_calls = false;
+  p.tool_parser = "deepseek_v31";
+  const std::string out =
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\":\"A\"}<｜tool▁call▁end｜>"
+      "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\":\"B\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  server::ChoiceBuilder whole(p, f.tok, 0);
+  for (auto& e : events_of({out}, FinishReason::Eos)) whole.add(e);
+  json c = whole.choice();
+  ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"A\"}");
+  EXPECT_TRUE(c["message"]["content"].is_null());
+  p.agent.parallel_tool_calls = true;
+  server::ChoiceBuilder both(p, f.tok, 0);
+  for (auto& e : events_of({out}, FinishReason::Eos)) both.add(e);
+  EXPECT_EQ(both.choice()["message"]["tool_calls"].size(), 2u);
+}
+
+TEST(AgentChoice, CompletionLogprobsLegacyShape) {
+  ChoiceFixture f;
+  server::ParsedRequest p;
+  p.endpoint = Endpoint::Completions;
+  p.agent.logprobs = 2;
+  server::ChoiceBuilder whole(p, f.tok, 0);
+  auto events = events_of({"ab", "c", "de"}, FinishReason::MaxTokens);
+  for (auto& e : events) whole.add(e);
+  json c = whole.choice();
+  EXPECT_EQ(c["text"], "abcde");
+  EXPECT_EQ(c["finish_reason"], "length");
+  const json& lp = c["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 3u);
+  EXPECT_EQ(lp["text_offset"], json({0, 2, 3}));
+  EXPECT_EQ(lp["tokens"][0], f.tok.token_bytes(65));
+  EXPECT_FLOAT_EQ(lp["token_logprobs"][1].get<float>(), -0.5f);
+  EXPECT_EQ(lp["top_logprobs"][0].size(), 2u);
+  EXPECT_TRUE(lp["top_logprobs"][0].contains(f.tok.token_bytes(70)));
+}
+
+// ---- log-probabilities of a row ----
+
+TEST(Logprobs, LogSoftmaxAndTopK) {
+  std::vector<float> row = {1.0f, 3.0f, -INFINITY, 3.0f, 0.5f};
+  RowLogprobs r = row_logprobs(row);
+  double z = std::exp(1.0) + 2 * std::exp(3.0) + std::exp(0.5);
+  EXPECT_NEAR(r.of(3.0f), 3.0 - std::log(z), 1e-6);
+  auto top = top_logprobs(row, r, 3);
+  ASSERT_EQ(top.size(), 3u);
+  EXPECT_EQ(top[0].first, 1);  // a tie goes to the lower id
+  EXPECT_EQ(top[1].first, 3);
+  EXPECT_EQ(top[2].first, 0);
+  EXPECT_NEAR(top[2].second, 1.0 - std::log(z), 1e-6);
+  EXPECT_EQ(top_logprobs(row, r, 10).size(), 4u);  // -inf left out
+  EXPECT_TRUE(top_logprobs(row, r, 0).empty());
+  std::vector<float> dead = {-INFINITY, -INFINITY};
+  EXPECT_THROW(row_logprobs(dead), std::invalid_argument);
+}
+
+// ---- tokenizer endpoints and the key ----
+
+TEST(AgentApi, TokenizeDetokenizeAndKey) {
+  ChoiceFixture f;
+  json t = server::tokenize_body({{"prompt", "hello"}}, f.tok, 256);
+  EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), f.tok.encode("hello", true));
+  EXPECT_EQ(t["count"], t["tokens"].size());
+  json llama = server::tokenize_body({{"content", "hello"}}, f.tok, 256);
+  EXPECT_EQ(llama["tokens"].get<std::vector<int32_t>>(), f.tok.encode("hello", false));
+  json d = server::detokenize_body({{"tokens", f.tok.encode("hello", false)}}, f.tok);
+  EXPECT_EQ(d["prompt"], "hello");
+  EXPECT_EQ(d["content"], "hello");
+  EXPECT_THROW(server::tokenize_body({{"prompt", 5}}, f.tok, 256), ApiError);
+  EXPECT_THROW(server::tokenize_body({{"prompt", "x"}, {"extra", 1}}, f.tok, 256), ApiError);
+  EXPECT_THROW(server::detokenize_body({{"tokens", {1, 99999}}}, f.tok), ApiError);
+
+  EXPECT_TRUE(server::authorized("Bearer sk-1", "sk-1"));
+  EXPECT_FALSE(server::authorized("Bearer sk-2", "sk-1"));
+  EXPECT_FALSE(server::authorized("sk-1", "sk-1"));
+  EXPECT_FALSE(server::authorized("", "sk-1"));
+
+  auto c = server::choose_parsers("deepseek_v3", "", "", "");
+  EXPECT_EQ(c.tool, "deepseek_v3");
+  c = server::choose_parsers("deepseek_v3", "", "none", "deepseek_r1");
+  EXPECT_EQ(c.tool, "");
+  EXPECT_EQ(c.reasoning, "deepseek_r1");
+  EXPECT_THROW(server::choose_parsers("deepseek_v3", "", "no_such_parser", ""), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace mla
