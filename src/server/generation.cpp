@@ -1,12 +1,23 @@
 // The choices of one request on the engine (see generation.h).
 #include "server/generation.h"
 
+#include "engine/grammar_processor.h"
+
 namespace mla::server {
 
-Request choice_request(const ParsedRequest& p, int64_t choice) {
+Request choice_request(const ParsedRequest& p, int64_t choice, const Tokenizer& tokenizer) {
   Request r = p.request;
   r.sampling.seed = p.request.sampling.seed + uint64_t(choice);
   LogitsProcessor inner = p.request.logits_processor;
+  if (p.grammar) {
+    LogitsProcessor mask =
+        grammar_processor(p.grammar, p.request.prompt.size(), &tokenizer, p.reasoning_opened ? "</think>" : "");
+    inner = inner ? LogitsProcessor([inner, mask](std::span<float> l, std::span<const int32_t> t) {
+      inner(l, t);
+      mask(l, t);
+    })
+                  : mask;
+  }
   if (!p.agent.logit_bias.empty()) {
     auto bias = p.agent.logit_bias;
     r.logits_processor = [bias, inner](std::span<float> logits, std::span<const int32_t> tokens) {
@@ -14,6 +25,8 @@ Request choice_request(const ParsedRequest& p, int64_t choice) {
         if (size_t(id) < logits.size()) logits[size_t(id)] += b;
       if (inner) inner(logits, tokens);
     };
+  } else {
+    r.logits_processor = inner;
   }
   return r;
 }
@@ -38,13 +51,13 @@ struct Generation::State {
   }
 };
 
-Generation::Generation(Engine& engine, const ParsedRequest& p) : state_(std::make_shared<State>()), n_(p.agent.n) {
+Generation::Generation(Engine& engine, const ParsedRequest& p, const Tokenizer& tokenizer) : state_(std::make_shared<State>()), n_(p.agent.n) {
   State& st = *state_;
   st.engine = &engine;
   st.ids.assign(size_t(n_), -1);
   st.done.assign(size_t(n_), false);
   std::vector<Request> rest;
-  for (int64_t i = 1; i < n_; ++i) rest.push_back(choice_request(p, i));
+  for (int64_t i = 1; i < n_; ++i) rest.push_back(choice_request(p, i, tokenizer));
   auto shared_rest = std::make_shared<std::vector<Request>>(std::move(rest));
   std::weak_ptr<State> weak = state_;
   // The first choice's callback submits the others at its first event (on the engine thread,
@@ -93,7 +106,7 @@ Generation::Generation(Engine& engine, const ParsedRequest& p) : state_(std::mak
     }
   };
   std::shared_ptr<State> keep = state_;
-  const int64_t id = engine.submit(choice_request(p, 0), [keep, fork, n = n_](const RequestEvent& e) {
+  const int64_t id = engine.submit(choice_request(p, 0, tokenizer), [keep, fork, n = n_](const RequestEvent& e) {
     keep->push(0, e);
     if (n > 1) fork(e);
   });

@@ -17,8 +17,9 @@
 
 namespace mla::server {
 
-// The request of choice i: seed + i, its own logits processor.
-Request choice_request(const ParsedRequest& p, int64_t choice);
+// The request of choice i: seed + i, its own logits processor (logit_bias, then the grammar's
+// mask, which starts after "</think>" when the prompt opened a reasoning block).
+Request choice_request(const ParsedRequest& p, int64_t choice, const Tokenizer& tokenizer);
 
 class Generation {
  public:
@@ -27,7 +28,7 @@ class Generation {
     RequestEvent event;
   };
   // Submits the first choice; throws RequestError (nothing queued) as Engine::submit.
-  Generation(Engine& engine, const ParsedRequest& p);
+  Generation(Engine& engine, const ParsedRequest& p, const Tokenizer& tokenizer);
   ~Generation();  // cancels what is still running
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;

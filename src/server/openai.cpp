@@ -8,6 +8,7 @@
 #include <random>
 
 #include "server/reasoning_parser.h"
+#include "server/structured.h"
 #include "tokenizer/chat_template.h"
 
 namespace mla::server {
@@ -284,6 +285,16 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingCo
     int64_t eos = ctx.tokenizer->eos_id();
     if (eos >= 0 && std::find(r.eos_token_ids.begin(), r.eos_token_ids.end(), eos) == r.eos_token_ids.end())
       r.eos_token_ids.push_back(eos);
+  }
+  if (endpoint == Endpoint::ChatCompletions) {
+    const bool constrained = p.agent.format != ResponseFormat::Text ||
+                             (p.agent.has_tools() && (p.agent.tool_choice.kind == ToolChoice::Kind::Required ||
+                                                      p.agent.tool_choice.kind == ToolChoice::Kind::Named));
+    if (constrained) {
+      if (!ctx.structured) bad(p.agent.format != ResponseFormat::Text ? "response_format" : "tool_choice",
+                               "constrained outputs are not available on this server");
+      p.grammar = ctx.structured->grammar_for(p);
+    }
   }
   return p;
 }

@@ -5,6 +5,7 @@
 // A bad request raises ApiError carrying the HTTP status and OpenAI's error object fields.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -14,7 +15,13 @@
 #include "server/chat_request.h"
 #include "tokenizer/tokenizer.h"
 
+namespace mla::grammar {
+class CompiledGrammar;
+}
+
 namespace mla::server {
+
+class StructuredOutputs;
 
 struct ApiError : std::runtime_error {
   ApiError(int status, const std::string& message, std::string param = {}, std::string type = {},
@@ -42,6 +49,7 @@ struct ServingContext {
   // variables every chat request starts from (--chat-template-kwargs).
   std::string tool_parser, reasoning_parser;
   nlohmann::json chat_template_kwargs = nlohmann::json::object();
+  StructuredOutputs* structured = nullptr;  // grammars of constrained outputs (null: refused)
 };
 
 struct ParsedRequest {
@@ -56,6 +64,8 @@ struct ParsedRequest {
   // are active; reasoning_opened: the rendered prompt opened a reasoning block.
   std::string tool_parser, reasoning_parser;
   bool reasoning_opened = false;
+  // The grammar the output must follow (response_format, a forced tool call); null: none.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 // Reads a request body (a JSON object). A field the server does not implement, known fields

@@ -16,6 +16,7 @@
 #include "server/connection.h"
 #include "server/generation.h"
 #include "server/openai.h"
+#include "server/structured.h"
 
 namespace mla::server {
 
@@ -69,6 +70,7 @@ struct Server::Impl {
   const ModelConfig& model;
   ServerOptions opt;
   ServingContext ctx;
+  std::unique_ptr<StructuredOutputs> structured;
   httplib::Server http;
   int port = -1;
   int64_t started = unix_time();
@@ -89,6 +91,8 @@ struct Server::Impl {
     ctx.tool_parser = parsers.tool;
     ctx.reasoning_parser = parsers.reasoning;
     ctx.chat_template_kwargs = opt.chat_template_kwargs;
+    structured = std::make_unique<StructuredOutputs>(tokenizer, model.vocab_size);
+    ctx.structured = structured.get();
     routes();
   }
 
@@ -189,7 +193,7 @@ void Server::Impl::generate(Endpoint endpoint, const httplib::Request& req, http
     const int64_t created = unix_time();
     std::string r_error;  // the first choice that failed: 'E' (error) or 'C' (cancelled), then the message
     // Throws RequestError before anything is queued: answered 400 below.
-    Generation gen(engine, p);
+    Generation gen(engine, p, tokenizer);
     std::vector<ChoiceBuilder> choices;
     for (int64_t i = 0; i < gen.choices(); ++i) choices.emplace_back(p, tokenizer, int(i));
     ClientConnection conn(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
@@ -236,7 +240,7 @@ void Server::Impl::stream(std::shared_ptr<const ParsedRequest> p, const httplib:
                           httplib::Response& res) {
   ++http_streams;
   // Throws RequestError before anything is sent: the caller answers 400.
-  auto gen = std::make_shared<Generation>(engine, *p);
+  auto gen = std::make_shared<Generation>(engine, *p, tokenizer);
   struct StreamState {
     std::vector<ChoiceBuilder> choices;
     int64_t open = 0;

@@ -174,7 +174,7 @@ StructuredOutputs::StructuredOutputs(const Tokenizer& tokenizer, int64_t vocab_s
 std::shared_ptr<const grammar::TokenTable> StructuredOutputs::table(const std::string& tool_parser,
                                                                     const std::vector<int64_t>& stops) {
   std::string key = tool_parser;
-  for (int64_t s : stops) key += "," + std::to_string(s);
+  for (int64_t s : stops) key.append(",").append(std::to_string(s));
   if (auto it = tables_.find(key); it != tables_.end()) return it->second;
   const std::vector<int32_t> markers = parser_marker_ids(tokenizer_, tool_parser, "");
   const size_t n = std::max<size_t>(size_t(vocab_size_), tokenizer_.vocab_size());

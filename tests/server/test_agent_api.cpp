@@ -11,6 +11,8 @@
 #include "server/chat_request.h"
 #include "server/choice.h"
 #include "server/openai.h"
+#include "server/structured.h"
+#include "grammar/matcher.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -330,6 +332,123 @@ TEST(AgentApi, TokenizeDetokenizeAndKey) {
   EXPECT_EQ(c.tool, "");
   EXPECT_EQ(c.reasoning, "deepseek_r1");
   EXPECT_THROW(server::choose_parsers("deepseek_v3", "", "no_such_parser", ""), std::invalid_argument);
+}
+
+// ---- grammars of forced tool calls ----
+
+bool grammar_accepts(const std::string& gbnf, const std::string& text) {
+  auto g = std::make_shared<const grammar::CompiledGrammar>(grammar::Grammar::parse(gbnf), nullptr);
+  grammar::Matcher m(g);
+  return m.accept_bytes(text) && m.can_end();
+}
+
+TEST(AgentStructured, ForcedToolCallGrammarsParseBackInEveryFormat) {
+  AgentFields a;
+  a.tools = ordered_json::array({ordered_json(weather_tool()),
+                                 ordered_json({{"type", "function"}, {"function", {{"name", "ping"}}}})});
+  a.tool_choice.kind = ToolChoice::Kind::Required;
+  struct Case {
+    std::string parser, one, two;
+  };
+  const std::string args = R"({"city": "Paris", "days": 3})";
+  const std::vector<Case> cases = {
+      {"deepseek_v3",
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n" + args +
+           "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n" + args +
+           "\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>ping\n```json\n{}\n```<｜tool▁call▁end｜>"
+           "<｜tool▁calls▁end｜>"},
+      {"deepseek_v31",
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>" + args + "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>" + args +
+           "<｜tool▁call▁end｜><｜tool▁call▁begin｜>ping<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+      {"kimi_k2",
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>" + args +
+           "<|tool_call_end|><|tool_calls_section_end|>",
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>" + args +
+           "<|tool_call_end|><|tool_call_begin|>functions.ping:1<|tool_call_argument_begin|>{}<|tool_call_end|>"
+           "<|tool_calls_section_end|>"},
+      {"glm47",
+       "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key>"
+       "<arg_value>3</arg_value></tool_call>",
+       "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>\n"
+       "<tool_call>ping</tool_call>"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.parser);
+    a.parallel_tool_calls = true;
+    const std::string g = server::tool_call_gbnf(c.parser, a);
+    EXPECT_TRUE(grammar_accepts(g, c.one)) << g;
+    EXPECT_TRUE(grammar_accepts(g, c.two)) << g;
+    EXPECT_FALSE(grammar_accepts(g, "Sure! " + c.one));  // nothing before the call
+    // What the grammar allows, the family's parser reads back as calls.
+    server::ToolParserOptions to;
+    to.tools = json(a.tools);
+    auto r = server::parse_tool_calls(c.parser, c.one, to);
+    ASSERT_EQ(r.tool_calls.size(), 1u);
+    EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(json::parse(r.tool_calls[0].arguments), json({{"city", "Paris"}, {"days", 3}}));
+    EXPECT_EQ(server::parse_tool_calls(c.parser, c.two, to).tool_calls.size(), 2u);
+    // One call only without parallel_tool_calls; a named choice allows that tool alone.
+    a.parallel_tool_calls = false;
+    const std::string single = server::tool_call_gbnf(c.parser, a);
+    EXPECT_TRUE(grammar_accepts(single, c.one));
+    EXPECT_FALSE(grammar_accepts(single, c.two));
+    a.tool_choice = {ToolChoice::Kind::Named, "ping"};
+    EXPECT_FALSE(grammar_accepts(server::tool_call_gbnf(c.parser, a), c.one));
+    a.tool_choice = {ToolChoice::Kind::Required, ""};
+  }
+  // Arguments outside the schema are refused (days is an integer; city is required).
+  a.parallel_tool_calls = true;
+  const std::string g = server::tool_call_gbnf("deepseek_v31", a);
+  EXPECT_FALSE(grammar_accepts(g, R"(<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "P", "days": "x"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>)"));
+  EXPECT_FALSE(grammar_accepts(g, R"(<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"days": 2}<｜tool▁call▁end｜><｜tool▁calls▁end｜>)"));
+  // No forced call: no grammar.
+  a.tool_choice.kind = ToolChoice::Kind::Auto;
+  EXPECT_EQ(server::tool_call_gbnf("deepseek_v3", a), "");
+}
+
+TEST(AgentStructured, UnsupportedSchemaKeywordsAre400sNamingThem) {
+  ChoiceFixture f;
+  server::StructuredOutputs so(f.tok, 300);
+  server::ParsedRequest p;
+  p.endpoint = Endpoint::ChatCompletions;
+  p.request.eos_token_ids = {f.tok.eos_id()};
+  p.agent.format = server::ResponseFormat::JsonSchema;
+  p.agent.schema = {{"type", "object"}, {"patternProperties", {{"^x", {{"type", "string"}}}}}};
+  try {
+    so.grammar_for(p);
+    ADD_FAILURE() << "no error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "response_format");
+    EXPECT_NE(std::string(e.what()).find("patternProperties"), std::string::npos) << e.what();
+  }
+  p.agent.schema = {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}, {"required", {"a"}}};
+  auto g = so.grammar_for(p);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(so.grammar_for(p), g) << "cached";
+  grammar::Matcher m(g);
+  EXPECT_TRUE(m.accept_bytes("{\"a\": 12}"));
+  EXPECT_TRUE(m.can_end());
+  p.request.eos_token_ids.clear();  // ignore_eos: a grammar could never end the output
+  EXPECT_THROW(so.grammar_for(p), ApiError);
+  // Tools' schemas likewise, named "tools".
+  server::ParsedRequest t;
+  t.endpoint = Endpoint::ChatCompletions;
+  t.request.eos_token_ids = {f.tok.eos_id()};
+  t.tool_parser = "deepseek_v3";
+  json tool = weather_tool();
+  tool["function"]["parameters"]["not"] = {{"type", "null"}};
+  t.agent.tools = ordered_json::array({ordered_json(tool)});
+  t.agent.tool_choice.kind = ToolChoice::Kind::Required;
+  try {
+    so.grammar_for(t);
+    ADD_FAILURE() << "no error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "tools");
+    EXPECT_NE(std::string(e.what()).find("not"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
