@@ -4,9 +4,12 @@
 // (engine/logprobs.h), the tokenizer endpoints and the API key check (agent_api.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include "engine/grammar_processor.h"
 #include "engine/logprobs.h"
+#include "engine/output_stream.h"
 #include "server/agent_api.h"
 #include "server/chat_request.h"
 #include "server/choice.h"
@@ -449,6 +452,55 @@ TEST(AgentStructured, UnsupportedSchemaKeywordsAre400sNamingThem) {
     EXPECT_EQ(e.param, "tools");
     EXPECT_NE(std::string(e.what()).find("not"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace mla
+
+namespace mla {
+namespace {
+
+TEST(AgentEngine, KeptSpecialTokensReachTheTextOthersDoNot) {
+  ChoiceFixture f;
+  const int32_t bos = f.tok.bos_id(), eos = f.tok.eos_id();
+  ASSERT_TRUE(f.tok.is_special(bos) && f.tok.is_special(eos));
+  OutputStream kept(&f.tok, true, {}, {bos});
+  EXPECT_EQ(kept.push(bos), f.tok.bos_token());
+  EXPECT_EQ(kept.push(eos), "");
+  EXPECT_EQ(kept.push(f.tok.encode("a", false)[0]), "a");
+  OutputStream plain(&f.tok, true, {});
+  EXPECT_EQ(plain.push(bos), "");
+}
+
+TEST(AgentEngine, GrammarProcessorMasksAfterItsActivation) {
+  ChoiceFixture f;
+  auto table = grammar::TokenTable::from_tokenizer(f.tok, 512, {f.tok.eos_id()});
+  auto g = std::make_shared<const grammar::CompiledGrammar>(grammar::Grammar::parse(R"(root ::= "a" "b")"), table);
+  const std::vector<int32_t> prompt = {f.tok.bos_id(), 100, 101};
+  LogitsProcessor p = grammar_processor(g, prompt.size(), &f.tok, "</think>");
+  std::vector<float> logits(512, 0.0f);
+  p(logits, prompt);  // not active yet: nothing masked
+  EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [](float x) { return x == 0.0f; }));
+  std::vector<int32_t> tokens = prompt;
+  for (int32_t id : f.tok.encode("hmm</think>", false)) tokens.push_back(id);
+  p(logits, tokens);
+  const int32_t a = f.tok.encode("a", false)[0], b = f.tok.encode("b", false)[0];
+  EXPECT_EQ(logits[size_t(a)], 0.0f);
+  EXPECT_EQ(logits[size_t(b)], -INFINITY);
+  EXPECT_EQ(logits[size_t(f.tok.eos_id())], -INFINITY) << "the grammar cannot end yet";
+  EXPECT_EQ(logits[400], -INFINITY);
+  tokens.push_back(a);
+  std::fill(logits.begin(), logits.end(), 0.0f);
+  p(logits, tokens);
+  EXPECT_EQ(logits[size_t(b)], 0.0f);
+  EXPECT_EQ(logits[size_t(a)], -INFINITY);
+  tokens.push_back(b);
+  std::fill(logits.begin(), logits.end(), 0.0f);
+  p(logits, tokens);
+  EXPECT_EQ(logits[size_t(f.tok.eos_id())], 0.0f) << "only the stop id once the grammar has ended";
+  EXPECT_EQ(std::count(logits.begin(), logits.end(), 0.0f), 1);
+  tokens.push_back(b);  // a token the grammar refused: the sequence's error
+  EXPECT_THROW(p(logits, tokens), std::runtime_error);
 }
 
 }  // namespace

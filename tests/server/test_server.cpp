@@ -330,6 +330,39 @@ TEST_F(ServerTest, BadRequestsGetOpenAIErrors) {
   EXPECT_EQ(ok->status, 200) << ok->body;
 }
 
+// n choices: the later ones are submitted once the first has read the prompt, so they take its
+// full pages from the prefix cache; each samples with seed + its index.
+TEST_F(ServerTest, NChoicesSharePromptPagesAndSeedPerChoice) {
+  const std::string prompt = "choices that share one prompt of more than two pages of the cache, forty tokens";
+  auto ids = s->tokenizer->encode(prompt, true);
+  ASSERT_GT(ids.size(), 33u);
+  auto ref = direct(ids, 6);
+  const int64_t hits0 = s->engine->stats().prefix_hit_tokens;
+  auto r = post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"n", 3}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], ref.text) << "greedy choices are the greedy output";
+  }
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3 * int64_t(ref.tokens.size()));
+  EXPECT_EQ(j["usage"]["prompt_tokens"], int64_t(ids.size()));
+  EXPECT_GE(s->engine->stats().prefix_hit_tokens - hits0, 2 * 32) << "choices 1 and 2 read two full pages from the cache";
+
+  json sampled = {{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 1.0}, {"seed", 41}};
+  json two = sampled;
+  two["n"] = 2;
+  json next = sampled;
+  next["seed"] = 42;
+  auto a = post("/v1/completions", two), b = post("/v1/completions", next);
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(a->status, 200) << a->body;
+  EXPECT_EQ(json::parse(a->body)["choices"][1]["text"], json::parse(b->body)["choices"][0]["text"])
+      << "choice 1 samples with seed + 1";
+}
+
 TEST_F(ServerTest, ModelsHealthMetrics) {
   auto c = client();
   auto h = c.Get("/health");
