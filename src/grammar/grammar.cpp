@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <climits>
 #include <functional>
 #include <map>
 #include <utility>
@@ -249,7 +250,7 @@ class GrammarBuilder {
           bool all = true;
           for (; el[size_t(p)].kind != Element::kEnd; ++p) {
             const Element& e = el[size_t(p)];
-            if (e.kind == Element::kBytes || !nullable[size_t(e.arg)]) {
+            if (e.kind != Element::kRef || !nullable[size_t(e.arg)]) {
               all = false;
               break;
             }
@@ -428,6 +429,18 @@ class Parser {
       if (alts.size() == 1) return alts[0];
       return {GrammarBuilder::ref(b_.helper(rule_, std::move(alts)))};
     }
+    if (c == '<' && pos_ + 1 < s_.size() && s_[pos_ + 1] == '[') {
+      pos_ += 2;
+      const size_t start = pos_;
+      long id = 0;
+      while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') {
+        id = id * 10 + (s_[pos_++] - '0');
+        if (id > INT32_MAX) fail("token id too large");
+      }
+      if (pos_ == start || s_.substr(pos_, 2) != "]>") fail("expected <[token id]>");
+      pos_ += 2;
+      return {Element{Element::kToken, int32_t(id)}};
+    }
     if (is_name_char(c)) return {GrammarBuilder::ref(b_.rule_id(parse_name()))};
     fail(std::string("unexpected character '") + c + "'");
   }
@@ -594,6 +607,11 @@ std::string Grammar::to_string() const {
         if (e.kind == Element::kRef) {
           flush();
           out += " " + rules_[size_t(e.arg)].name;
+          continue;
+        }
+        if (e.kind == Element::kToken) {
+          flush();
+          out += " <[" + std::to_string(e.arg) + "]>";
           continue;
         }
         const ByteSet& s = byte_sets_[size_t(e.arg)];

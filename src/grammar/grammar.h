@@ -20,6 +20,7 @@
 //   to_string() round-trips; \u / \U and literal characters are code points (UTF-8 encoded).
 //   Raw bytes >= 0x80 may not appear in a negated class.
 // - ( ... ) groups, postfix * + ? {m} {m,} {m,n}; an empty alternative matches the empty string.
+// - <[123]> is the token with id 123 as a whole (for special tokens in tool-call formats).
 #pragma once
 
 #include <array>
@@ -50,9 +51,12 @@ struct ByteSet {
 };
 
 struct Element {
-  enum Kind : uint8_t { kEnd, kBytes, kRef };
+  // kToken: one whole token by id (a special token such as DeepSeek's <｜tool▁sep｜>, which no
+  // byte-level element can match); written <[id]> in the text form.
+  enum Kind : uint8_t { kEnd, kBytes, kRef, kToken };
   Kind kind = kEnd;
-  int32_t arg = 0;  // kBytes: index into byte_sets(); kRef: rule id; kEnd: the rule id
+  int32_t arg = 0;  // kBytes: index into byte_sets(); kRef: rule id; kEnd: the rule id; kToken: the id
+  bool terminal() const { return kind == kBytes || kind == kToken; }
 };
 
 struct Rule {

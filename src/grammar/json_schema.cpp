@@ -165,9 +165,12 @@ const std::set<std::string>& known_keywords() {
 
 class Converter {
  public:
-  Converter(const J& root, const JsonSchemaOptions& opt) : root_(root), strict_(opt.strict) {
-    for (const auto& [name, rule] : base_rules()) names_.insert(name);
-    names_.insert("root");
+  Converter(const J& root, const JsonSchemaOptions& opt) : root_(root), strict_(opt.strict), prefix_(opt.rule_prefix) {
+    for (char c : prefix_)
+      if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_'))
+        throw std::invalid_argument("json_schema: rule_prefix must be made of [A-Za-z0-9_-]");
+    for (const auto& [name, rule] : base_rules()) names_.insert(prefix_ + name);
+    names_.insert(prefix_ + "root");
   }
 
   std::string run() {
@@ -177,7 +180,7 @@ class Converter {
       throw SchemaError("unsupported JSON Schema keyword" + std::string(v.size() > 1 ? "s" : "") + ": " +
                         join(v, ", "));
     }
-    std::string out = "root ::= " + body + "\n";
+    std::string out = prefix_ + "root ::= " + body + "\n";
     for (const auto& [name, rule_body] : rules_) out += name + " ::= " + rule_body + "\n";
     // Base rules, with what they use.
     std::vector<std::string> todo(used_.begin(), used_.end());
@@ -187,7 +190,7 @@ class Converter {
       todo.pop_back();
       if (!emitted.insert(n).second) continue;
       const auto& [text, deps] = base_rules().at(n);
-      out += n + " ::= " + text + "\n";
+      out += prefix_ + n + " ::= " + prefixed(text) + "\n";
       for (const auto& d : deps) todo.push_back(d);
     }
     return out;
@@ -200,7 +203,35 @@ class Converter {
 
   std::string use(const std::string& base) {
     used_.insert(base);
-    return base;
+    return prefix_ + base;
+  }
+
+  // A base rule's body with the prefix on every rule name (literals and classes kept).
+  std::string prefixed(const std::string& body) const {
+    if (prefix_.empty()) return body;
+    std::string out;
+    for (size_t i = 0; i < body.size();) {
+      const char c = body[i];
+      if (c == '"' || c == '[') {
+        const char close = c == '"' ? '"' : ']';
+        size_t j = i + 1;
+        while (j < body.size() && body[j] != close) j += body[j] == '\\' ? 2 : 1;
+        out.append(body, i, j + 1 - i);
+        i = j + 1;
+      } else if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
+        size_t j = i;
+        while (j < body.size() && ((body[j] >= 'a' && body[j] <= 'z') || (body[j] >= 'A' && body[j] <= 'Z') ||
+                                   (body[j] >= '0' && body[j] <= '9') || body[j] == '_' || body[j] == '-'))
+          ++j;
+        out += prefix_;
+        out.append(body, i, j - i);
+        i = j;
+      } else {
+        out += c;
+        ++i;
+      }
+    }
+    return out;
   }
 
   std::string fresh(const std::string& hint) {
@@ -208,6 +239,7 @@ class Converter {
     for (char c : hint)
       base += ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) ? c : '-';
     if (base.empty() || base == "-") base = "r";
+    base = prefix_ + base;
     std::string name = base;
     for (int i = 1; names_.count(name); ++i) name = base + "-" + std::to_string(i);
     names_.insert(name);
@@ -358,20 +390,20 @@ class Converter {
     for (const auto& r : required)
       if (std::find(keys.begin(), keys.end(), r) == keys.end() && additional.empty())
         malformed(path, "required property '" + r + "' is not in properties");
-    use("ws");
+    const std::string ws = " " + use("ws") + " ";
     const size_t n = keys.size();
     std::vector<std::string> kv(n);
     std::vector<bool> req(n);
     for (size_t i = 0; i < n; ++i) {
-      kv[i] = lit(J(keys[i]).dump()) + " \":\" ws " + values[i];
+      kv[i] = lit(J(keys[i]).dump()) + " \":\"" + ws + values[i];
       req[i] = required.count(keys[i]) > 0;
     }
-    const std::string add_kv = additional.empty() ? "" : use("string") + " \":\" ws " + additional;
+    const std::string add_kv = additional.empty() ? "" : use("string") + " \":\"" + ws + additional;
     // a[i]: the members from i on after at least one was written (each preceded by a comma).
     std::vector<std::string> a(n + 1);
-    a[n] = additional.empty() ? "" : add_rule(hint + "-rest", "( \",\" ws " + add_kv + " )*");
+    a[n] = additional.empty() ? "" : add_rule(hint + "-rest", "( \",\"" + ws + add_kv + " )*");
     for (size_t i = n; i-- > 0;) {
-      const std::string item = "\",\" ws " + kv[i];
+      const std::string item = "\",\"" + ws + kv[i];
       const std::string body = seq(req[i] ? item : "( " + item + " )?", a[i + 1]);
       a[i] = add_rule(hint + "-a" + std::to_string(i), body);
     }
@@ -385,9 +417,9 @@ class Converter {
       any_required |= req[i];
       b[i] = add_rule(hint + "-b" + std::to_string(i), join(alts, " | "));
     }
-    if (b[0].empty()) return "\"{\" ws \"}\"";
-    if (any_required) return add_rule(hint, "\"{\" ws " + b[0] + " ws \"}\"");
-    return add_rule(hint, "\"{\" ws ( " + b[0] + " ws )? \"}\"");
+    if (b[0].empty()) return "\"{\"" + ws + "\"}\"";
+    if (any_required) return add_rule(hint, "\"{\"" + ws + b[0] + ws + "\"}\"");
+    return add_rule(hint, "\"{\"" + ws + "( " + b[0] + ws + ")? \"}\"");
   }
 
   std::string gen_array(const J& s, const std::string& path, const std::string& hint) {
@@ -408,11 +440,11 @@ class Converter {
     }
     const int64_t min = get_count(s, "minItems", path, 0);
     if (max >= 0 && max < min) malformed(path, "maxItems is less than minItems");
-    use("ws");
-    if (max == 0) return "\"[\" ws \"]\"";
+    const std::string ws = " " + use("ws") + " ";
+    if (max == 0) return "\"[\"" + ws + "\"]\"";
     const std::string lo = std::to_string(std::max<int64_t>(min - 1, 0));
     const std::string hi = max < 0 ? "" : std::to_string(max - 1);
-    std::string rest = "( \",\" ws " + item + " )";
+    std::string rest = "( \",\"" + ws + item + " )";
     if (max < 0 && min <= 1) {
       rest += "*";
     } else if (max == 1) {
@@ -421,8 +453,8 @@ class Converter {
       rest += "{" + lo + "," + hi + "}";
     }
     const std::string body = seq(item, rest);
-    if (min == 0) return add_rule(hint, "\"[\" ws ( " + body + " ws )? \"]\"");
-    return add_rule(hint, "\"[\" ws " + body + " ws \"]\"");
+    if (min == 0) return add_rule(hint, "\"[\"" + ws + "( " + body + ws + ")? \"]\"");
+    return add_rule(hint, "\"[\"" + ws + body + ws + "\"]\"");
   }
 
   std::string gen_string(const J& s, const std::string& path, const std::string& hint) {
@@ -441,7 +473,7 @@ class Converter {
     // Each count its own rule and its own copy of the character rule: every position then knows
     // how many characters remain, and the per-position token sets are exact (computed once per
     // count reached).
-    const std::string char_body = base_rules().at("char").first;
+    const std::string char_body = prefixed(base_rules().at("char").first);
     const std::string name = fresh(hint);
     rules_.push_back({name, ""});
     const size_t slot = rules_.size() - 1;
@@ -561,6 +593,7 @@ class Converter {
 
   const J& root_;
   bool strict_;
+  std::string prefix_;
   std::vector<std::pair<std::string, std::string>> rules_;
   std::set<std::string> names_;
   std::map<std::string, std::string> refs_;

@@ -50,7 +50,12 @@ class SchemaError : public std::invalid_argument {
 };
 
 struct JsonSchemaOptions {
+  JsonSchemaOptions(bool strict_ = false, std::string rule_prefix_ = {})  // NOLINT: implicit from {strict}
+      : strict(strict_), rule_prefix(std::move(rule_prefix_)) {}
   bool strict = false;  // OpenAI's "strict": additionalProperties defaults to false
+  // Prefix of every rule name; the start rule is prefix + "root". Lets several schemas live in
+  // one grammar (e.g. the arguments of each tool inside a tool-call format, see grammar.h <[id]>).
+  std::string rule_prefix;
 };
 
 // The grammar in text form (see grammar.h), start rule "root".

@@ -133,7 +133,7 @@ struct Machine {
   void expand(int32_t pos, int32_t parent, State& out, int depth = 0) const {
     if (depth > 100000) throw std::runtime_error("grammar: expansion too deep");
     const Element& e = g.elements()[size_t(pos)];
-    if (e.kind == Element::kBytes) {
+    if (e.terminal()) {
       add(out, arena.get(pos, parent));
     } else if (e.kind == Element::kEnd) {
       pop(parent, out, depth + 1);
@@ -150,7 +150,7 @@ struct Machine {
       add(out, kEmpty);
     } else if (parent >= 0) {
       const Node n = arena.nodes[size_t(parent)];
-      if (g.elements()[size_t(n.pos)].kind == Element::kBytes) {
+      if (g.elements()[size_t(n.pos)].terminal()) {
         add(out, parent);
       } else {
         expand(n.pos, n.parent, out, depth + 1);
@@ -167,13 +167,25 @@ struct Machine {
     }
   }
 
+  // next = the stacks after the whole token id (stacks whose top is that kToken element).
+  void advance_token(const State& cur, int32_t id, State& next) const {
+    next.clear();
+    for (int32_t v : cur) {
+      if (v < 0) continue;
+      const Node n = arena.nodes[size_t(v)];
+      const Element& e = g.elements()[size_t(n.pos)];
+      if (e.kind == Element::kToken && e.arg == id) expand(n.pos + 1, n.parent, next);
+    }
+  }
+
   // next = the stacks after byte b; dependent is set when an exit marker can take b.
   void advance(const State& cur, uint8_t b, State& next, bool& dependent) const {
     next.clear();
     for (int32_t v : cur) {
       if (v >= 0) {
         const Node n = arena.nodes[size_t(v)];
-        if (g.byte_sets()[size_t(g.elements()[size_t(n.pos)].arg)].test(b)) expand(n.pos + 1, n.parent, next);
+        const Element& e = g.elements()[size_t(n.pos)];
+        if (e.kind == Element::kBytes && g.byte_sets()[size_t(e.arg)].test(b)) expand(n.pos + 1, n.parent, next);
       } else if (v != kEmpty) {
         if (follow[size_t(ctx_rule(v))].test(b)) dependent = true;
       }
@@ -415,6 +427,7 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenTab
             changed |= unite(first[r], sets[size_t(e.arg)]);
             break;
           }
+          if (e.kind == Element::kToken) break;
           changed |= unite(first[r], first[size_t(e.arg)]);
           if (!nullable[size_t(e.arg)]) break;
         }
@@ -438,6 +451,7 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenTab
           changed |= unite(follow_[s], sets[size_t(e.arg)]);
           break;
         }
+        if (e.kind == Element::kToken) break;  // a whole token: no byte can follow here
         changed |= unite(follow_[s], first[size_t(e.arg)]);
         if (!nullable[size_t(e.arg)]) break;
       }
@@ -499,7 +513,7 @@ const CompiledGrammar::PositionTokens& CompiledGrammar::position_tokens(int32_t 
         if (verdict == 2) dep_index.push_back(i);
       },
       deps);
-  if (pt->accept_ids.size() * 64 > tt.vocab_size()) {
+  if (pt->accept_ids.size() * 32 > tt.vocab_size()) {  // a mask is the smaller
     pt->accept_mask.assign(tt.mask_words(), 0);
     for (int32_t id : pt->accept_ids) pt->accept_mask[size_t(id) >> 5] |= uint32_t(1) << (id & 31);
     pt->accept_ids.clear();
@@ -521,8 +535,30 @@ const CompiledGrammar::PositionTokens& CompiledGrammar::position_tokens(int32_t 
   build_skips(pt->dependent_ids.size(), pt->dependent_lcp.data(),
               [&](size_t i) { return tt.bytes(pt->dependent_ids[i]).size(); }, pt->dependent_skip_base,
               pt->dependent_skip_ends);
-  slot = std::move(pt);
+  // Share an equal set computed before.
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ULL; };
+  for (uint32_t w : pt->accept_mask) mix(w);
+  mix(~uint64_t(0));
+  for (int32_t id : pt->accept_ids) mix(uint32_t(id));
+  mix(~uint64_t(0));
+  for (int32_t id : pt->dependent_ids) mix(uint32_t(id));
+  auto [lo, hi] = distinct_.equal_range(h);
+  for (auto it = lo; it != hi; ++it) {
+    const PositionTokens& o = *it->second;
+    if (o.accept_mask == pt->accept_mask && o.accept_ids == pt->accept_ids && o.dependent_ids == pt->dependent_ids) {
+      slot = it->second;
+      return *slot;
+    }
+  }
+  slot = std::shared_ptr<const PositionTokens>(std::move(pt));
+  distinct_.emplace(h, slot);
   return *slot;
+}
+
+size_t CompiledGrammar::distinct_position_sets() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return distinct_.size();
 }
 
 size_t CompiledGrammar::precompute_all() const {
@@ -601,8 +637,17 @@ bool Matcher::accept_token(int32_t id) {
     history_.push_back(Step{history_.back().stacks, true});
     return true;
   }
-  if (!tt->allowed(id)) return false;
-  return accept_bytes(tt->bytes(id));
+  if (tt->allowed(id) && accept_bytes(tt->bytes(id))) return true;
+  // A token the grammar names as a whole (<[id]>).
+  if (id < 0 || size_t(id) >= tt->vocab_size()) return false;
+  static const std::vector<ByteSet> no_follow;
+  static const std::vector<int32_t> no_sites;
+  Machine m{grammar_->grammar(), no_follow, no_sites, impl_->arena};
+  State next;
+  m.advance_token(history_.back().stacks, id, next);
+  if (next.empty()) return false;
+  history_.push_back(Step{std::move(next), false});
+  return true;
 }
 
 void Matcher::rollback(size_t n) {
@@ -630,6 +675,11 @@ void Matcher::fill_mask(std::span<uint32_t> mask) {
   for (int32_t s : step.stacks) {
     if (s == kEmpty) {
       end = true;
+      continue;
+    }
+    const Element& top = grammar_->grammar().elements()[size_t(arena.nodes[size_t(s)].pos)];
+    if (top.kind == Element::kToken) {
+      if (size_t(top.arg) < tt->vocab_size()) set_bit(top.arg);
       continue;
     }
     const auto& pt = grammar_->position_tokens(arena.nodes[size_t(s)].pos);

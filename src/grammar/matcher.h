@@ -34,6 +34,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "grammar/grammar.h"
@@ -105,6 +106,8 @@ class CompiledGrammar {
     std::vector<uint32_t> dependent_skip_base, dependent_skip_ends;
   };
   const PositionTokens& position_tokens(int32_t pos) const;
+  // Distinct token sets held (positions with equal sets share one).
+  size_t distinct_position_sets() const;
 
   // Static analysis used by the precomputation (public for tests and tools).
   const ByteSet& follow(int32_t rule) const { return follow_[size_t(rule)]; }
@@ -119,7 +122,9 @@ class CompiledGrammar {
   std::vector<int32_t> single_site_;
   std::vector<int32_t> exit_site_;
   mutable std::mutex mutex_;
-  mutable std::vector<std::unique_ptr<PositionTokens>> positions_;
+  mutable std::vector<std::shared_ptr<const PositionTokens>> positions_;
+  // Equal token sets are stored once (the counts of a long string bound far from the bound).
+  mutable std::unordered_multimap<uint64_t, std::shared_ptr<const PositionTokens>> distinct_;
 };
 
 class Matcher {

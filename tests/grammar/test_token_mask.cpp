@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
 
 #include "engine/sampler.h"
 #include "grammar/grammar_test_util.h"
@@ -331,6 +332,72 @@ TEST(TokenMaskDeepSeek, SamplerDrawsOnlyAllowedTokens) {
       sampler.add_output_token(id);
     }
   }
+}
+
+}  // namespace
+}  // namespace mla::test
+
+namespace mla::test {
+namespace {
+
+// tool_choice "required" in DeepSeek-V3's format: special tokens as whole-token terminals
+// (<[id]>) around the arguments of each tool, each tool's schema under its own rule prefix.
+TEST(TokenMaskDeepSeek, ToolCallFormatWithSpecialTokens) {
+  auto table = deepseek_v3_token_table();
+  const Tokenizer& tok = deepseek_v3_tokenizer();
+  auto id = [&](const char* s) {
+    const auto v = tok.token_id(s);
+    EXPECT_TRUE(v.has_value()) << s;
+    return std::to_string(v.value_or(0));
+  };
+  const std::string begin = id("<｜tool▁calls▁begin｜>"), end = id("<｜tool▁calls▁end｜>");
+  const std::string call_begin = id("<｜tool▁call▁begin｜>"), call_end = id("<｜tool▁call▁end｜>");
+  const std::string sep = id("<｜tool▁sep｜>");
+  const J weather = J::parse(R"({"type":"object","properties":{"location":{"type":"string"},
+      "unit":{"enum":["celsius","fahrenheit"]}},"required":["location"]})");
+  const J time = J::parse(R"({"type":"object","properties":{"tz":{"type":"string","maxLength":40}},"required":["tz"]})");
+  const std::string gbnf = "root ::= <[" + begin + "]> call+ <[" + end + "]>\n" + "call ::= <[" + call_begin +
+                           "]> \"function\" <[" + sep + "]> ( \"get_weather\\n```json\\n\" w-root | " +
+                           "\"get_time\\n```json\\n\" t-root ) \"\\n```\" <[" + call_end + "]>\n" +
+                           grammar::json_schema_to_gbnf(weather, {false, "w-"}) +
+                           grammar::json_schema_to_gbnf(time, {false, "t-"});
+  auto g = std::make_shared<const CompiledGrammar>(grammar::Grammar::parse(gbnf), table);
+  const std::string text = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+                           "{\"location\": \"Paris\", \"unit\": \"celsius\"}\n```<｜tool▁call▁end｜>"
+                           "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{\"tz\":\"CET\"}\n```"
+                           "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  const auto ids = tok.encode(text, false);
+  const auto never = special_ids();
+  const std::set<int32_t> named = {std::stoi(begin), std::stoi(end), std::stoi(call_begin), std::stoi(call_end),
+                                   std::stoi(sep)};
+  Matcher m(g);
+  std::vector<uint32_t> mask(table->mask_words());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    m.fill_mask(mask);
+    ASSERT_TRUE(bit(mask, ids[i])) << "token " << i << " (" << ids[i] << ")";
+    for (int32_t s : never)
+      if (!named.count(s)) {
+        ASSERT_FALSE(bit(mask, s)) << "special " << s << " at step " << i;
+      }
+    if (named.count(ids[i])) {
+      // Where the grammar names special tokens, nothing else is allowed.
+      for (size_t t = 0; t < table->vocab_size(); ++t)
+        if (bit(mask, int32_t(t))) {
+          EXPECT_TRUE(named.count(int32_t(t))) << "step " << i << " allows " << t;
+        }
+    }
+    ASSERT_TRUE(m.accept_token(ids[i]));
+  }
+  EXPECT_TRUE(m.can_end());
+  EXPECT_TRUE(m.accept_token(tok.eos_id()));
+  // Special tokens never pass inside the arguments; a special token is refused where not named.
+  Matcher m2(g);
+  ASSERT_TRUE(m2.accept_token(std::stoi(begin)));
+  EXPECT_FALSE(m2.accept_token(std::stoi(sep)));
+  EXPECT_FALSE(m2.accept_token(std::stoi(begin)));
+  EXPECT_TRUE(m2.accept_token(std::stoi(call_begin)));
+  EXPECT_EQ(grammar::Grammar::parse(g->grammar().to_string()).to_string().find("<[" + sep + "]>") != std::string::npos,
+            true);
 }
 
 }  // namespace
