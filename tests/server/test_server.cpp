@@ -363,6 +363,61 @@ TEST_F(ServerTest, NChoicesSharePromptPagesAndSeedPerChoice) {
       << "choice 1 samples with seed + 1";
 }
 
+// Without node (tests/e2e), the same guarantees in process: a forced call and a schema hold
+// whatever the model says; chat logprobs agree with the greedy choice.
+TEST_F(ServerTest, ConstrainedOutputsAndLogprobs) {
+  const json schema = {{"type", "object"},
+                       {"properties", {{"city", {{"type", "string"}, {"enum", {"Paris", "Lima"}}}},
+                                       {"days", {{"type", "integer"}, {"minimum", 1}, {"maximum", 9}}}}},
+                       {"required", {"city", "days"}},
+                       {"additionalProperties", false}};
+  const json tools = {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", schema}}}}};
+  const json messages = {{{"role", "user"}, {"content", "Hi"}}};
+  auto check_args = [](const json& args) {
+    ASSERT_TRUE(args.is_object()) << args;
+    EXPECT_TRUE(args["city"] == "Paris" || args["city"] == "Lima") << args;
+    ASSERT_TRUE(args["days"].is_number_integer()) << args;
+    EXPECT_GE(args["days"].get<int>(), 1);
+    EXPECT_LE(args["days"].get<int>(), 9);
+    EXPECT_EQ(args.size(), 2u) << args;
+  };
+  for (double temperature : {0.0, 1.0}) {
+    auto r = post("/v1/chat/completions",
+                  {{"messages", messages}, {"tools", tools}, {"max_tokens", 200}, {"temperature", temperature},
+                   {"seed", 3}, {"parallel_tool_calls", false},
+                   {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    json c = json::parse(r->body)["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << c;
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << c;
+    EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+    check_args(json::parse(c["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()));
+
+    auto j = post("/v1/chat/completions",
+                  {{"messages", messages}, {"max_tokens", 120}, {"temperature", temperature}, {"seed", 4},
+                   {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "w"}, {"schema", schema}}}}}});
+    ASSERT_TRUE(j);
+    ASSERT_EQ(j->status, 200) << j->body;
+    json jc = json::parse(j->body)["choices"][0];
+    EXPECT_EQ(jc["finish_reason"], "stop") << jc;
+    check_args(json::parse(jc["message"]["content"].get<std::string>()));
+  }
+  auto l = post("/v1/chat/completions",
+                {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 4}});
+  ASSERT_TRUE(l);
+  ASSERT_EQ(l->status, 200) << l->body;
+  json lc = json::parse(l->body)["choices"][0];
+  ASSERT_TRUE(lc["logprobs"]["content"].is_array()) << lc;
+  EXPECT_FALSE(lc["logprobs"]["content"].empty());
+  for (const json& e : lc["logprobs"]["content"]) {
+    ASSERT_EQ(e["top_logprobs"].size(), 4u);
+    EXPECT_EQ(e["top_logprobs"][0]["bytes"], e["bytes"]) << "greedy samples the most likely token";
+    EXPECT_FLOAT_EQ(e["top_logprobs"][0]["logprob"].get<float>(), e["logprob"].get<float>());
+    EXPECT_LE(e["logprob"].get<double>(), 0.0);
+  }
+}
+
 TEST_F(ServerTest, ModelsHealthMetrics) {
   auto c = client();
   auto h = c.Get("/health");
