@@ -623,3 +623,112 @@ TEST(ServeBinary, ServesAndStopsOnSigterm) {
 
 }  // namespace
 }  // namespace mla
+
+namespace mla {
+namespace {
+
+// Kimi's tool-call markers are special tokens: a forced call in Kimi's format, with logit_bias
+// making the model write each marker as its special token where the grammar allows it, comes
+// back as a tool call (the markers stay in the text the parser reads, the grammar's token table
+// allows them), and no marker reaches the content.
+TEST(ServerSpecialMarkers, KimiForcedCallWithSpecialMarkerTokens) {
+  auto model = Model::load(test::fixture("deepseek-v3-tiny"));
+  test::TempDir dir("server-kimi-tok");
+  Tokenizer::write_byte_level_tokenizer(dir.str(), 507);  // 503..506: the writer's specials
+  const std::vector<std::string> markers = {"<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+                                            "<|tool_call_begin|>", "<|tool_call_end|>",
+                                            "<|tool_call_argument_begin|>"};
+  {
+    std::ifstream in(dir / "tokenizer.json");
+    json t = json::parse(in);
+    int id = 507;
+    for (const std::string& m : markers)
+      t["added_tokens"].push_back({{"id", id++}, {"content", m}, {"single_word", false}, {"lstrip", false},
+                                   {"rstrip", false}, {"normalized", false}, {"special", true}});
+    std::ofstream(dir / "tokenizer.json") << t.dump(1);
+  }
+  Tokenizer tokenizer = Tokenizer::load(dir.str());
+  ASSERT_EQ(tokenizer.vocab_size(), 512u);
+  json bias = json::object();
+  for (const std::string& m : markers) {
+    auto id = tokenizer.token_id(m);
+    ASSERT_TRUE(id && tokenizer.is_special(*id)) << m;
+    bias[std::to_string(*id)] = 100;
+  }
+  GenerationConfig generation = GenerationConfig::load(test::fixture("deepseek-v3-tiny"), model->config());
+  EngineOptions eo;
+  eo.kv_pages = 32;
+  eo.page_size = 16;
+  Engine engine(*model, &tokenizer, eo);
+  engine.start();
+  server::ServerOptions opt;
+  opt.port = 0;
+  opt.model_name = "kimi";
+  opt.tool_call_parser = "kimi_k2";
+  server::Server srv(engine, tokenizer, generation, model->config(), opt);
+  const int port = srv.bind();
+  std::thread http([&] { srv.listen(); });
+  struct Join {
+    Engine& engine;
+    server::Server& srv;
+    std::thread& t;
+    ~Join() {
+      srv.stop();
+      t.join();
+      engine.stop();
+    }
+  } join{engine, srv, http};
+
+  const json tools = {{{"type", "function"},
+                       {"function",
+                        {{"name", "ping"},
+                         {"parameters",
+                          {{"type", "object"},
+                           {"properties", {{"n", {{"type", "integer"}, {"minimum", 0}, {"maximum", 9}}}}},
+                           {"required", {"n"}}}}}}}};
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(120, 0);
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "not streamed");
+    json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                 {"tools", tools},
+                 {"tool_choice", "required"},
+                 {"parallel_tool_calls", false},
+                 {"logit_bias", bias},
+                 {"temperature", 0},
+                 {"max_tokens", 60},
+                 {"stream", stream}};
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    std::string name, args, content, finish;
+    if (!stream) {
+      json ch = json::parse(r->body)["choices"][0];
+      finish = ch["finish_reason"];
+      if (ch["message"]["content"].is_string()) content = ch["message"]["content"];
+      ASSERT_EQ(ch["message"]["tool_calls"].size(), 1u) << ch;
+      name = ch["message"]["tool_calls"][0]["function"]["name"];
+      args = ch["message"]["tool_calls"][0]["function"]["arguments"];
+      EXPECT_EQ(ch["message"]["tool_calls"][0]["id"].get<std::string>().rfind("functions.ping:", 0), 0u) << ch;
+    } else {
+      for (size_t pos = 0; (pos = r->body.find("data: {", pos)) != std::string::npos; ++pos) {
+        json e = json::parse(r->body.substr(pos + 6, r->body.find("\n\n", pos) - pos - 6));
+        const json& ch = e["choices"][0];
+        if (ch["delta"].contains("content")) content += ch["delta"]["content"].get<std::string>();
+        for (const json& tc : ch["delta"].value("tool_calls", json::array())) {
+          if (tc["function"].contains("name")) name += tc["function"]["name"].get<std::string>();
+          args += tc["function"]["arguments"].get<std::string>();
+        }
+        if (ch["finish_reason"].is_string()) finish = ch["finish_reason"];
+      }
+    }
+    EXPECT_EQ(finish, "tool_calls");
+    EXPECT_EQ(name, "ping");
+    json a = json::parse(args);
+    ASSERT_TRUE(a["n"].is_number_integer()) << args;
+    EXPECT_EQ(content.find("<|"), std::string::npos) << content;
+  }
+}
+
+}  // namespace
+}  // namespace mla
