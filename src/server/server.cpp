@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -35,28 +36,6 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   res.status = status;
   res.set_content(dump(error_body(status, message, param, type, code)), "application/json");
 }
-
-// Events of one request, filled by the engine thread, drained by the HTTP thread.
-struct EventQueue {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<RequestEvent> events;
-  void push(const RequestEvent& e) {
-    {
-      std::lock_guard lk(mu);
-      events.push_back(e);
-    }
-    cv.notify_one();
-  }
-  // The events so far; waits up to `timeout` for the first.
-  std::deque<RequestEvent> pop_for(std::chrono::milliseconds timeout) {
-    std::unique_lock lk(mu);
-    cv.wait_for(lk, timeout, [&] { return !events.empty(); });
-    std::deque<RequestEvent> out;
-    out.swap(events);
-    return out;
-  }
-};
 
 // How often a waiting HTTP thread looks at its client's connection.
 constexpr std::chrono::milliseconds kConnectionPoll{20};
@@ -191,7 +170,7 @@ void Server::Impl::generate(Endpoint endpoint, const httplib::Request& req, http
     }
     const std::string id = new_response_id(endpoint);
     const int64_t created = unix_time();
-    std::string r_error;  // the first choice that failed: 'E' (error) or 'C' (cancelled), then the message
+    std::optional<RequestEvent> failed;  // the first choice that ended with an error or cancelled
     // Throws RequestError before anything is queued: answered 400 below.
     Generation gen(engine, p, tokenizer);
     std::vector<ChoiceBuilder> choices;
@@ -207,7 +186,7 @@ void Server::Impl::generate(Endpoint endpoint, const httplib::Request& req, http
         if (ev.choice == 0) u.prompt_tokens = e.prompt_tokens, u.cached_tokens = e.cached_tokens;
         if (e.finished && (e.reason == FinishReason::Error || e.reason == FinishReason::Cancelled)) {
           if (!client_gone) gen.cancel();  // the others have no answer to go into
-          if (r_error.empty()) r_error = std::string(e.reason == FinishReason::Error ? "E" : "C") + e.message;
+          if (!failed) failed = e;
         } else {
           c.add(e);
         }
@@ -219,8 +198,8 @@ void Server::Impl::generate(Endpoint endpoint, const httplib::Request& req, http
       }
     }
     if (client_gone) return;  // nobody to answer
-    if (!r_error.empty() && r_error[0] == 'E') throw ApiError(500, "generation failed: " + r_error.substr(1));
-    if (!r_error.empty()) throw ApiError(503, "the request was cancelled: " + r_error.substr(1));
+    if (failed && failed->reason == FinishReason::Error) throw ApiError(500, "generation failed: " + failed->message);
+    if (failed) throw ApiError(503, "the request was cancelled: " + failed->message);
     json list = json::array();
     for (const ChoiceBuilder& c : choices) {
       list.push_back(c.choice());
