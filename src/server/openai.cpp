@@ -300,7 +300,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingCo
 }
 
 std::vector<int32_t> parser_marker_ids(const Tokenizer& tokenizer, const std::string& tool_parser,
-                                       const std::string& reasoning_parser) {
+                                       const std::string& reasoning_parser, bool special_only) {
   std::vector<std::string_view> markers;
   if (tool_parser == "deepseek_v3" || tool_parser == "deepseek_v31")
     markers = {"<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
@@ -316,7 +316,7 @@ std::vector<int32_t> parser_marker_ids(const Tokenizer& tokenizer, const std::st
   }
   std::vector<int32_t> ids;
   for (std::string_view m : markers)
-    if (auto id = tokenizer.token_id(m); id && tokenizer.is_special(*id)) ids.push_back(*id);
+    if (auto id = tokenizer.token_id(m); id && (!special_only || tokenizer.is_special(*id))) ids.push_back(*id);
   return ids;
 }
 

@@ -75,9 +75,10 @@ struct ParsedRequest {
 ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body, const ServingContext& ctx,
                             std::string_view raw_body = {});
 
-// The special tokens a request's output parsers match (their markers), to keep in its text.
+// The special tokens a request's output parsers match (their markers), to keep in its text;
+// special_only false: every marker that is one token (special or added).
 std::vector<int32_t> parser_marker_ids(const Tokenizer& tokenizer, const std::string& tool_parser,
-                                       const std::string& reasoning_parser);
+                                       const std::string& reasoning_parser, bool special_only = true);
 
 // OpenAI's finish_reason: "stop" for EOS and stop strings, "length" for the token, context and
 // cache limits; "cancelled" / "error" otherwise.

@@ -23,72 +23,33 @@ std::string lit(std::string_view s) {
   return out + "\"";
 }
 
-// The grammar text with every rule it defines renamed prefix + name (literals, classes and
-// comments untouched), so that several schemas' grammars live in one.
-std::string prefixed(const std::string& g, const std::string& prefix) {
-  std::set<std::string, std::less<>> defined;
-  auto is_name = [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
-  };
-  for (size_t i = 0; i < g.size();) {
-    size_t eol = g.find('\n', i);
-    if (eol == std::string::npos) eol = g.size();
-    std::string_view line(g.data() + i, eol - i);
-    size_t a = line.find_first_not_of(" \t");
-    if (a != std::string_view::npos) {
-      size_t b = a;
-      while (b < line.size() && is_name(line[b])) ++b;
-      size_t c = line.find_first_not_of(" \t", b);
-      if (b > a && c != std::string_view::npos && line.substr(c, 3) == "::=") defined.emplace(line.substr(a, b - a));
-    }
-    i = eol + 1;
+// A marker of a tool-call format: the whole token <[id]> when the tokenizer has it as one token
+// (special or added), so that it is written only where the format puts it; else its text.
+struct Markers {
+  const Tokenizer* tokenizer = nullptr;
+  std::string operator()(std::string_view marker) const {
+    if (tokenizer)
+      if (auto id = tokenizer->token_id(marker)) return "<[" + std::to_string(*id) + "]>";
+    return lit(marker);
   }
-  std::string out;
-  out.reserve(g.size() * 2);
-  for (size_t i = 0; i < g.size();) {
-    const char c = g[i];
-    if (c == '"' || c == '[') {  // a literal or a class, escapes included
-      const char close = c == '"' ? '"' : ']';
-      size_t j = i + 1;
-      while (j < g.size() && g[j] != close) j += g[j] == '\\' ? 2 : 1;
-      out.append(g, i, j + 1 - i);
-      i = j + 1;
-    } else if (c == '#') {
-      size_t j = g.find('\n', i);
-      if (j == std::string::npos) j = g.size();
-      out.append(g, i, j - i);
-      i = j;
-    } else if (is_name(c)) {
-      size_t j = i;
-      while (j < g.size() && is_name(g[j])) ++j;
-      std::string_view name(g.data() + i, j - i);
-      if (defined.count(name)) out += prefix;
-      out += name;
-      i = j;
-    } else {
-      out += c;
-      ++i;
-    }
-  }
-  return out;
-}
+};
 
 // The parameters schema of a tool as a grammar named prefix + "root".
 std::string arguments_gbnf(const ordered_json& tool, size_t index, const std::string& prefix) {
   const ordered_json& f = tool["function"];
   ordered_json schema = f.contains("parameters") && f["parameters"].is_object() ? f["parameters"]
                                                                                 : ordered_json{{"type", "object"}};
-  grammar::JsonSchemaOptions o;
-  o.strict = f.contains("strict") && f["strict"].is_boolean() && f["strict"].get<bool>();
+  const bool strict = f.contains("strict") && f["strict"].is_boolean() && f["strict"].get<bool>();
   try {
-    return prefixed(grammar::json_schema_to_gbnf(schema, o), prefix);
+    return grammar::json_schema_to_gbnf(schema, {strict, prefix});
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, "tools[" + std::to_string(index) + "].function.parameters: " + e.what(), "tools");
   }
 }
 
 // GLM's key/value arguments: the schema's properties in order, string values as raw text.
-std::string glm_arguments_gbnf(const ordered_json& tool, size_t index, const std::string& prefix, std::string& rules) {
+std::string glm_arguments_gbnf(const ordered_json& tool, size_t index, const std::string& prefix, const Markers& mk,
+                               std::string& rules) {
   const ordered_json& f = tool["function"];
   const ordered_json params = f.contains("parameters") && f["parameters"].is_object() ? f["parameters"] : ordered_json::object();
   std::set<std::string> required;
@@ -107,15 +68,15 @@ std::string glm_arguments_gbnf(const ordered_json& tool, size_t index, const std
         value = "[^<]*";
       } else {
         try {
-          rules += prefixed(grammar::json_schema_to_gbnf(*it), value_rule) + "\n";
+          rules += grammar::json_schema_to_gbnf(*it, {false, value_rule}) + "\n";
         } catch (const std::invalid_argument& e) {
           throw ApiError(400, "tools[" + std::to_string(index) + "].function.parameters." + it.key() + ": " + e.what(),
                          "tools");
         }
         value = value_rule + "root";
       }
-      std::string pair = "\"\\n\"? " + lit("<arg_key>" + it.key() + "</arg_key>") + " \"\\n\"? \"<arg_value>\" " + value +
-                         " \"</arg_value>\"";
+      std::string pair = "\"\\n\"? " + mk("<arg_key>") + " " + lit(it.key()) + " " + mk("</arg_key>") + " \"\\n\"? " +
+                         mk("<arg_value>") + " " + value + " " + mk("</arg_value>");
       seq += required.count(it.key()) ? " " + pair : " (" + pair + ")?";
     }
   return seq;
@@ -123,9 +84,10 @@ std::string glm_arguments_gbnf(const ordered_json& tool, size_t index, const std
 
 }  // namespace
 
-std::string tool_call_gbnf(const std::string& parser, const AgentFields& a) {
+std::string tool_call_gbnf(const std::string& parser, const AgentFields& a, const Tokenizer* tokenizer) {
   using K = ToolChoice::Kind;
   if (!a.has_tools() || (a.tool_choice.kind != K::Required && a.tool_choice.kind != K::Named)) return {};
+  const Markers mk{tokenizer};
   std::string rules, alts;
   for (size_t i = 0; i < a.tools.size(); ++i) {
     const ordered_json& t = a.tools[i];
@@ -134,18 +96,18 @@ std::string tool_call_gbnf(const std::string& parser, const AgentFields& a) {
     const std::string p = "t" + std::to_string(i) + "-";
     std::string call;
     if (parser == "glm47") {
-      std::string args = glm_arguments_gbnf(t, i, p, rules);
-      call = lit("<tool_call>" + name) + args + " \"\\n\"? \"</tool_call>\"";
+      std::string args = glm_arguments_gbnf(t, i, p, mk, rules);
+      call = mk("<tool_call>") + " " + lit(name) + args + " \"\\n\"? " + mk("</tool_call>");
     } else {
       rules += arguments_gbnf(t, i, p) + "\n";
       const std::string args = p + "root";
       if (parser == "deepseek_v3")
-        call = lit(name + "\n```json\n") + " " + args + " " + lit("\n```<｜tool▁call▁end｜>");
+        call = lit(name + "\n```json\n") + " " + args + " " + lit("\n```") + " " + mk("<｜tool▁call▁end｜>");
       else if (parser == "deepseek_v31")
-        call = lit(name + "<｜tool▁sep｜>") + " " + args + " " + lit("<｜tool▁call▁end｜>");
+        call = lit(name) + " " + mk("<｜tool▁sep｜>") + " " + args + " " + mk("<｜tool▁call▁end｜>");
       else if (parser == "kimi_k2")
-        call = lit("functions." + name + ":") + " [0-9]{1,4} " + lit("<|tool_call_argument_begin|>") + " " + args +
-               " " + lit("<|tool_call_end|>");
+        call = lit("functions." + name + ":") + " [0-9]{1,4} " + mk("<|tool_call_argument_begin|>") + " " + args +
+               " " + mk("<|tool_call_end|>");
       else
         throw ApiError(400, "forcing a tool call needs a tool-call format (this model's: none)", "tool_choice");
     }
@@ -155,14 +117,15 @@ std::string tool_call_gbnf(const std::string& parser, const AgentFields& a) {
   const bool many = a.parallel_tool_calls;
   std::string root;
   if (parser == "deepseek_v3")
-    root = std::string("root ::= \"<｜tool▁calls▁begin｜>\" call ") + (many ? "(\"\\n\" call)* " : "") +
-           "\"<｜tool▁calls▁end｜>\"\ncall ::= \"<｜tool▁call▁begin｜>function<｜tool▁sep｜>\" (" + alts + ")\n";
+    root = "root ::= " + mk("<｜tool▁calls▁begin｜>") + " call " + (many ? "(\"\\n\" call)* " : "") +
+           mk("<｜tool▁calls▁end｜>") + "\ncall ::= " + mk("<｜tool▁call▁begin｜>") + " \"function\" " +
+           mk("<｜tool▁sep｜>") + " (" + alts + ")\n";
   else if (parser == "deepseek_v31")
-    root = std::string("root ::= \"<｜tool▁calls▁begin｜>\" call ") + (many ? "call* " : "") +
-           "\"<｜tool▁calls▁end｜>\"\ncall ::= \"<｜tool▁call▁begin｜>\" (" + alts + ")\n";
+    root = "root ::= " + mk("<｜tool▁calls▁begin｜>") + " call " + (many ? "call* " : "") + mk("<｜tool▁calls▁end｜>") +
+           "\ncall ::= " + mk("<｜tool▁call▁begin｜>") + " (" + alts + ")\n";
   else if (parser == "kimi_k2")
-    root = std::string("root ::= \"<|tool_calls_section_begin|>\" call ") + (many ? "call* " : "") +
-           "\"<|tool_calls_section_end|>\"\ncall ::= \"<|tool_call_begin|>\" (" + alts + ")\n";
+    root = "root ::= " + mk("<|tool_calls_section_begin|>") + " call " + (many ? "call* " : "") +
+           mk("<|tool_calls_section_end|>") + "\ncall ::= " + mk("<|tool_call_begin|>") + " (" + alts + ")\n";
   else  // glm47
     root = std::string("root ::= call") + (many ? " (\"\\n\"? call)*" : "") + "\ncall ::= " + alts + "\n";
   return root + rules;
@@ -176,13 +139,14 @@ std::shared_ptr<const grammar::TokenTable> StructuredOutputs::table(const std::s
   std::string key = tool_parser;
   for (int64_t s : stops) key.append(",").append(std::to_string(s));
   if (auto it = tables_.find(key); it != tables_.end()) return it->second;
-  const std::vector<int32_t> markers = parser_marker_ids(tokenizer_, tool_parser, "");
+  const std::vector<int32_t> markers = parser_marker_ids(tokenizer_, tool_parser, "", false);
   const size_t n = std::max<size_t>(size_t(vocab_size_), tokenizer_.vocab_size());
   std::vector<std::optional<std::string>> bytes(n);
   for (size_t id = 0; id < tokenizer_.vocab_size(); ++id) {
     try {
-      if (tokenizer_.is_special(int32_t(id)) &&
-          std::find(markers.begin(), markers.end(), int32_t(id)) == markers.end())
+      // Special tokens never match bytes, nor do the format's markers: the grammar names them.
+      if (tokenizer_.is_special(int32_t(id)) ||
+          std::find(markers.begin(), markers.end(), int32_t(id)) != markers.end())
         continue;
       bytes[id] = tokenizer_.token_bytes(int32_t(id));
     } catch (const std::exception&) {
@@ -207,7 +171,7 @@ std::shared_ptr<const grammar::CompiledGrammar> StructuredOutputs::grammar_for(c
       o.strict = a.strict;
       text = grammar::json_schema_to_gbnf(a.schema, o);
     } else {
-      text = tool_call_gbnf(p.tool_parser, a), param = "tools";
+      text = tool_call_gbnf(p.tool_parser, a, &tokenizer_), param = "tools";
     }
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, std::string("response_format.json_schema.schema: ") + e.what(), "response_format");

@@ -14,8 +14,9 @@
 //      glm47         (<tool_call>NAME(<arg_key>K</arg_key><arg_value>V</arg_value>)*</tool_call>)+ with the
 //                    schema's properties in order (optional ones may be left out); a string
 //                    value is raw text without '<', any other the property's JSON grammar.
-//    The marker tokens (special tokens of Kimi's and GLM's vocabularies) are allowed as their
-//    text; no other special token is.
+//    Each marker that is one token of the vocabulary (special for Kimi and GLM, added for
+//    DeepSeek) is a whole-token terminal of the grammar: it is written only where the format
+//    puts it, never inside the arguments; no other special token is allowed.
 // A schema with unsupported keywords or malformed raises ApiError 400 naming them (param
 // "response_format" or "tools"). Compiled grammars are cached by their text (the per-position
 // token sets are computed once for repeated requests).
@@ -31,8 +32,10 @@
 namespace mla::server {
 
 // The grammar text (GBNF, root "root") for a request's tool calls in the given format; empty
-// when tool_choice does not force a call. Throws ApiError for bad schemas.
-std::string tool_call_gbnf(const std::string& tool_parser, const AgentFields& agent);
+// when tool_choice does not force a call. Throws ApiError for bad schemas. With a tokenizer,
+// each marker that is one token of it is written as that whole token (<[id]>), else as text.
+std::string tool_call_gbnf(const std::string& tool_parser, const AgentFields& agent,
+                           const Tokenizer* tokenizer = nullptr);
 
 class StructuredOutputs {
  public:

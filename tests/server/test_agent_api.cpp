@@ -505,3 +505,45 @@ TEST(AgentEngine, GrammarProcessorMasksAfterItsActivation) {
 
 }  // namespace
 }  // namespace mla
+
+namespace mla {
+namespace {
+
+// The real DeepSeek-V3 tokenizer: the markers (added tokens) are whole-token terminals, so a
+// forced call encodes through the mask token by token, and a marker token is refused inside the
+// arguments, where its text would cut the call.
+TEST(AgentStructured, DeepSeekMarkersAreWholeTokensOfTheGrammar) {
+  Tokenizer tok = Tokenizer::load(test::shared_dir() + "/fixtures/tokenizer/deepseek-v3");
+  server::StructuredOutputs so(tok, 129280);
+  server::ParsedRequest p;
+  p.endpoint = Endpoint::ChatCompletions;
+  p.request.eos_token_ids = {tok.eos_id()};
+  p.tool_parser = "deepseek_v3";
+  json tool = {{"type", "function"},
+               {"function",
+                {{"name", "say"},
+                 {"parameters", {{"type", "object"}, {"properties", {{"text", {{"type", "string"}}}}}, {"required", {"text"}}}}}}};
+  p.agent.tools = ordered_json::array({ordered_json(tool)});
+  p.agent.tool_choice.kind = ToolChoice::Kind::Required;
+  p.agent.parallel_tool_calls = false;
+  EXPECT_NE(server::tool_call_gbnf("deepseek_v3", p.agent, &tok).find("<[" + std::to_string(*tok.token_id("<｜tool▁sep｜>")) + "]>"),
+            std::string::npos);
+  auto g = so.grammar_for(p);
+  ASSERT_TRUE(g);
+  const std::string call = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>say\n```json\n{\"text\": \"hi\"}\n```"
+                           "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  grammar::Matcher m(g);
+  for (int32_t id : tok.encode(call, false)) ASSERT_TRUE(m.accept_token(id)) << id;
+  EXPECT_TRUE(m.can_end());
+  EXPECT_TRUE(m.accept_token(tok.eos_id()));
+  EXPECT_EQ(server::parse_tool_calls("deepseek_v3", call).tool_calls.size(), 1u);
+
+  grammar::Matcher inside(g);
+  for (int32_t id : tok.encode("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>say\n```json\n{\"text\": \"a", false))
+    ASSERT_TRUE(inside.accept_token(id));
+  EXPECT_FALSE(inside.accept_token(*tok.token_id("<｜tool▁call▁end｜>"))) << "a marker token inside a string";
+  EXPECT_TRUE(inside.accept_token(tok.encode("b", false)[0]));
+}
+
+}  // namespace
+}  // namespace mla
