@@ -1,13 +1,13 @@
 // Engine: requests in, one step = schedule, forward, per-sequence sampling, events (see engine.h).
 #include "engine/engine.h"
 
-#include "engine/logprobs.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
 #include <stdexcept>
+
+#include "engine/logprobs.h"
 
 namespace mla {
 
