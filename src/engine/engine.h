@@ -4,8 +4,9 @@
 // steps. One step:
 //   scheduler.schedule()  -> a ragged batch (decode tokens, prefill chunks, admissions)
 //   Model::forward        -> the last logits row of each sequence in the batch
-//   sample(sequence, row) -> per sequence: its logits processor, the vocabulary mask, its
-//                            Sampler; then its OutputStream (text, stop strings) and the stop
+//   sample(sequence, row) -> per sequence: its logprobs when asked (of the row as the model
+//                            gave it), its logits processor (logit_bias, a grammar's mask), the
+//                            vocabulary mask, its Sampler; then its OutputStream (text, stop strings) and the stop
 //                            conditions; an error here ends that sequence alone (Error)
 //   events                -> delivered to each request's callback at the end of the step
 //

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/engine.h"
 #include "engine/grammar_processor.h"
 #include "engine/logprobs.h"
 #include "engine/output_stream.h"
@@ -543,6 +544,51 @@ TEST(AgentStructured, DeepSeekMarkersAreWholeTokensOfTheGrammar) {
     ASSERT_TRUE(inside.accept_token(id));
   EXPECT_FALSE(inside.accept_token(*tok.token_id("<｜tool▁call▁end｜>"))) << "a marker token inside a string";
   EXPECT_TRUE(inside.accept_token(tok.encode("b", false)[0]));
+}
+
+}  // namespace
+}  // namespace mla
+
+namespace mla {
+namespace {
+
+// Engine logprobs: of the model's own row, before the logits processor; at temperature 0 the
+// sampled token is the most likely unless a processor moved it.
+TEST(AgentEngine, LogprobsAreOfTheRawRow) {
+  auto model = Model::load(test::fixture("deepseek-v3-tiny"));
+  ChoiceFixture f;  // 300 tokens under 512 logit rows: the gap is never reported
+  Engine engine(*model, &f.tok, {});
+  Request r;
+  r.prompt = f.tok.encode("logprobs of a row", true);
+  r.sampling.temperature = 0;
+  r.max_new_tokens = 6;
+  r.logprobs = 5;
+  std::vector<RequestEvent> plain;
+  engine.generate(r, [&](const RequestEvent& e) {
+    if (e.token >= 0) plain.push_back(e);
+  });
+  ASSERT_EQ(plain.size(), 6u);
+  for (const RequestEvent& e : plain) {
+    ASSERT_EQ(e.top_logprobs.size(), 5u);
+    EXPECT_EQ(e.top_logprobs[0].first, e.token);
+    EXPECT_FLOAT_EQ(e.top_logprobs[0].second, e.logprob);
+    for (auto& [id, lp] : e.top_logprobs) EXPECT_LT(id, 300) << "an id without a token";
+    EXPECT_LE(e.logprob, 0.0f);
+  }
+  // A processor that forces token 65: sampled, but its logprob is the model's, and the top
+  // entries are those of the unprocessed row.
+  r.logits_processor = [](std::span<float> logits, std::span<const int32_t>) { logits[65] = 1e9f; };
+  std::vector<RequestEvent> forced;
+  engine.generate(r, [&](const RequestEvent& e) {
+    if (e.token >= 0) forced.push_back(e);
+  });
+  ASSERT_FALSE(forced.empty());
+  EXPECT_EQ(forced[0].token, 65);
+  EXPECT_EQ(forced[0].top_logprobs, plain[0].top_logprobs);
+  EXPECT_LT(forced[0].logprob, 0.0f);
+  if (plain[0].token != 65) {
+    EXPECT_LT(forced[0].logprob, plain[0].logprob);
+  }
 }
 
 }  // namespace
