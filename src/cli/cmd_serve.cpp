@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -30,6 +31,7 @@ struct ServeOptions {
   int threads = 0;
   std::string precision = "fast";
   bool no_prefix_cache = false;
+  std::string tool_call_parser, reasoning_parser, chat_template_kwargs, api_key;
 };
 
 std::string default_model_name(const std::string& dir) {
@@ -56,6 +58,15 @@ int serve_cmd(int argc, char** argv) {
                  "fast (bf16 activations in the matrix products, AMX for prompts) | precise (float32 throughout)");
   app.add_option("--served-model-name", o.served_model_name, "the model name of the API (default: the folder's name)");
   app.add_flag("--no-prefix-cache", o.no_prefix_cache, "do not share cached prompt prefixes between requests");
+  app.add_option("--tool-call-parser", o.tool_call_parser,
+                 "tool-call format of the output: deepseek_v3 | deepseek_v31 | kimi_k2 | glm47 | none "
+                 "(default: from the checkpoint)");
+  app.add_option("--reasoning-parser", o.reasoning_parser,
+                 "reasoning format of the output: deepseek_r1 | deepseek_v31 | kimi_k2 | glm45 | none "
+                 "(default: from the checkpoint)");
+  app.add_option("--chat-template-kwargs", o.chat_template_kwargs,
+                 "JSON object of chat template variables for every request, e.g. '{\"thinking\": true}'");
+  app.add_option("--api-key", o.api_key, "require Authorization: Bearer KEY on /v1/* (default: MLA_API_KEY)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -64,6 +75,13 @@ int serve_cmd(int argc, char** argv) {
   if (o.kv_cache_gb < 0) throw std::invalid_argument("--kv-cache-gb must not be negative");
   if (o.page_size <= 0) throw std::invalid_argument("--page-size must be positive");
   if (o.port < 0 || o.port > 65535) throw std::invalid_argument("--port must be in [0, 65535]");
+  nlohmann::json template_kwargs = nlohmann::json::object();
+  if (!o.chat_template_kwargs.empty()) {
+    template_kwargs = nlohmann::json::parse(o.chat_template_kwargs, nullptr, false);
+    if (!template_kwargs.is_object()) throw std::invalid_argument("--chat-template-kwargs must be a JSON object");
+  }
+  if (o.api_key.empty())
+    if (const char* k = std::getenv("MLA_API_KEY")) o.api_key = k;
   const mla::cpu::Context ctx = mla::cli::cpu_context(o.threads, o.precision);
   const mla::KvDType kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
 
@@ -93,6 +111,10 @@ int serve_cmd(int argc, char** argv) {
   sopt.host = o.host;
   sopt.port = o.port;
   sopt.model_name = o.served_model_name.empty() ? default_model_name(o.model_dir) : o.served_model_name;
+  sopt.tool_call_parser = o.tool_call_parser;
+  sopt.reasoning_parser = o.reasoning_parser;
+  sopt.chat_template_kwargs = template_kwargs;
+  sopt.api_key = o.api_key;
   mla::server::Server server(engine, tokenizer, generation, c, sopt);
   const int port = server.bind();
   engine.start();

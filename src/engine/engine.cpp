@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <stdexcept>
+
+#include "engine/logprobs.h"
 
 namespace mla {
 
@@ -97,7 +100,7 @@ int64_t Engine::submit(Request req, Callback on_event) {
   s->prompt_len = n;
   s->sampler.emplace(req.sampling);
   s->sampler->add_prompt_tokens(req.prompt);
-  s->output = OutputStream(tokenizer_, req.skip_special_tokens, req.stop);
+  s->output = OutputStream(tokenizer_, req.skip_special_tokens, req.stop, req.keep_special_token_ids);
   s->req = std::move(req);
   s->on_event = std::move(on_event);
   int64_t id;
@@ -161,6 +164,7 @@ void Engine::emit(Sequence& s, RequestEvent e) {
   e.prompt_tokens = s.prompt_len;
   e.cached_tokens = s.cached_tokens;
   e.completion_tokens = s.generated;
+  if (s.req.logprobs >= 0 && e.token >= 0) e.logprob = s.logprob, e.top_logprobs = std::move(s.top_logprobs);
   events_.push_back({s.on_event, std::move(e)});
 }
 
@@ -190,9 +194,26 @@ void Engine::finish(Sequence& s, FinishReason reason, std::string message, int32
 // ---- sampling: one sequence, its logits row ----
 
 void Engine::sample(Sequence& s, std::span<float> logits) {
+  const auto mask_gap = [&] {
+    for (int32_t id : no_token_ids_) logits[size_t(id)] = -std::numeric_limits<float>::infinity();
+  };
+  // Log-probabilities of the model's own distribution over its tokens, before the processor
+  // (the raw row is kept when a processor may change it).
+  std::optional<RowLogprobs> row;
+  std::vector<std::pair<int32_t, float>> top;
+  if (s.req.logprobs >= 0) {
+    mask_gap();
+    row = row_logprobs(logits);
+    top = top_logprobs(logits, *row, s.req.logprobs);
+    if (s.req.logits_processor) raw_logits_.assign(logits.begin(), logits.end());
+  }
   if (s.req.logits_processor) s.req.logits_processor(logits, s.tokens);
-  for (int32_t id : no_token_ids_) logits[size_t(id)] = -std::numeric_limits<float>::infinity();
+  mask_gap();  // after the processor too: whatever it did, no id without a token is sampled
   const int32_t id = s.sampler->sample(logits);
+  if (row) {
+    s.logprob = row->of(s.req.logits_processor ? raw_logits_[size_t(id)] : logits[size_t(id)]);
+    s.top_logprobs = std::move(top);
+  }
   s.sampler->add_output_token(id);
   s.tokens.push_back(id);
   ++s.generated;

@@ -4,8 +4,9 @@
 // steps. One step:
 //   scheduler.schedule()  -> a ragged batch (decode tokens, prefill chunks, admissions)
 //   Model::forward        -> the last logits row of each sequence in the batch
-//   sample(sequence, row) -> per sequence: its logits processor, the vocabulary mask, its
-//                            Sampler; then its OutputStream (text, stop strings) and the stop
+//   sample(sequence, row) -> per sequence: its logprobs when asked (of the row as the model
+//                            gave it), its logits processor (logit_bias, a grammar's mask), the
+//                            vocabulary mask, its Sampler; then its OutputStream (text, stop strings) and the stop
 //                            conditions; an error here ends that sequence alone (Error)
 //   events                -> delivered to each request's callback at the end of the step
 //
@@ -135,6 +136,7 @@ class Engine {
   // Stepping-thread state.
   std::unordered_map<int64_t, std::unique_ptr<Sequence>> sequences_;
   std::vector<float> logits_;
+  std::vector<float> raw_logits_;  // a row before its logits processor, for logprobs
   EngineStats counters_;  // cumulative counters kept by the engine
   std::vector<std::pair<Callback, RequestEvent>> events_;  // of the current step, delivered at its end
 

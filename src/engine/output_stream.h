@@ -19,7 +19,9 @@ class OutputStream {
  public:
   OutputStream() = default;
   // The tokenizer, if given, must outlive the stream.
-  OutputStream(const Tokenizer* tokenizer, bool skip_special_tokens, std::vector<std::string> stop);
+  // keep_special: special tokens shown even when skip_special_tokens is set.
+  OutputStream(const Tokenizer* tokenizer, bool skip_special_tokens, std::vector<std::string> stop,
+               std::vector<int32_t> keep_special = {});
 
   // An output token (not an EOS id): the text it completes. Empty once stopped().
   std::string push(int32_t id);
@@ -29,7 +31,10 @@ class OutputStream {
   std::string finish();
 
  private:
-  std::optional<StreamDecoder> decoder_;
+  std::optional<StreamDecoder> decoder_;  // keeps special tokens; push() skips them
+  const Tokenizer* tokenizer_ = nullptr;
+  bool skip_special_ = false;
+  std::vector<int32_t> keep_special_;
   StopStrings stops_;
   bool finished_ = false;
 };

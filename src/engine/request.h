@@ -16,6 +16,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/sampler.h"
@@ -33,7 +34,14 @@ struct Request {
   std::vector<int64_t> eos_token_ids;  // end the output (not emitted as text)
   std::vector<std::string> stop;       // stop strings (need a tokenizer; not emitted)
   bool skip_special_tokens = true;     // leave special tokens out of the text
+  // Special tokens kept in the text even with skip_special_tokens (a tool-call or reasoning
+  // parser's markers that are special tokens of the vocabulary, as Kimi's and GLM's are).
+  std::vector<int32_t> keep_special_token_ids;
   LogitsProcessor logits_processor;    // optional
+  // < 0: none. k >= 0: each sampled token's event carries its log-probability and the k most
+  // likely tokens', from the log-softmax of the model's logits before the logits processor,
+  // the penalties and the temperature (vLLM's raw logprobs); ids without a token excluded.
+  int32_t logprobs = -1;
 };
 
 enum class FinishReason { Eos, StopString, MaxTokens, ContextLength, KvCacheFull, Cancelled, Error };
@@ -56,6 +64,10 @@ struct RequestEvent {
   int64_t prompt_tokens = 0;                       // the prompt's length
   int64_t cached_tokens = 0;                       // prompt tokens taken from the prefix cache
   int64_t completion_tokens = 0;                   // tokens sampled so far
+  // With Request::logprobs >= 0 and token >= 0: the token's log-probability and the most
+  // likely tokens (id, log-probability), most likely first.
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
 };
 
 // A request's events gathered, timed from the result's construction (just before submit).

@@ -28,6 +28,9 @@ struct Sequence {
   PageTable table;             // tokens[0, table.length) have latents in the pool
   std::optional<Sampler> sampler;
   OutputStream output;
+  // The last sampled token's log-probability and top entries (Request::logprobs >= 0).
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
 
   // Tokens still to run through the model.
   int64_t pending() const { return int64_t(tokens.size()) - table.length; }

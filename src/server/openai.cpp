@@ -7,6 +7,8 @@
 #include <optional>
 #include <random>
 
+#include "server/reasoning_parser.h"
+#include "server/structured.h"
 #include "tokenizer/chat_template.h"
 
 namespace mla::server {
@@ -110,7 +112,7 @@ std::vector<int32_t> completion_prompt(const json& body, const ServingContext& c
   bad("prompt", "'prompt' must be a string or a list of token ids, got " + p.dump());
 }
 
-std::vector<int32_t> chat_prompt(const json& body, const ServingContext& ctx) {
+std::string chat_prompt(const json& body, const ServingContext& ctx, const AgentFields& agent) {
   auto it = body.find("messages");
   if (it == body.end() || it->is_null()) bad("messages", "'messages' is required");
   if (!it->is_array()) bad("messages", "'messages' must be a list of messages");
@@ -145,14 +147,19 @@ std::vector<int32_t> chat_prompt(const json& body, const ServingContext& ctx) {
   }
   const std::string& tmpl = ctx.tokenizer->chat_template();
   if (tmpl.empty()) bad("messages", "the model has no chat template: use /v1/completions");
-  std::string text;
+  // The template's variables as transformers passes them: chat_template_kwargs, tools, the
+  // special tokens.
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+  for (auto kv = agent.template_kwargs.begin(); kv != agent.template_kwargs.end(); ++kv)
+    extra[kv.key()] = nlohmann::ordered_json(*kv);
+  if (agent.has_tools()) extra["tools"] = agent.tools;
+  extra["bos_token"] = ctx.tokenizer->bos_token();
+  extra["eos_token"] = ctx.tokenizer->eos_token();
   try {
-    text = render_chat_template(tmpl, messages, true,
-                                {{"bos_token", ctx.tokenizer->bos_token()}, {"eos_token", ctx.tokenizer->eos_token()}});
+    return render_chat_template(tmpl, nlohmann::ordered_json(messages), true, extra);
   } catch (const std::exception& e) {
     bad("messages", std::string("the chat template failed on these messages: ") + e.what());
   }
-  return ctx.tokenizer->encode(text, false);  // the template writes the BOS itself
 }
 
 std::vector<std::string> stop_strings(const json& body) {
@@ -186,8 +193,9 @@ json error_body(int status, const std::string& message, const std::string& param
   return {{"error", e}};
 }
 
-ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingContext& ctx) {
+ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingContext& ctx, std::string_view raw_body) {
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  check_known_fields(endpoint, body);
   ParsedRequest p;
   p.endpoint = endpoint;
   p.model = ctx.model_name;
@@ -199,11 +207,18 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingCo
     if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
     p.include_usage = get_bool(*so, "include_usage").value_or(false);
   }
-  if (auto n = get_integer(body, "n"); n && *n != 1) bad("n", "only n = 1 is supported");
   if (auto b = get_integer(body, "best_of"); b && *b != 1) bad("best_of", "only best_of = 1 is supported");
-  if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>()))
-    bad("logprobs", "logprobs are not supported");
   if (get_bool(body, "echo").value_or(false)) bad("echo", "echo is not supported");
+  {
+    // Tools and schemas keep the request's key order (their properties' order shows in the
+    // prompt and in the output the grammar allows).
+    std::optional<nlohmann::ordered_json> ordered;
+    if (!raw_body.empty() && (body.contains("tools") || body.contains("response_format")))
+      ordered = nlohmann::ordered_json::parse(raw_body, nullptr, false);
+    const int64_t vocab = ctx.vocab_size > 0 ? ctx.vocab_size : int64_t(ctx.tokenizer->vocab_size());
+    p.agent = parse_agent_fields(endpoint, body, ordered && ordered->is_object() ? &*ordered : nullptr,
+                                 ctx.chat_template_kwargs, vocab);
+  }
 
   Request& r = p.request;
   SamplingParams& sp = r.sampling;
@@ -238,7 +253,20 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingCo
     bad("max_tokens", "'max_tokens' must be at least 1, got " + std::to_string(*max_tokens));
 
   // Validate everything else before the (possibly long) tokenisation.
-  r.prompt = endpoint == Endpoint::Completions ? completion_prompt(body, ctx) : chat_prompt(body, ctx);
+  if (endpoint == Endpoint::Completions) {
+    r.prompt = completion_prompt(body, ctx);
+  } else {
+    const AgentFields& a = p.agent;
+    if (a.tools_active() && ctx.tool_parser.empty() && a.tool_choice.kind != ToolChoice::Kind::Auto)
+      bad("tool_choice", "this model has no tool-call format this server knows (start it with --tool-call-parser)");
+    p.prompt_text = chat_prompt(body, ctx, a);
+    r.prompt = ctx.tokenizer->encode(p.prompt_text, false);  // the template writes the BOS itself
+    if (a.tools_active()) p.tool_parser = ctx.tool_parser;
+    p.reasoning_parser = ctx.reasoning_parser;
+    p.reasoning_opened = !p.reasoning_parser.empty() && prompt_opens_reasoning(p.prompt_text);
+    r.keep_special_token_ids = parser_marker_ids(*ctx.tokenizer, p.tool_parser, p.reasoning_parser);
+  }
+  r.logprobs = p.agent.logprobs;
   const int64_t n = int64_t(r.prompt.size());
   if (n == 0) bad(endpoint == Endpoint::Completions ? "prompt" : "messages", "the prompt is empty");
   if (ctx.max_sequence_tokens > 0 && n > ctx.max_sequence_tokens)
@@ -258,7 +286,38 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingCo
     if (eos >= 0 && std::find(r.eos_token_ids.begin(), r.eos_token_ids.end(), eos) == r.eos_token_ids.end())
       r.eos_token_ids.push_back(eos);
   }
+  if (endpoint == Endpoint::ChatCompletions) {
+    const bool constrained = p.agent.format != ResponseFormat::Text ||
+                             (p.agent.has_tools() && (p.agent.tool_choice.kind == ToolChoice::Kind::Required ||
+                                                      p.agent.tool_choice.kind == ToolChoice::Kind::Named));
+    if (constrained) {
+      if (!ctx.structured) bad(p.agent.format != ResponseFormat::Text ? "response_format" : "tool_choice",
+                               "constrained outputs are not available on this server");
+      p.grammar = ctx.structured->grammar_for(p);
+    }
+  }
   return p;
+}
+
+std::vector<int32_t> parser_marker_ids(const Tokenizer& tokenizer, const std::string& tool_parser,
+                                       const std::string& reasoning_parser, bool special_only) {
+  std::vector<std::string_view> markers;
+  if (tool_parser == "deepseek_v3" || tool_parser == "deepseek_v31")
+    markers = {"<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+               "<｜tool▁sep｜>"};
+  else if (tool_parser == "kimi_k2")
+    markers = {"<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+               "<|tool_call_end|>", "<|tool_call_argument_begin|>"};
+  else if (tool_parser == "glm47")
+    markers = {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"};
+  if (!reasoning_parser.empty()) {
+    markers.push_back("<think>");
+    markers.push_back("</think>");
+  }
+  std::vector<int32_t> ids;
+  for (std::string_view m : markers)
+    if (auto id = tokenizer.token_id(m); id && (!special_only || tokenizer.is_special(*id))) ids.push_back(*id);
+  return ids;
 }
 
 const char* openai_finish_reason(FinishReason r) {

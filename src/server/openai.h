@@ -5,15 +5,23 @@
 // A bad request raises ApiError carrying the HTTP status and OpenAI's error object fields.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 
 #include "engine/generation_config.h"
 #include "engine/request.h"
+#include "server/chat_request.h"
 #include "tokenizer/tokenizer.h"
 
+namespace mla::grammar {
+class CompiledGrammar;
+}
+
 namespace mla::server {
+
+class StructuredOutputs;
 
 struct ApiError : std::runtime_error {
   ApiError(int status, const std::string& message, std::string param = {}, std::string type = {},
@@ -35,6 +43,13 @@ struct ServingContext {
   std::string model_name;
   int64_t context_length = 0;       // the model's (0: unknown)
   int64_t max_sequence_tokens = 0;  // the most tokens one request may hold (engine)
+  int64_t vocab_size = 0;           // the model's logit rows (logit_bias ids); 0: the tokenizer's
+  // The checkpoint's output parsers ("" for none; server.cpp picks them from the model type and
+  // the chat template, or from --tool-call-parser / --reasoning-parser) and the template
+  // variables every chat request starts from (--chat-template-kwargs).
+  std::string tool_parser, reasoning_parser;
+  nlohmann::json chat_template_kwargs = nlohmann::json::object();
+  StructuredOutputs* structured = nullptr;  // grammars of constrained outputs (null: refused)
 };
 
 struct ParsedRequest {
@@ -42,13 +57,28 @@ struct ParsedRequest {
   std::string model;  // the served name (echoed in responses)
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  Request request;
+  Request request;             // the first choice's (each choice i samples with seed + i)
+  AgentFields agent;           // tools, response_format, logprobs, n, logit_bias ... (chat_request.h)
+  std::string prompt_text;     // chat: the rendered prompt
+  // Chat: the parsers of this request's output ("" for none): the tool parser only when tools
+  // are active; reasoning_opened: the rendered prompt opened a reasoning block.
+  std::string tool_parser, reasoning_parser;
+  bool reasoning_opened = false;
+  // The grammar the output must follow (response_format, a forced tool call); null: none.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
-// Reads a request body (a JSON object). Unknown fields are ignored; known fields of the wrong
-// type or out of range, n != 1, an empty or too long prompt raise ApiError (400; a model name
-// other than the served one: 404).
-ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body, const ServingContext& ctx);
+// Reads a request body (a JSON object). A field the server does not implement, known fields
+// of the wrong type or out of range, contradictory fields, an empty or too long prompt raise
+// ApiError (400; a model name other than the served one: 404). raw_body, when given, is the
+// body's text: tools and response_format schemas are read from it with their key order.
+ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body, const ServingContext& ctx,
+                            std::string_view raw_body = {});
+
+// The special tokens a request's output parsers match (their markers), to keep in its text;
+// special_only false: every marker that is one token (special or added).
+std::vector<int32_t> parser_marker_ids(const Tokenizer& tokenizer, const std::string& tool_parser,
+                                       const std::string& reasoning_parser, bool special_only = true);
 
 // OpenAI's finish_reason: "stop" for EOS and stop strings, "length" for the token, context and
 // cache limits; "cancelled" / "error" otherwise.

@@ -8,11 +8,16 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
+#include "server/agent_api.h"
+#include "server/choice.h"
 #include "server/connection.h"
+#include "server/generation.h"
 #include "server/openai.h"
+#include "server/structured.h"
 
 namespace mla::server {
 
@@ -32,28 +37,6 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   res.set_content(dump(error_body(status, message, param, type, code)), "application/json");
 }
 
-// Events of one request, filled by the engine thread, drained by the HTTP thread.
-struct EventQueue {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<RequestEvent> events;
-  void push(const RequestEvent& e) {
-    {
-      std::lock_guard lk(mu);
-      events.push_back(e);
-    }
-    cv.notify_one();
-  }
-  // The events so far; waits up to `timeout` for the first.
-  std::deque<RequestEvent> pop_for(std::chrono::milliseconds timeout) {
-    std::unique_lock lk(mu);
-    cv.wait_for(lk, timeout, [&] { return !events.empty(); });
-    std::deque<RequestEvent> out;
-    out.swap(events);
-    return out;
-  }
-};
-
 // How often a waiting HTTP thread looks at its client's connection.
 constexpr std::chrono::milliseconds kConnectionPoll{20};
 
@@ -66,6 +49,7 @@ struct Server::Impl {
   const ModelConfig& model;
   ServerOptions opt;
   ServingContext ctx;
+  std::unique_ptr<StructuredOutputs> structured;
   httplib::Server http;
   int port = -1;
   int64_t started = unix_time();
@@ -80,12 +64,20 @@ struct Server::Impl {
     ctx.model_name = opt.model_name;
     ctx.context_length = model.max_position_embeddings;
     ctx.max_sequence_tokens = engine.max_sequence_tokens();
+    ctx.vocab_size = model.vocab_size;
+    ChosenParsers parsers =
+        choose_parsers(model.model_type, tokenizer.chat_template(), opt.tool_call_parser, opt.reasoning_parser);
+    ctx.tool_parser = parsers.tool;
+    ctx.reasoning_parser = parsers.reasoning;
+    ctx.chat_template_kwargs = opt.chat_template_kwargs;
+    structured = std::make_unique<StructuredOutputs>(tokenizer, model.vocab_size);
+    ctx.structured = structured.get();
     routes();
   }
 
   void routes();
   void generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
-  void stream(const ParsedRequest& p, const httplib::Request& req, httplib::Response& res);
+  void stream(std::shared_ptr<const ParsedRequest> p, const httplib::Request& req, httplib::Response& res);
   std::string metrics() const;
 };
 
@@ -111,6 +103,28 @@ void Server::Impl::routes() {
               {"max_model_len", engine.max_sequence_tokens()}};
     res.set_content(dump({{"object", "list"}, {"data", json::array({m})}}), "application/json");
   });
+  // Agents: /v1/* behind --api-key; the tokenizer's endpoints.
+  if (!opt.api_key.empty())
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (req.path.rfind("/v1/", 0) != 0 || authorized(req.get_header_value("Authorization"), opt.api_key))
+        return httplib::Server::HandlerResponse::Unhandled;
+      ++http_errors;
+      send_error(res, 401, "a valid API key is required: Authorization: Bearer KEY", {}, "authentication_error",
+                 "invalid_api_key");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  for (const char* path : {"/tokenize", "/detokenize"})
+    http.Post(path, [this, path](const httplib::Request& req, httplib::Response& res) {
+      try {
+        json body = json::parse(req.body, nullptr, false);
+        if (body.is_discarded()) throw ApiError(400, "the body is not valid JSON");
+        json out = std::string(path) == "/tokenize" ? tokenize_body(body, tokenizer, engine.max_sequence_tokens())
+                                                    : detokenize_body(body, tokenizer);
+        res.set_content(dump(out), "application/json");
+      } catch (const ApiError& e) {
+        send_error(res, e.status, e.what(), e.param, e.type, e.code);
+      }
+    });
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(R"({"status":"ok"})", "application/json");
   });
@@ -148,33 +162,52 @@ void Server::Impl::generate(Endpoint endpoint, const httplib::Request& req, http
     } catch (const json::parse_error& e) {
       throw ApiError(400, std::string("the body is not valid JSON: ") + e.what());
     }
-    p = parse_request(endpoint, body, ctx);
+    p = parse_request(endpoint, body, ctx, req.body);
     if (stopping) throw ApiError(503, "the server is shutting down");
     if (p.stream) {
-      stream(p, req, res);
+      stream(std::make_shared<const ParsedRequest>(std::move(p)), req, res);
       return;
     }
     const std::string id = new_response_id(endpoint);
     const int64_t created = unix_time();
+    std::optional<RequestEvent> failed;  // the first choice that ended with an error or cancelled
     // Throws RequestError before anything is queued: answered 400 below.
-    auto queue = std::make_shared<EventQueue>();
-    const int64_t rid = engine.submit(p.request, [queue](const RequestEvent& e) { queue->push(e); });
+    Generation gen(engine, p, tokenizer);
+    std::vector<ChoiceBuilder> choices;
+    for (int64_t i = 0; i < gen.choices(); ++i) choices.emplace_back(p, tokenizer, int(i));
     ClientConnection conn(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
-    RequestResult r;
+    Usage u;
+    int64_t open = gen.choices();
     bool client_gone = false;
-    while (!r.finished) {
-      for (const RequestEvent& e : queue->pop_for(kConnectionPoll)) r.add(e);
-      if (!r.finished && !client_gone && conn.closed()) {
+    while (open > 0) {
+      for (Generation::Event& ev : gen.wait(kConnectionPoll)) {
+        const RequestEvent& e = ev.event;
+        ChoiceBuilder& c = choices[size_t(ev.choice)];
+        if (ev.choice == 0) u.prompt_tokens = e.prompt_tokens, u.cached_tokens = e.cached_tokens;
+        if (e.finished && (e.reason == FinishReason::Error || e.reason == FinishReason::Cancelled)) {
+          if (!client_gone) gen.cancel();  // the others have no answer to go into
+          if (!failed) failed = e;
+        } else {
+          c.add(e);
+        }
+        if (e.finished) --open;
+      }
+      if (open > 0 && !client_gone && conn.closed()) {
         client_gone = true;
-        engine.cancel(rid);  // its last event comes within one engine step
+        gen.cancel();  // the last events come within one engine step
       }
     }
     if (client_gone) return;  // nobody to answer
-    if (r.reason == FinishReason::Error) throw ApiError(500, "generation failed: " + r.message);
-    if (r.reason == FinishReason::Cancelled) throw ApiError(503, "the request was cancelled: " + r.message);
-    Usage u{r.prompt_tokens, int64_t(r.tokens.size()), r.cached_tokens};
-    res.set_content(dump(completion_response(p, id, created, r.text, openai_finish_reason(r.reason), u)),
-                    "application/json");
+    if (failed && failed->reason == FinishReason::Error) throw ApiError(500, "generation failed: " + failed->message);
+    if (failed) throw ApiError(503, "the request was cancelled: " + failed->message);
+    json list = json::array();
+    for (const ChoiceBuilder& c : choices) {
+      list.push_back(c.choice());
+      u.completion_tokens += c.completion_tokens();
+    }
+    json out = completion_response(p, id, created, "", "stop", u);
+    out["choices"] = list;
+    res.set_content(dump(out), "application/json");
   } catch (const ApiError& e) {
     send_error(res, e.status, e.what(), e.param, e.type, e.code);
   } catch (const RequestError& e) {
@@ -182,54 +215,73 @@ void Server::Impl::generate(Endpoint endpoint, const httplib::Request& req, http
   }
 }
 
-void Server::Impl::stream(const ParsedRequest& p, const httplib::Request& req, httplib::Response& res) {
+void Server::Impl::stream(std::shared_ptr<const ParsedRequest> p, const httplib::Request& req,
+                          httplib::Response& res) {
   ++http_streams;
-  auto queue = std::make_shared<EventQueue>();
   // Throws RequestError before anything is sent: the caller answers 400.
-  const int64_t rid = engine.submit(p.request, [queue](const RequestEvent& e) { queue->push(e); });
-  const std::string id = new_response_id(p.endpoint);
+  auto gen = std::make_shared<Generation>(engine, *p, tokenizer);
+  struct StreamState {
+    std::vector<ChoiceBuilder> choices;
+    int64_t open = 0;
+    bool sent_role = false;
+    Usage usage;
+  };
+  auto st = std::make_shared<StreamState>();
+  for (int64_t i = 0; i < gen->choices(); ++i) st->choices.emplace_back(*p, tokenizer, int(i));
+  st->open = gen->choices();
+  const std::string id = new_response_id(p->endpoint);
   const int64_t created = unix_time();
-  auto sent_role = std::make_shared<bool>(false);
   auto conn = std::make_shared<ClientConnection>(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
-  Engine* eng = &engine;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [queue, p, id, created, rid, sent_role, conn, eng](size_t, httplib::DataSink& sink) {
+      [p, gen, st, id, created, conn](size_t, httplib::DataSink& sink) {
         auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+        auto chunk = [&](json choice) {
+          json c = stream_chunk(*p, id, created, "", nullptr);
+          c["choices"] = json::array({std::move(choice)});
+          return write(sse_event(c));
+        };
         bool ok = true;
-        if (p.endpoint == Endpoint::ChatCompletions && !*sent_role) {
-          *sent_role = true;
-          ok = write(sse_event(stream_chunk(p, id, created, "", nullptr, true)));
+        if (p->endpoint == Endpoint::ChatCompletions && !st->sent_role) {
+          st->sent_role = true;
+          for (size_t i = 0; i < st->choices.size() && ok; ++i)
+            ok = chunk({{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+                        {"finish_reason", nullptr}});
         }
-        std::deque<RequestEvent> events;
+        std::deque<Generation::Event> events;
         while (ok && events.empty()) {
-          events = queue->pop_for(kConnectionPoll);
+          events = gen->wait(kConnectionPoll);
           if (events.empty() && conn->closed()) ok = false;
         }
-        for (const RequestEvent& e : events) {
+        for (Generation::Event& ev : events) {
           if (!ok) break;
-          if (!e.text.empty()) ok = write(sse_event(stream_chunk(p, id, created, e.text, nullptr)));
-          if (!e.finished) continue;
-          if (e.reason == FinishReason::Error || e.reason == FinishReason::Cancelled) {
+          const RequestEvent& e = ev.event;
+          if (ev.choice == 0) st->usage.prompt_tokens = e.prompt_tokens, st->usage.cached_tokens = e.cached_tokens;
+          if (e.finished && (e.reason == FinishReason::Error || e.reason == FinishReason::Cancelled)) {
             int status = e.reason == FinishReason::Error ? 500 : 503;
-            ok = ok && write(sse_event(error_body(status, std::string("generation ended: ") +
-                                                              finish_reason_name(e.reason) +
-                                                              (e.message.empty() ? "" : ": " + e.message))));
-          } else {
-            ok = ok && write(sse_event(stream_chunk(p, id, created, "", openai_finish_reason(e.reason))));
+            gen->cancel();
+            ok = write(sse_event(error_body(status, std::string("generation ended: ") + finish_reason_name(e.reason) +
+                                                        (e.message.empty() ? "" : ": " + e.message))));
+            if (ok) ok = write(kSseDone);
+            if (ok) sink.done();
+            return ok;
           }
-          if (ok && p.include_usage)
-            ok = write(sse_event(usage_chunk(p, id, created, {e.prompt_tokens, e.completion_tokens, e.cached_tokens})));
+          for (json& c : st->choices[size_t(ev.choice)].stream(e))
+            if (ok) ok = chunk(std::move(c));
+          if (!e.finished) continue;
+          st->usage.completion_tokens += st->choices[size_t(ev.choice)].completion_tokens();
+          if (--st->open > 0) continue;
+          if (ok && p->include_usage) ok = write(sse_event(usage_chunk(*p, id, created, st->usage)));
           if (ok) ok = write(kSseDone);
           if (ok) sink.done();
           return ok;
         }
-        if (!ok) eng->cancel(rid);  // the client went away
+        if (!ok) gen->cancel();  // the client went away
         return ok;
       },
-      [eng, rid](bool success) {
-        if (!success) eng->cancel(rid);
+      [gen](bool success) {
+        if (!success) gen->cancel();
       });
 }
 

@@ -1,6 +1,7 @@
 // The OpenAI-compatible HTTP server (cpp-httplib) over the Engine:
 //   POST /v1/completions, POST /v1/chat/completions (JSON, or server-sent events with stream)
 //   GET  /v1/models, /health, /metrics (plain text)
+//   POST /tokenize, /detokenize (llama-server / vLLM shapes; agent_api.h)
 // Each HTTP request runs on one of the server's threads: it parses and tokenises, submits to
 // the engine and waits for (or streams) the tokens the engine thread produces. While it waits
 // it watches the client's connection (connection.h): a client that goes away, streamed or
@@ -8,6 +9,7 @@
 // get OpenAI's error object with a 4xx status; nothing a client sends ends the process.
 #pragma once
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "engine/generation_config.h"
@@ -22,6 +24,11 @@ struct ServerOptions {
   int port = 8080;          // 0: a free port, chosen at bind()
   std::string model_name;   // the name /v1/models lists and responses carry
   int http_threads = 0;     // 0: enough for the engine's running sequences and a few more
+  // Agents (see agent_api.h): the output parsers ("": chosen from the checkpoint; "none": off),
+  // the chat template variables every request starts from, and the key /v1/* require.
+  std::string tool_call_parser, reasoning_parser;
+  nlohmann::json chat_template_kwargs = nlohmann::json::object();
+  std::string api_key;      // empty: no authentication
 };
 
 class Server {

@@ -299,7 +299,8 @@ TEST_F(ServerTest, BadRequestsGetOpenAIErrors) {
   expect_error(post("/v1/completions", {{"prompt", {"one", "two"}}}), 400, "prompt");
   expect_error(post("/v1/completions", {{"prompt", {1, 2, 9999}}}), 400, "prompt");
   expect_error(post("/v1/completions", {{"prompt", 42}}), 400, "prompt");
-  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"n", 2}}), 400, "n");
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"n", 0}}), 400, "n");
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"n", 17}}), 400, "n");
   expect_error(post("/v1/completions", {{"prompt", "hi"}, {"temperature", "hot"}}), 400, "temperature");
   expect_error(post("/v1/completions", {{"prompt", "hi"}, {"temperature", -1}}), 400, "temperature");
   expect_error(post("/v1/completions", {{"prompt", "hi"}, {"top_p", 0}}), 400, "top_p");
@@ -314,15 +315,107 @@ TEST_F(ServerTest, BadRequestsGetOpenAIErrors) {
   expect_error(post("/v1/completions", {{"prompt", long_ids}}), 400, "prompt");
   expect_error(post("/v1/completions", {{"prompt", long_ids}, {"stream", true}}), 400, "prompt");
   expect_error(post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 300}}), 400, "max_tokens");
-  expect_error(post("/v1/chat/completions", {{"prompt", "hi"}}), 400, "messages");
+  expect_error(post("/v1/chat/completions", {{"prompt", "hi"}}), 400, "prompt");  // a field of /v1/completions
+  expect_error(post("/v1/chat/completions", {{"max_tokens", 2}}), 400, "messages");
   expect_error(post("/v1/chat/completions", {{"messages", json::array()}}), 400, "messages");
   expect_error(post("/v1/chat/completions", {{"messages", {{{"content", "no role"}}}}}), 400, "messages");
   expect_error(post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", 5}}}}}), 400, "messages");
   expect_error(c.Get("/v1/nothing"), 404);
+  // A field the server does not implement is named; harmless metadata is accepted.
+  expect_error(post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"unknown_field", {1, 2}}}), 400,
+               "unknown_field");
   // The server still answers after all of that.
-  auto ok = post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"unknown_field", {1, 2}}});
+  auto ok = post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}, {"user", "u-1"}, {"metadata", {{"k", "v"}}}});
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+// n choices: the later ones are submitted once the first has read the prompt, so they take its
+// full pages from the prefix cache; each samples with seed + its index.
+TEST_F(ServerTest, NChoicesSharePromptPagesAndSeedPerChoice) {
+  const std::string prompt = "choices that share one prompt of more than two pages of the cache, forty tokens";
+  auto ids = s->tokenizer->encode(prompt, true);
+  ASSERT_GT(ids.size(), 33u);
+  auto ref = direct(ids, 6);
+  const int64_t hits0 = s->engine->stats().prefix_hit_tokens;
+  auto r = post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"n", 3}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["text"], ref.text) << "greedy choices are the greedy output";
+  }
+  EXPECT_EQ(j["usage"]["completion_tokens"], 3 * int64_t(ref.tokens.size()));
+  EXPECT_EQ(j["usage"]["prompt_tokens"], int64_t(ids.size()));
+  EXPECT_GE(s->engine->stats().prefix_hit_tokens - hits0, 2 * 32) << "choices 1 and 2 read two full pages from the cache";
+
+  json sampled = {{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 1.0}, {"seed", 41}};
+  json two = sampled;
+  two["n"] = 2;
+  json next = sampled;
+  next["seed"] = 42;
+  auto a = post("/v1/completions", two), b = post("/v1/completions", next);
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(a->status, 200) << a->body;
+  EXPECT_EQ(json::parse(a->body)["choices"][1]["text"], json::parse(b->body)["choices"][0]["text"])
+      << "choice 1 samples with seed + 1";
+}
+
+// Without node (tests/e2e), the same guarantees in process: a forced call and a schema hold
+// whatever the model says; chat logprobs agree with the greedy choice.
+TEST_F(ServerTest, ConstrainedOutputsAndLogprobs) {
+  const json schema = {{"type", "object"},
+                       {"properties", {{"city", {{"type", "string"}, {"enum", {"Paris", "Lima"}}}},
+                                       {"days", {{"type", "integer"}, {"minimum", 1}, {"maximum", 9}}}}},
+                       {"required", {"city", "days"}},
+                       {"additionalProperties", false}};
+  const json tools = {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"parameters", schema}}}}};
+  const json messages = {{{"role", "user"}, {"content", "Hi"}}};
+  auto check_args = [](const json& args) {
+    ASSERT_TRUE(args.is_object()) << args;
+    EXPECT_TRUE(args["city"] == "Paris" || args["city"] == "Lima") << args;
+    ASSERT_TRUE(args["days"].is_number_integer()) << args;
+    EXPECT_GE(args["days"].get<int>(), 1);
+    EXPECT_LE(args["days"].get<int>(), 9);
+    EXPECT_EQ(args.size(), 2u) << args;
+  };
+  for (double temperature : {0.0, 1.0}) {
+    auto r = post("/v1/chat/completions",
+                  {{"messages", messages}, {"tools", tools}, {"max_tokens", 200}, {"temperature", temperature},
+                   {"seed", 3}, {"parallel_tool_calls", false},
+                   {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    json c = json::parse(r->body)["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << c;
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << c;
+    EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+    check_args(json::parse(c["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()));
+
+    auto j = post("/v1/chat/completions",
+                  {{"messages", messages}, {"max_tokens", 120}, {"temperature", temperature}, {"seed", 4},
+                   {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "w"}, {"schema", schema}}}}}});
+    ASSERT_TRUE(j);
+    ASSERT_EQ(j->status, 200) << j->body;
+    json jc = json::parse(j->body)["choices"][0];
+    EXPECT_EQ(jc["finish_reason"], "stop") << jc;
+    check_args(json::parse(jc["message"]["content"].get<std::string>()));
+  }
+  auto l = post("/v1/chat/completions",
+                {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 4}});
+  ASSERT_TRUE(l);
+  ASSERT_EQ(l->status, 200) << l->body;
+  json lc = json::parse(l->body)["choices"][0];
+  ASSERT_TRUE(lc["logprobs"]["content"].is_array()) << lc;
+  EXPECT_FALSE(lc["logprobs"]["content"].empty());
+  for (const json& e : lc["logprobs"]["content"]) {
+    ASSERT_EQ(e["top_logprobs"].size(), 4u);
+    EXPECT_EQ(e["top_logprobs"][0]["bytes"], e["bytes"]) << "greedy samples the most likely token";
+    EXPECT_FLOAT_EQ(e["top_logprobs"][0]["logprob"].get<float>(), e["logprob"].get<float>());
+    EXPECT_LE(e["logprob"].get<double>(), 0.0);
+  }
 }
 
 TEST_F(ServerTest, ModelsHealthMetrics) {
@@ -526,6 +619,115 @@ TEST(ServeBinary, ServesAndStopsOnSigterm) {
   std::ifstream in(log);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("stopped after 1 requests"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace mla
+
+namespace mla {
+namespace {
+
+// Kimi's tool-call markers are special tokens: a forced call in Kimi's format, with logit_bias
+// making the model write each marker as its special token where the grammar allows it, comes
+// back as a tool call (the markers stay in the text the parser reads, the grammar's token table
+// allows them), and no marker reaches the content.
+TEST(ServerSpecialMarkers, KimiForcedCallWithSpecialMarkerTokens) {
+  auto model = Model::load(test::fixture("deepseek-v3-tiny"));
+  test::TempDir dir("server-kimi-tok");
+  Tokenizer::write_byte_level_tokenizer(dir.str(), 507);  // 503..506: the writer's specials
+  const std::vector<std::string> markers = {"<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+                                            "<|tool_call_begin|>", "<|tool_call_end|>",
+                                            "<|tool_call_argument_begin|>"};
+  {
+    std::ifstream in(dir / "tokenizer.json");
+    json t = json::parse(in);
+    int id = 507;
+    for (const std::string& m : markers)
+      t["added_tokens"].push_back({{"id", id++}, {"content", m}, {"single_word", false}, {"lstrip", false},
+                                   {"rstrip", false}, {"normalized", false}, {"special", true}});
+    std::ofstream(dir / "tokenizer.json") << t.dump(1);
+  }
+  Tokenizer tokenizer = Tokenizer::load(dir.str());
+  ASSERT_EQ(tokenizer.vocab_size(), 512u);
+  json bias = json::object();
+  for (const std::string& m : markers) {
+    auto id = tokenizer.token_id(m);
+    ASSERT_TRUE(id && tokenizer.is_special(*id)) << m;
+    bias[std::to_string(*id)] = 100;
+  }
+  GenerationConfig generation = GenerationConfig::load(test::fixture("deepseek-v3-tiny"), model->config());
+  EngineOptions eo;
+  eo.kv_pages = 32;
+  eo.page_size = 16;
+  Engine engine(*model, &tokenizer, eo);
+  engine.start();
+  server::ServerOptions opt;
+  opt.port = 0;
+  opt.model_name = "kimi";
+  opt.tool_call_parser = "kimi_k2";
+  server::Server srv(engine, tokenizer, generation, model->config(), opt);
+  const int port = srv.bind();
+  std::thread http([&] { srv.listen(); });
+  struct Join {
+    Engine& engine;
+    server::Server& srv;
+    std::thread& t;
+    ~Join() {
+      srv.stop();
+      t.join();
+      engine.stop();
+    }
+  } join{engine, srv, http};
+
+  const json tools = {{{"type", "function"},
+                       {"function",
+                        {{"name", "ping"},
+                         {"parameters",
+                          {{"type", "object"},
+                           {"properties", {{"n", {{"type", "integer"}, {"minimum", 0}, {"maximum", 9}}}}},
+                           {"required", {"n"}}}}}}}};
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(120, 0);
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "not streamed");
+    json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                 {"tools", tools},
+                 {"tool_choice", "required"},
+                 {"parallel_tool_calls", false},
+                 {"logit_bias", bias},
+                 {"temperature", 0},
+                 {"max_tokens", 60},
+                 {"stream", stream}};
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    std::string name, args, content, finish;
+    if (!stream) {
+      json ch = json::parse(r->body)["choices"][0];
+      finish = ch["finish_reason"];
+      if (ch["message"]["content"].is_string()) content = ch["message"]["content"];
+      ASSERT_EQ(ch["message"]["tool_calls"].size(), 1u) << ch;
+      name = ch["message"]["tool_calls"][0]["function"]["name"];
+      args = ch["message"]["tool_calls"][0]["function"]["arguments"];
+      EXPECT_EQ(ch["message"]["tool_calls"][0]["id"].get<std::string>().rfind("functions.ping:", 0), 0u) << ch;
+    } else {
+      for (size_t pos = 0; (pos = r->body.find("data: {", pos)) != std::string::npos; ++pos) {
+        json e = json::parse(r->body.substr(pos + 6, r->body.find("\n\n", pos) - pos - 6));
+        const json& ch = e["choices"][0];
+        if (ch["delta"].contains("content")) content += ch["delta"]["content"].get<std::string>();
+        for (const json& tc : ch["delta"].value("tool_calls", json::array())) {
+          if (tc["function"].contains("name")) name += tc["function"]["name"].get<std::string>();
+          args += tc["function"]["arguments"].get<std::string>();
+        }
+        if (ch["finish_reason"].is_string()) finish = ch["finish_reason"];
+      }
+    }
+    EXPECT_EQ(finish, "tool_calls");
+    EXPECT_EQ(name, "ping");
+    json a = json::parse(args);
+    ASSERT_TRUE(a["n"].is_number_integer()) << args;
+    EXPECT_EQ(content.find("<|"), std::string::npos) << content;
+  }
 }
 
 }  // namespace

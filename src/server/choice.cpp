@@ -1,0 +1,160 @@
+// A response's choice from engine events (see choice.h).
+#include "server/choice.h"
+
+namespace mla::server {
+
+using nlohmann::json;
+
+ChoiceBuilder::ChoiceBuilder(const ParsedRequest& p, const Tokenizer& tokenizer, int index)
+    : p_(p), tokenizer_(tokenizer), index_(index), chat_(p.endpoint == Endpoint::ChatCompletions) {
+  if (chat_ && (!p.tool_parser.empty() || !p.reasoning_parser.empty())) {
+    ReasoningOptions ro;
+    ro.prompt_opened = p.reasoning_opened;
+    ToolParserOptions to;
+    if (p.agent.has_tools()) to.tools = json(p.agent.tools);
+    parser_ = std::make_unique<ChatOutputParser>(p.reasoning_parser, ro, p.tool_parser, std::move(to));
+  }
+  if (p.agent.logprobs >= 0) {
+    if (chat_) logprobs_ = {{"content", json::array()}};
+    else
+      logprobs_ = {{"tokens", json::array()},
+                   {"token_logprobs", json::array()},
+                   {"top_logprobs", json::array()},
+                   {"text_offset", json::array()}};
+  }
+}
+
+json ChoiceBuilder::token_entry(int32_t id, float logprob) const {
+  const std::string& raw = tokenizer_.token_bytes(id);
+  json bytes = json::array();
+  for (unsigned char c : raw) bytes.push_back(int(c));
+  return {{"token", sanitize_utf8(raw)}, {"logprob", logprob}, {"bytes", bytes}};
+}
+
+void ChoiceBuilder::take(const RequestEvent& e, std::vector<ChatDelta>& deltas, json& lp) {
+  if (e.token >= 0) ++completion_tokens_;
+  const bool eos_end = e.finished && e.reason == FinishReason::Eos;
+  if (p_.agent.logprobs >= 0 && e.token >= 0 && !eos_end) {
+    if (chat_) {
+      json entry = token_entry(e.token, e.logprob);
+      json top = json::array();
+      for (auto& [id, l] : e.top_logprobs) top.push_back(token_entry(id, l));
+      entry["top_logprobs"] = top;
+      lp = {{"content", json::array({entry})}};
+    } else {
+      json top = json::object();
+      for (auto& [id, l] : e.top_logprobs) {
+        std::string t = sanitize_utf8(tokenizer_.token_bytes(id));
+        if (!top.contains(t)) top[t] = l;  // two ids of one text: the likelier
+      }
+      lp = {{"tokens", {sanitize_utf8(tokenizer_.token_bytes(e.token))}},
+            {"token_logprobs", {e.logprob}},
+            {"top_logprobs", json::array({top})},
+            {"text_offset", {int64_t(text_bytes_)}}};
+    }
+  }
+  text_bytes_ += e.text.size();
+  if (parser_) {
+    if (!e.text.empty()) parser_->feed(e.text, deltas);
+    if (e.finished) parser_->finish(deltas);
+  } else if (!e.text.empty()) {
+    deltas.push_back({ChatDelta::Kind::Content, -1, {}, {}, e.text});
+  }
+  if (!p_.agent.parallel_tool_calls)  // one call at most: later ones are dropped
+    std::erase_if(deltas, [](const ChatDelta& d) { return d.kind != ChatDelta::Kind::Content && d.kind != ChatDelta::Kind::Reasoning && d.index > 0; });
+  if (e.finished) {
+    finished_ = true;
+    reason_ = e.reason;
+  }
+}
+
+const char* ChoiceBuilder::finish_reason() const {
+  const char* r = openai_finish_reason(reason_);
+  if (parser_ && parser_->calls() > 0 && std::string_view(r) == "stop") return "tool_calls";
+  return r;
+}
+
+std::vector<json> ChoiceBuilder::stream(const RequestEvent& e) {
+  std::vector<ChatDelta> deltas;
+  json lp;
+  take(e, deltas, lp);
+  std::vector<json> out;
+  if (!chat_) {  // the legacy shape: the text and the finish reason in one chunk
+    if (deltas.empty() && lp.is_null() && !e.finished) return out;
+    std::string text;
+    for (auto& d : deltas) text += d.text;
+    out.push_back({{"index", index_},
+                   {"text", text},
+                   {"logprobs", lp},
+                   {"finish_reason", e.finished ? json(finish_reason()) : json(nullptr)}});
+    return out;
+  }
+  if (!deltas.empty() || !lp.is_null()) out.push_back(delta_choice(deltas, lp));
+  if (e.finished)
+    out.push_back({{"index", index_}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", finish_reason()}});
+  return out;
+}
+
+json ChoiceBuilder::delta_choice(const std::vector<ChatDelta>& deltas, const json& lp) const {
+  json delta = json::object();
+  std::string content, reasoning;
+  json calls = json::array();
+  for (const ChatDelta& d : deltas) {
+    switch (d.kind) {
+      case ChatDelta::Kind::Content: content += d.text; break;
+      case ChatDelta::Kind::Reasoning: reasoning += d.text; break;
+      case ChatDelta::Kind::CallStart:
+        calls.push_back({{"index", d.index},
+                         {"id", d.id},
+                         {"type", "function"},
+                         {"function", {{"name", d.name}, {"arguments", ""}}}});
+        break;
+      case ChatDelta::Kind::Arguments:
+        if (!calls.empty() && calls.back()["index"] == d.index) {
+          calls.back()["function"]["arguments"] = calls.back()["function"]["arguments"].get<std::string>() + d.text;
+        } else {
+          calls.push_back({{"index", d.index}, {"function", {{"arguments", d.text}}}});
+        }
+        break;
+    }
+  }
+  if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
+  if (!content.empty()) delta["content"] = content;
+  if (!calls.empty()) delta["tool_calls"] = calls;
+  return {{"index", index_}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", nullptr}};
+}
+
+void ChoiceBuilder::add(const RequestEvent& e) {
+  std::vector<ChatDelta> deltas;
+  json lp;
+  take(e, deltas, lp);
+  for (const ChatDelta& d : deltas) {
+    switch (d.kind) {
+      case ChatDelta::Kind::Reasoning: reasoning_ += d.text; break;
+      case ChatDelta::Kind::Content: text_ += d.text; break;
+      case ChatDelta::Kind::CallStart: calls_.apply({ToolCallDelta::Kind::CallStart, d.index, d.id, d.name, {}}); break;
+      case ChatDelta::Kind::Arguments: calls_.apply({ToolCallDelta::Kind::Arguments, d.index, {}, {}, d.text}); break;
+    }
+  }
+  if (!lp.is_null())
+    for (auto it = lp.begin(); it != lp.end(); ++it)
+      for (const json& x : *it) logprobs_[it.key()].push_back(x);
+}
+
+json ChoiceBuilder::choice() const {
+  json lp = p_.agent.logprobs >= 0 ? logprobs_ : json(nullptr);
+  if (!chat_) return {{"index", index_}, {"text", text_}, {"logprobs", lp}, {"finish_reason", finish_reason()}};
+  json message = {{"role", "assistant"}};
+  const bool calls = !calls_.tool_calls.empty();
+  message["content"] = text_.empty() && calls ? json(nullptr) : json(text_);
+  if (!p_.reasoning_parser.empty()) message["reasoning_content"] = reasoning_.empty() ? json(nullptr) : json(reasoning_);
+  if (calls) {
+    json list = json::array();
+    for (const ToolCall& c : calls_.tool_calls)
+      list.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    message["tool_calls"] = list;
+  }
+  return {{"index", index_}, {"message", message}, {"logprobs", lp}, {"finish_reason", finish_reason()}};
+}
+
+}  // namespace mla::server
