@@ -18,7 +18,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
-#include "engine/bench.h"
+#include "tools/bench.h"
 #include "tensor/dtype.h"
 #include "tensor/matrix.h"
 

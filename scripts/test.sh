@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds mla and runs every test: the release build under CTest (one test per core), and the
-# unit tests of the loader, cache, tokenizer, chat templates and attention again under AddressSanitizer +
+# unit tests of the loader, cache, tokenizer, chat templates, grammar, parsers and attention again under AddressSanitizer +
 # UndefinedBehaviorSanitizer (CMake preset "asan").
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,10 @@ cmake --build build-asan -j"$jobs" --target mla_tests
 # never freed, which LeakSanitizer reports, so that one test runs in the release build only.
 echo "== unit tests under ASan + UBSan"
 OMP_NUM_THREADS=1 build-asan/mla_tests --gtest_brief=1 \
-  --gtest_filter='Bad*:LatentPool*:PoolDtype*:Fp8*:PathPolicy*:KvExhaustion*:MlaPaths*:Packaging*:Tokenizer*:ChatTemplate*:Jinja*:CacheSize*:Fixtures/Golden.LayerOutputs*-JinjaRender.SelfReferencingListPrintsToALimit'
+  --gtest_filter='Bad*:LatentPool*:PoolDtype*:Fp8*:PathPolicy*:KvExhaustion*:MlaPaths*:Packaging*:Tokenizer*:ChatTemplate*:Jinja*:CacheSize*:Fixtures/Golden.LayerOutputs*:Attention*:MlaUnit*:Moe*:PrefixCache*:OutputStream*:Grammar*:JsonSchema*:ToolParser*:ReasoningParser*-JinjaRender.SelfReferencingListPrintsToALimit'
+
+# The official openai npm client for the end-to-end tests (tests/e2e, package-lock.json).
+npm ci --prefix tests/e2e --no-audit --no-fund --loglevel=error
 
 echo "== all tests (release build)"
 ctest --test-dir build --output-on-failure --no-tests=error -j"$jobs"

@@ -6,7 +6,7 @@
 #include <iostream>
 
 #include "cli/command.h"
-#include "engine/analyze.h"
+#include "tools/analyze.h"
 #include "model/presets.h"
 
 namespace {

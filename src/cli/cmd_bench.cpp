@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cli/command.h"
-#include "engine/bench.h"
+#include "tools/bench.h"
 
 namespace {
 

@@ -12,10 +12,10 @@
 
 #include "cli/command.h"
 #include "cli/cpu_options.h"
-#include "engine/analyze.h"
+#include "tools/analyze.h"
 #include "engine/engine.h"
-#include "engine/verify.h"
-#include "model/checkpoint_writer.h"
+#include "tools/verify.h"
+#include "tools/checkpoint_writer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {

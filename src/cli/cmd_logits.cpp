@@ -8,7 +8,7 @@
 
 #include "cli/command.h"
 #include "cli/cpu_options.h"
-#include "engine/run_modes.h"
+#include "tools/run_modes.h"
 #include "format/safetensors.h"
 
 namespace {

@@ -8,7 +8,7 @@
 
 #include "cli/command.h"
 #include "cli/cpu_options.h"
-#include "engine/verify.h"
+#include "tools/verify.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // The CPU context of a command (backend/cpu/context.h) from its --threads and --precision
 // options: run, chat, serve, logits, verify and demo build theirs here and hand it to
-// Model::load (bench builds its own in engine/bench.cpp from the same options).
+// Model::load (bench builds its own in tools/bench.cpp from the same options).
 #pragma once
 #include <stdexcept>
 #include <string>

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/error.h"
-#include "model/checkpoint_writer.h"
+#include "tools/checkpoint_writer.h"
 #include "model/model.h"
 #include "test_util.h"
 

@@ -4,7 +4,7 @@
 
 #include <map>
 
-#include "engine/run_modes.h"
+#include "tools/run_modes.h"
 #include "test_util.h"
 
 namespace mla {

@@ -9,7 +9,7 @@
 #include "backend/cpu/amx.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
-#include "engine/run_modes.h"
+#include "tools/run_modes.h"
 #include "test_util.h"
 
 namespace mla {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "engine/run_modes.h"
+#include "tools/run_modes.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "test_util.h"

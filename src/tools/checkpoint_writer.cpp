@@ -1,4 +1,4 @@
-#include "model/checkpoint_writer.h"
+#include "tools/checkpoint_writer.h"
 
 #include <cmath>
 #include <cstring>

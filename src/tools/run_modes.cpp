@@ -1,4 +1,4 @@
-#include "engine/run_modes.h"
+#include "tools/run_modes.h"
 
 #include <stdexcept>
 

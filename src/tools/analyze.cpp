@@ -1,7 +1,7 @@
 // The MLA arithmetic behind `mla analyze`: KV-cache sizes (kv/cache_size.h), path FLOPs
 // (through mla::MlaCosts, the formulas the path policy uses) and decode intensity, for a config
 // or an entry of the preset table (model/presets.h).
-#include "engine/analyze.h"
+#include "tools/analyze.h"
 
 #include <cmath>
 #include <cstdio>

@@ -1,6 +1,6 @@
 // The expand-vs-absorb equivalence experiment (`mla verify`): runs, error statistics, cache
 // byte accounting, and the report as JSON or a readable table.
-#include "engine/verify.h"
+#include "tools/verify.h"
 
 #include "backend/cpu/context.h"
 

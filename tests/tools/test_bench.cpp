@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "engine/bench.h"
+#include "tools/bench.h"
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "model/presets.h"

@@ -12,7 +12,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
-#include "engine/verify.h"
+#include "tools/verify.h"
 #include "test_util.h"
 
 namespace {

@@ -1,5 +1,5 @@
 // The CPU benchmark behind `mla bench` (see bench.h).
-#include "engine/bench.h"
+#include "tools/bench.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -22,7 +22,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
 #include "backend/cpu/weight_memory.h"
-#include "model/checkpoint_writer.h"
+#include "tools/checkpoint_writer.h"
 #include "model/model.h"
 #include "model/presets.h"
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <sys/wait.h>
 
-#include "engine/analyze.h"
+#include "tools/analyze.h"
 #include "test_util.h"
 
 namespace {
