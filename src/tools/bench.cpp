@@ -22,6 +22,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
 #include "backend/cpu/weight_memory.h"
+#include "engine/engine.h"
 #include "tools/checkpoint_writer.h"
 #include "model/model.h"
 #include "model/presets.h"
@@ -387,7 +388,8 @@ Report run(const Options& opt) {
   if (opt.decode_tokens > 0) {
     say("decode (batch 1) ...");
     if (opt.context < 1) throw std::invalid_argument("--context must be at least 1");
-    const int64_t total = opt.context + (opt.runs + 1) * opt.decode_tokens;
+    // The runs below, then as many again beside the engine's.
+    const int64_t total = opt.context + 2 * (opt.runs + 1) * opt.decode_tokens;
     LatentPool pool = model->make_pool((total + 63) / 64 + 1, 64);
     PageTable seq;
     auto prompt = ids(opt.context);
@@ -425,6 +427,37 @@ Report run(const Options& opt) {
     rep.token_bandwidth = summarize(token_bws);
     rep.token_ratio = summarize(token_ratios);
     say("  " + std::to_string(rep.decode_tps.median) + " tokens/s");
+
+    // The engine's decode: one greedy request of `context` prompt tokens and decode_tokens
+    // passes after its prompt's, each run right after a model-level run on the cache above, so
+    // that each ratio compares two runs that saw the same machine.
+    say("decode through the engine (batch 1, greedy) ...");
+    EngineOptions eo;
+    eo.kv_pages = (opt.context + opt.decode_tokens + 1 + 63) / 64 + 1;
+    eo.max_running = 1;
+    eo.prefix_cache = false;
+    Engine engine(*model, nullptr, eo);
+    std::vector<double> etps, eratios;
+    for (int r = 0; r <= opt.runs; ++r) {
+      auto t = Clock::now();
+      for (int64_t i = 0; i < opt.decode_tokens; ++i) {
+        auto one = ids(1);
+        SeqSlice d{&seq, one};
+        model->forward(std::span<SeqSlice>(&d, 1), pool, fo, logits);
+      }
+      const double model_tps = double(opt.decode_tokens) / seconds_since(t);
+      Request req;
+      req.prompt = ids(opt.context);
+      req.sampling.temperature = 0;
+      req.max_new_tokens = opt.decode_tokens + 1;  // the first token comes from the prompt's pass
+      const RequestResult res = engine.generate(std::move(req));
+      if (r == 0) continue;  // warm-up
+      etps.push_back(res.generated_tokens_per_second());
+      eratios.push_back(etps.back() / model_tps);
+    }
+    rep.engine_decode_tps = summarize(etps);
+    rep.engine_ratio = summarize(eratios);
+    say("  " + std::to_string(rep.engine_decode_tps.median) + " tokens/s");
   }
 
   // Prompt processing: a fresh sequence of prompt_tokens per run, logits of the last token.
@@ -554,6 +587,14 @@ std::string format_report(const Report& r) {
                   r.bandwidth_gbps, r.limit_tps(), r.limit_tps() > 0 ? r.decode_tps.median / r.limit_tps() : 0.0);
     o << buf;
     o << parts_line("time per token by part", r.decode_parts_ms);
+    if (r.engine_decode_tps.median > 0) {
+      std::snprintf(buf, sizeof buf,
+                    "  through the engine (scheduling, greedy sampling, stop checks): %.2f tokens/s (median, range "
+                    "%.2f-%.2f), %.3f of the model's decode in alternating runs (range %.3f-%.3f)\n",
+                    r.engine_decode_tps.median, r.engine_decode_tps.min, r.engine_decode_tps.max, r.engine_ratio.median,
+                    r.engine_ratio.min, r.engine_ratio.max);
+      o << buf;
+    }
   }
   if (r.prompt_tps.median > 0) {
     std::snprintf(buf, sizeof buf, "prompt processing (%lld tokens): %.1f tokens/s (median, range %.1f-%.1f)\n",

@@ -126,6 +126,10 @@ struct Report {
   Summary decode_tps, prompt_tps;
   Summary decode_bandwidth, decode_ratio;  // the read loop after each decode run; the ratio per run
   Summary token_bandwidth, token_ratio;    // TokenRead after each decode run; the ratio per run
+  // The same decode through the Engine (mla run's and serve's loop: scheduling, greedy sampling
+  // over the logits row, stop checks): its tokens/s, and per run its ratio to the model-level
+  // decode run just before it.
+  Summary engine_decode_tps, engine_ratio;
   double prompt_flops = 0;                  // per prompt
   int64_t gemm_n = 0;
   Summary prompt_gemm_gflops, prompt_ratio;  // the GEMM probe before each prompt run; prompt GFLOPS over it
