@@ -16,7 +16,10 @@ TEST(CliLogits, WritesTheGoldenLogitsInEveryMode) {
   auto ids = test::read_ids(*golden.find("seq1_ids"));
   auto want = test::read_f32(*golden.find("seq1_logits"));
   std::string list;
-  for (auto id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
+  for (auto id : ids) {
+    if (!list.empty()) list += ',';
+    list += std::to_string(id);
+  }
   test::TempDir tmp("cli");
   for (std::string extra : {"", "--mode decode", "--mode extend:4 --attn absorb", "--mode extend:4 --attn chunked --prefix-chunk 3",
                             "--attn expand --threads 1 --kv-dtype f32"}) {
