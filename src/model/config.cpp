@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -95,12 +96,63 @@ void parse_quantization(const json& q, const std::string& src, ModelConfig& c) {
   }
 }
 
+// Ranges of the values from_json read: a config that passes runs without NaN from its
+// constants and without sizes that overflow the arithmetic of the cache and the weights.
+// Every message names the key.
+void validate(const ModelConfig& c, const std::string& src) {
+  auto fail = [&](const std::string& key, const std::string& what) {
+    format_error(src, "", "key '" + key + "' " + what);
+  };
+  auto size = [&](const char* key, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi)
+      fail(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(v));
+  };
+  auto real = [&](const char* key, double v, double lo, double hi, bool lo_open) {
+    if (!std::isfinite(v) || v < lo || v > hi || (lo_open && v == lo)) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "must be finite and in %s%g, %g], got %g", lo_open ? "(" : "[", lo, hi, v);
+      fail(key, buf);
+    }
+  };
+  size("vocab_size", c.vocab_size, 1, int64_t(1) << 24);
+  size("hidden_size", c.hidden_size, 1, int64_t(1) << 16);
+  size("intermediate_size", c.intermediate_size, 0, int64_t(1) << 20);
+  size("num_hidden_layers", c.num_hidden_layers, 1, 1024);
+  size("num_attention_heads", c.num_attention_heads, 1, 1024);
+  size("q_lora_rank", c.q_lora_rank, 0, int64_t(1) << 16);
+  size("kv_lora_rank", c.kv_lora_rank, 1, int64_t(1) << 16);
+  size("qk_nope_head_dim", c.qk_nope_head_dim, 1, 4096);
+  size("qk_rope_head_dim", c.qk_rope_head_dim, 2, 4096);
+  size("v_head_dim", c.v_head_dim, 1, 4096);
+  size("n_routed_experts", c.n_routed_experts, 0, int64_t(1) << 16);
+  size("moe_intermediate_size", c.moe_intermediate_size, 0, int64_t(1) << 20);
+  size("n_shared_experts", c.n_shared_experts, 0, 1024);
+  size("num_experts_per_tok", c.num_experts_per_tok, 0, std::max<int64_t>(c.n_routed_experts, 0));
+  size("first_k_dense_replace", c.first_k_dense_replace, 0, c.num_hidden_layers);
+  size("max_position_embeddings", c.max_position_embeddings, 1, int64_t(1) << 24);
+  if (c.n_routed_experts == 0 || c.first_k_dense_replace > 0) size("intermediate_size", c.intermediate_size, 1, int64_t(1) << 20);
+  real("rms_norm_eps", c.rms_norm_eps, 0, 1, true);
+  real("routed_scaling_factor", c.routed_scaling_factor, 0, 1000, true);
+  real("rope_theta", c.rope_theta, 0, 1e12, true);
+  if (c.rope_scaling.yarn) {
+    real("rope_scaling.factor", c.rope_scaling.factor, 0, 1e6, true);
+    size("rope_scaling.original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings, 1,
+         int64_t(1) << 24);
+    real("rope_scaling.beta_fast", c.rope_scaling.beta_fast, -1e6, 1e6, false);
+    real("rope_scaling.beta_slow", c.rope_scaling.beta_slow, -1e6, 1e6, false);
+    real("rope_scaling.mscale", c.rope_scaling.mscale, -1e6, 1e6, false);
+    real("rope_scaling.mscale_all_dim", c.rope_scaling.mscale_all_dim, -1e6, 1e6, false);
+  }
+}
+
 }  // namespace
 
-ModelConfig ModelConfig::from_json(const json& root, const std::string& src) {
+namespace {
+
+ModelConfig parse_config(const json& root, const std::string& src) {
   if (!root.is_object()) format_error(src, "", "not a JSON object");
   ModelConfig c;
-  c.model_type = root.value("model_type", "");
+  c.model_type = Reader{root, src}.s("model_type", "");
   const json* jp = &root;
   if (c.model_type == "kimi_k25") {
     if (!root.contains("text_config") || !root["text_config"].is_object())
@@ -109,7 +161,7 @@ ModelConfig ModelConfig::from_json(const json& root, const std::string& src) {
     c.weight_prefix = "language_model.";
   }
   const json& j = *jp;
-  std::string family = c.model_type == "kimi_k25" ? j.value("model_type", "kimi_k2") : c.model_type;
+  std::string family = c.model_type == "kimi_k25" ? Reader{j, src}.s("model_type", "kimi_k2") : c.model_type;
   static const char* known[] = {"deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe_lite"};
   if (std::find(std::begin(known), std::end(known), family) == std::end(known))
     format_error(src, "", "unknown model_type '" + family +
@@ -144,7 +196,10 @@ ModelConfig ModelConfig::from_json(const json& root, const std::string& src) {
     auto& e = j["eos_token_id"];
     if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int64_t>());
     else if (e.is_array())
-      for (auto& x : e) c.eos_token_ids.push_back(x.get<int64_t>());
+      for (auto& x : e) {
+        if (!x.is_number_integer()) format_error(src, "", "key 'eos_token_id' must be an integer or a list of integers");
+        c.eos_token_ids.push_back(x.get<int64_t>());
+      }
   }
 
   // Routing: V2 scores with softmax and picks greedily; V3, Kimi and GLM use sigmoid with
@@ -206,7 +261,18 @@ ModelConfig ModelConfig::from_json(const json& root, const std::string& src) {
   for (const json* q : {&root, jp})
     if (q->contains("quantization_config") && (*q)["quantization_config"].is_object())
       parse_quantization((*q)["quantization_config"], src, c);
+  validate(c, src);
   return c;
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json(const json& root, const std::string& src) {
+  try {
+    return parse_config(root, src);
+  } catch (const json::exception& e) {  // a nested value of the wrong type (quantization_config ...)
+    format_error(src, "", std::string("a value has the wrong type: ") + e.what());
+  }
 }
 
 ModelConfig ModelConfig::load(const std::string& dir) {

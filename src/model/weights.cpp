@@ -24,6 +24,7 @@ class Loader {
       w_.lm_head = matrix(p + "lm_head", c.vocab_size, c.hidden_size);
     else
       w_.lm_head = w_.embed;
+    check_layer_count();
     const int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim, kvr = c.kv_lora_rank;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       LayerWeights L;
@@ -65,6 +66,30 @@ class Loader {
   }
 
  private:
+  // A decoder layer at or past num_hidden_layers means config.json and the checkpoint disagree
+  // (the model would silently run without it). MTP modules (DeepSeek-V3's layer 61: eh_proj,
+  // enorm, hnorm) sit there by design and are skipped.
+  void check_layer_count() const {
+    const std::string prefix = cfg_.weight_prefix + "model.layers.";
+    int64_t extra = -1;
+    for (const std::string& name : ckpt_.names()) {
+      if (name.compare(0, prefix.size(), prefix) != 0) continue;
+      size_t i = prefix.size();
+      int64_t l = 0;
+      bool digits = false;
+      while (i < name.size() && name[i] >= '0' && name[i] <= '9' && l < (int64_t(1) << 40))
+        l = l * 10 + (name[i++] - '0'), digits = true;
+      if (!digits || l < cfg_.num_hidden_layers) continue;
+      if (ckpt_.find(prefix + std::to_string(l) + ".eh_proj.weight")) continue;  // an MTP module
+      extra = std::max(extra, l);
+    }
+    if (extra >= 0)
+      format_error(ckpt_.dir(), prefix + std::to_string(extra),
+                   "the checkpoint has decoder layers up to " + std::to_string(extra) + " but config.json's "
+                   "num_hidden_layers is " + std::to_string(cfg_.num_hidden_layers) +
+                   " (fix num_hidden_layers: layers past it would be dropped)");
+  }
+
   // Weight absorption: W_UV[h] is a row slice of kv_b; W_UK[h]^T is a transposed copy. bf16 kv_b
   // gives a bf16 copy. Block-FP8 kv_b gives an FP8 copy (the same codes, transposed, each 128 x 128
   // block keeping its scale) when every head's rows start on a scale block, (nope + v) % 128 == 0

@@ -186,6 +186,47 @@ TEST(BadCheckpoint, UnsupportedOptions) {
   }
 }
 
+// Values out of range end at config.json with the key named, before any weight is read (they
+// gave NaN logits or overflowing sizes before).
+TEST(BadCheckpoint, ConfigValuesOutOfRange) {
+  for (auto [key, value, fragment] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"rms_norm_eps", -1e-6, "'rms_norm_eps'"},
+           {"rms_norm_eps", 0.0, "'rms_norm_eps'"},
+           {"routed_scaling_factor", 1e308, "'routed_scaling_factor'"},
+           {"routed_scaling_factor", -2.5, "'routed_scaling_factor'"},
+           {"rope_theta", 0.0, "'rope_theta'"},
+           {"rope_theta", -10000.0, "'rope_theta'"},
+           {"hidden_size", int64_t(1) << 40, "'hidden_size'"},
+           {"num_hidden_layers", 100000, "'num_hidden_layers'"},
+           {"vocab_size", int64_t(1) << 40, "'vocab_size'"},
+           {"max_position_embeddings", -5, "'max_position_embeddings'"},
+           {"q_lora_rank", -3, "'q_lora_rank'"},
+           {"n_shared_experts", -1, "'n_shared_experts'"},
+           {"first_k_dense_replace", 99, "'first_k_dense_replace'"},
+           {"eos_token_id", json::array({1, "two"}), "'eos_token_id'"},
+           {"rope_scaling", json{{"type", "yarn"}, {"factor", -4.0}, {"original_max_position_embeddings", 64}},
+            "'rope_scaling.factor'"},
+       }) {
+    SCOPED_TRACE(key + " = " + value.dump());
+    Mutated m("deepseek-v3-tiny");
+    m.config[key] = value;
+    auto dir = m.write();
+    expect_error([&] { Model::load(dir); }, {"config.json", fragment});
+  }
+}
+
+// A checkpoint with more decoder layers than config.json names is an error, not a model
+// silently run without its last layers.
+TEST(BadCheckpoint, MoreLayersThanNumHiddenLayers) {
+  Mutated m("deepseek-v3-tiny");
+  const int64_t layers = m.config["num_hidden_layers"].get<int64_t>();
+  ASSERT_GE(layers, 2);
+  m.config["num_hidden_layers"] = layers - 1;
+  auto dir = m.write();
+  expect_error([&] { Model::load(dir); },
+               {"model.layers." + std::to_string(layers - 1), "num_hidden_layers is " + std::to_string(layers - 1)});
+}
+
 TEST(BadCheckpoint, ConfigMissingKey) {
   Mutated m("deepseek-v3-tiny");
   m.config.erase("kv_lora_rank");
