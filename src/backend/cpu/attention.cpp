@@ -11,6 +11,7 @@
 #include "backend/cpu/amx.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/small_gemm.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/vec_math.h"
 
@@ -205,8 +206,9 @@ void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, f
         if (j0 > last_visible) break;
         const float* rows = a.latent ? a.latent + j0 * dim : C.data();
         if (!a.latent) a.gather(j0, n, C.data());
-        // One shared key per cached token for all heads: scores [M, n] = Q rows^T.
-        sgemm(ctx, false, true, M, n, dim, a.scale, Q.data(), dim, rows, dim, 0.0f, P.data(), n);
+        // One shared key per cached token for all heads: scores [M, n] = Q rows^T (small_gemm.h:
+        // on this thread, no allocation).
+        gemm_nt_f32(M, n, dim, a.scale, Q.data(), dim, rows, dim, 0.0f, P.data(), n);
         for (int64_t r = 0; r < M; ++r) {
           float* p = P.data() + r * n;
           const int64_t vis = std::clamp<int64_t>(a.q_pos0 + t0 + r / H - a.k_pos0 + 1 - j0, 0, n);
@@ -225,7 +227,7 @@ void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, f
             for (float* o = acc + r * kvr; o < acc + (r + 1) * kvr; ++o) *o *= keep;
         }
         // One shared value: acc [M, kv_lora] += P c_KV.
-        sgemm(ctx, false, false, M, kvr, n, 1.0f, P.data(), n, rows, dim, 1.0f, acc, kvr);
+        gemm_nn_f32(M, kvr, n, 1.0f, P.data(), n, rows, dim, 1.0f, acc, kvr);
       }
       for (int64_t r = 0; r < M; ++r) {
         if (l[size_t(r)] == 0.0f) {
