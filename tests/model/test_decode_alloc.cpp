@@ -7,9 +7,10 @@
 // (libstdc++, libgomp, oneDNN) allocate through them too. Not under AddressSanitizer, which
 // replaces them itself.
 // Allocations from inside libdnnl are tallied apart, by the allocating code's address: oneDNN's
-// sgemm allocates its packing workspace on every call (posix_memalign). A decode step of up to 16
-// tokens calls none (the absorb attention's products are backend/cpu/small_gemm.h's, the
-// projections the GEMV), so there the count must be zero in both precisions, libdnnl included.
+// sgemm allocates its packing workspace on every call (posix_memalign). A decode step (one token
+// per sequence) calls none: the absorb attention's products of up to 128 query rows are
+// backend/cpu/small_gemm.h's, products of up to 16 tokens the GEMV. There the count must be zero
+// in both precisions, libdnnl included.
 // Only the precise precision's products past the GEMV (LargeBatch: 20 tokens) still go through
 // sgemm, on row blocks dequantized to float32 (ops.cpp matmul, Kernel::DequantSgemm / Sgemm):
 // that is the float32 reference mode, where oneDNN's sgemm is the trusted product, so its
