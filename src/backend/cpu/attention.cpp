@@ -11,6 +11,7 @@
 #include "backend/cpu/amx.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/small_gemm.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/vec_math.h"
 
@@ -160,6 +161,12 @@ namespace {
 // splitting across threads.
 constexpr int64_t kKeyBlock = 256;
 constexpr int64_t kSplitKeys = 1024;
+// Query rows (tokens x heads) up to which the products run on small_gemm.h's kernels (decode:
+// one token of up to 128 heads), which allocate nothing; one thread, bench/absorb_gemm: at 16-32
+// rows as fast as oneDNN's sgemm (both products together), at 64-128 rows 0.75x (scores) and
+// 0.9x (P c_KV) of it. Past it oneDNN's sgemm, whose packing pays off on many rows (the absorb
+// of 16 tokens x 16 heads: ~15-25% faster in bench/attention_paths) but allocates on every call.
+constexpr int64_t kSmallGemmRows = 128;
 
 }  // namespace
 
@@ -206,7 +213,8 @@ void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, f
         const float* rows = a.latent ? a.latent + j0 * dim : C.data();
         if (!a.latent) a.gather(j0, n, C.data());
         // One shared key per cached token for all heads: scores [M, n] = Q rows^T.
-        sgemm(ctx, false, true, M, n, dim, a.scale, Q.data(), dim, rows, dim, 0.0f, P.data(), n);
+        if (M <= kSmallGemmRows) gemm_nt_f32(M, n, dim, a.scale, Q.data(), dim, rows, dim, 0.0f, P.data(), n);
+        else sgemm(ctx, false, true, M, n, dim, a.scale, Q.data(), dim, rows, dim, 0.0f, P.data(), n);
         for (int64_t r = 0; r < M; ++r) {
           float* p = P.data() + r * n;
           const int64_t vis = std::clamp<int64_t>(a.q_pos0 + t0 + r / H - a.k_pos0 + 1 - j0, 0, n);
@@ -225,7 +233,8 @@ void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, f
             for (float* o = acc + r * kvr; o < acc + (r + 1) * kvr; ++o) *o *= keep;
         }
         // One shared value: acc [M, kv_lora] += P c_KV.
-        sgemm(ctx, false, false, M, kvr, n, 1.0f, P.data(), n, rows, dim, 1.0f, acc, kvr);
+        if (M <= kSmallGemmRows) gemm_nn_f32(M, kvr, n, 1.0f, P.data(), n, rows, dim, 1.0f, acc, kvr);
+        else sgemm(ctx, false, false, M, kvr, n, 1.0f, P.data(), n, rows, dim, 1.0f, acc, kvr);
       }
       for (int64_t r = 0; r < M; ++r) {
         if (l[size_t(r)] == 0.0f) {
