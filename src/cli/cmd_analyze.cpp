@@ -31,11 +31,7 @@ int run(int argc, char** argv) {
   peak->needs(bw);
   bw->needs(peak);
   app.add_flag("--json", json_out, "write the figures as one JSON object");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  CLI11_PARSE(app, argc, argv);
   if (config_path.empty() && preset.empty()) throw std::invalid_argument("give --config FILE or --preset NAME (" + names + ")");
 
   mla::ModelConfig cfg;
