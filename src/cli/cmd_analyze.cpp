@@ -2,10 +2,10 @@
 // intensity against a roofline), for a config.json or an entry of the preset table
 // (model/presets.h: the released models and the benchmark's checkpoint).
 #include <CLI/CLI.hpp>
-#include <fstream>
 #include <iostream>
 
 #include "cli/command.h"
+#include "format/json_file.h"
 #include "tools/analyze.h"
 #include "model/presets.h"
 
@@ -31,11 +31,7 @@ int run(int argc, char** argv) {
   peak->needs(bw);
   bw->needs(peak);
   app.add_flag("--json", json_out, "write the figures as one JSON object");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  CLI11_PARSE(app, argc, argv);
   if (config_path.empty() && preset.empty()) throw std::invalid_argument("give --config FILE or --preset NAME (" + names + ")");
 
   mla::ModelConfig cfg;
@@ -44,15 +40,7 @@ int run(int argc, char** argv) {
     cfg = mla::analyze_preset(preset);
     name = preset;
   } else {
-    std::ifstream f(config_path);
-    if (!f) throw std::runtime_error(config_path + ": cannot open");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(f);
-    } catch (const nlohmann::json::exception& e) {
-      throw std::runtime_error(config_path + ": not valid JSON: " + e.what());
-    }
-    cfg = mla::ModelConfig::from_json(j, config_path);
+    cfg = mla::ModelConfig::from_json(mla::read_json_file(config_path, "not valid JSON"), config_path);
     name = config_path;
   }
   std::vector<mla::AnalyzeCase> cases;

@@ -33,11 +33,7 @@ int run(int argc, char** argv) {
   app.add_option("--huge-pages", o.huge_pages,
                  "auto | on | off: copy the weights onto transparent huge pages at load (auto: when they take "
                  "under half the available memory)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  CLI11_PARSE(app, argc, argv);
   std::erase(o.batches, 0);
   auto rep = mla::bench::run(o);
   std::fputs(mla::bench::format_report(rep).c_str(), stdout);

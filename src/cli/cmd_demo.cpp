@@ -11,7 +11,7 @@
 #include <fstream>
 
 #include "cli/command.h"
-#include "cli/cpu_options.h"
+#include "cli/options.h"
 #include "tools/analyze.h"
 #include "engine/engine.h"
 #include "tools/verify.h"
@@ -84,20 +84,16 @@ int demo(int argc, char** argv) {
   std::string prompt =
       "Multi-head latent attention keeps one small latent vector per token instead of a key and a value for every head.";
   int64_t n = 48;
-  int threads = 0;
+  mla::cli::CpuOptions cpu;
   uint64_t seed = 1;
   app.add_option("--dir", dir, "folder of the demo checkpoint (written if missing, else reused)");
   app.add_option("-n,--max-tokens", n, "tokens to generate");
   app.add_option("--prompt", prompt, "prompt text");
   app.add_option("--seed", seed, "sampling seed");
-  app.add_option("--threads", threads, "CPU threads (default: all)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  mla::cli::add_cpu_options(app, cpu);
+  CLI11_PARSE(app, argc, argv);
   if (n < 0) throw std::invalid_argument("--max-tokens must not be negative");
-  const mla::cpu::Context ctx = mla::cli::cpu_context(threads);
+  const mla::cpu::Context ctx = cpu.context();
 
   // 1. The checkpoint: hub layout, random weights, byte-level tokenizer.
   const nlohmann::json config = mla::demo_config(kDemoVocab);

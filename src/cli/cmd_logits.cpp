@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "cli/command.h"
-#include "cli/cpu_options.h"
+#include "cli/options.h"
 #include "tools/run_modes.h"
 #include "format/safetensors.h"
 
@@ -16,9 +16,9 @@ namespace {
 int run(int argc, char** argv) {
   CLI::App app{"Compute the logits of a token sequence at every position (float32 [ids, vocab])", "mla logits"};
   std::string model_dir, ids_str, out, attn = "", mode = "prefill", kv_dtype = "f32";
-  int threads = 0;
+  mla::cli::CpuOptions cpu;
   int64_t prefix_chunk = 1024, page_size = 64;
-  app.add_option("-m,--model", model_dir, "checkpoint folder (config.json, *.safetensors)")->required();
+  mla::cli::add_model_option(app, model_dir, mla::cli::kWeightsHelp);
   app.add_option("--ids", ids_str, "comma-separated token ids")->required();
   app.add_option("--out", out, "output .safetensors file (tensor 'logits')")->required();
   app.add_option("--attn", attn, "auto | expand | absorb | chunked (default: absorb for decode, else auto)");
@@ -26,12 +26,8 @@ int run(int argc, char** argv) {
   app.add_option("--prefix-chunk", prefix_chunk, "tokens of cached prefix expanded at a time (chunked path)");
   app.add_option("--kv-dtype", kv_dtype, "latent cache storage: f32 | bf16 | fp8");
   app.add_option("--page-size", page_size, "tokens per cache page");
-  app.add_option("--threads", threads, "CPU threads (default: all)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  mla::cli::add_cpu_options(app, cpu);
+  CLI11_PARSE(app, argc, argv);
   mla::RunOptions opt;
   opt.mode = mla::RunMode::parse(mode);
   opt.path = attn.empty() ? (opt.mode.kind == mla::RunMode::Decode ? mla::AttnPath::Absorb : mla::AttnPath::Auto)
@@ -42,7 +38,7 @@ int run(int argc, char** argv) {
   opt.page_size = page_size;
   opt.kv_dtype = mla::parse_kv_dtype(kv_dtype);
   auto ids = mla::cli::parse_id_list(ids_str);
-  auto model = mla::Model::load(model_dir, mla::cli::cpu_context(threads), isatty(STDERR_FILENO));
+  auto model = mla::Model::load(model_dir, cpu.context(), isatty(STDERR_FILENO));
   auto logits = mla::run_logits(*model, ids, opt);
   mla::write_safetensors(out, {{"logits", mla::tensor_f32({int64_t(ids.size()), model->config().vocab_size}, logits.data())}});
   return 0;

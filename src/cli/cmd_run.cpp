@@ -17,7 +17,7 @@
 #include <random>
 
 #include "cli/command.h"
-#include "cli/cpu_options.h"
+#include "cli/options.h"
 #include "engine/generation_config.h"
 #include "engine/engine.h"
 #include "tokenizer/chat_template.h"
@@ -34,8 +34,7 @@ struct RunOptions {
   uint64_t seed = 0;
   std::vector<std::string> stop;
   double kv_cache_gb = 0;
-  int threads = 0;
-  std::string precision = "fast";
+  mla::cli::CpuOptions cpu{.precision = "fast"};
   bool chat = false, ignore_eos = false, quiet = false;
   // Options given on the command line (they override generation_config.json).
   std::map<std::string, CLI::Option*> given;
@@ -43,7 +42,7 @@ struct RunOptions {
 };
 
 void add_options(CLI::App& app, RunOptions& o, bool chat_command) {
-  app.add_option("-m,--model", o.model_dir, "checkpoint folder (config.json, *.safetensors, tokenizer.json)")->required();
+  mla::cli::add_model_option(app, o.model_dir);
   if (!chat_command) {
     app.add_option("-p,--prompt", o.prompt, "the prompt text")->required();
     app.add_flag("--chat", o.chat, "apply the model's chat template to the prompt, as one user message");
@@ -65,10 +64,9 @@ void add_options(CLI::App& app, RunOptions& o, bool chat_command) {
   app.add_flag("--ignore-eos", o.ignore_eos, "do not stop at EOS tokens");
   app.add_option("--kv-dtype", o.kv_dtype, "latent cache storage: bf16 | fp8 | f32");
   app.add_option("--kv-cache-gb", o.kv_cache_gb, "KV cache budget in GB (default: the context length, at most 1 GiB)");
-  app.add_option("--threads", o.threads, "CPU threads (default: all)");
-  app.add_option("--precision", o.precision,
-                 "fast (bf16 activations in the matrix products, AMX for prompts; `mla verify` reports its error) | "
-                 "precise (float32 throughout, the precision of `mla logits`)");
+  mla::cli::add_cpu_options(app, o.cpu,
+                            "fast (bf16 activations in the matrix products, AMX for prompts; `mla verify` reports its error) | "
+                            "precise (float32 throughout, the precision of `mla logits`)");
   app.add_flag("-q,--quiet", o.quiet, "no statistics on stderr");
 }
 
@@ -82,7 +80,7 @@ struct Session {
 };
 
 Session open_session(RunOptions& o) {
-  const mla::cpu::Context ctx = mla::cli::cpu_context(o.threads, o.precision);
+  const mla::cpu::Context ctx = o.cpu.context();
   if (o.kv_cache_gb < 0) throw std::invalid_argument("--kv-cache-gb must not be negative");
   Session s;
   const mla::KvDType kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
@@ -176,11 +174,7 @@ int run_cmd(int argc, char** argv) {
   CLI::App app{"Generate text: stream the model's continuation of a prompt to stdout", "mla run"};
   RunOptions o;
   add_options(app, o, false);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  CLI11_PARSE(app, argc, argv);
   Session s = open_session(o);
   std::vector<int32_t> ids;
   if (o.chat) {
@@ -208,11 +202,7 @@ int chat_cmd(int argc, char** argv) {
                "mla chat"};
   RunOptions o;
   add_options(app, o, true);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  CLI11_PARSE(app, argc, argv);
   Session s = open_session(o);
   const std::string& tmpl = require_template(*s.tokenizer, o.model_dir);
   const bool interactive = ::isatty(STDIN_FILENO);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/options.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -46,7 +47,7 @@ int tokenize_main(int argc, char** argv) {
   app.name("mla tokenize");
   std::string model_dir;
   bool special = false;
-  app.add_option("-m,--model", model_dir, "model folder with tokenizer.json")->required();
+  mla::cli::add_model_option(app, model_dir, "model folder with tokenizer.json");
   app.add_flag("--special", special, "add special tokens (BOS/EOS as tokenizer_config.json says)");
   CLI11_PARSE(app, argc, argv);
   auto tokenizer = mla::Tokenizer::load(model_dir);
@@ -59,7 +60,7 @@ int detokenize_main(int argc, char** argv) {
   app.name("mla detokenize");
   std::string model_dir;
   bool skip_special = false;
-  app.add_option("-m,--model", model_dir, "model folder with tokenizer.json")->required();
+  mla::cli::add_model_option(app, model_dir, "model folder with tokenizer.json");
   app.add_flag("--skip-special", skip_special, "leave out special tokens");
   CLI11_PARSE(app, argc, argv);
   auto tokenizer = mla::Tokenizer::load(model_dir);
@@ -87,7 +88,7 @@ int chat_template_main(int argc, char** argv) {
   app.name("mla chat-template");
   std::string model_dir, messages_path;
   bool add_generation_prompt = false, print_ids = false;
-  app.add_option("-m,--model", model_dir, "model folder with tokenizer.json and tokenizer_config.json")->required();
+  mla::cli::add_model_option(app, model_dir, "model folder with tokenizer.json and tokenizer_config.json");
   app.add_option("--messages", messages_path,
                  "JSON file: a list of messages, or an object with \"messages\" (and optionally \"tools\")")
       ->required();

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "cli/command.h"
-#include "cli/cpu_options.h"
+#include "cli/options.h"
 #include "tools/verify.h"
 
 namespace {
@@ -20,9 +20,9 @@ int run(int argc, char** argv) {
   std::string model_dir, ids_str;
   int64_t random_n = 0, decode = 8, page_size = 64;
   uint64_t seed = 1;
-  int threads = 0;
+  mla::cli::CpuOptions cpu;
   bool json_out = false;
-  app.add_option("-m,--model", model_dir, "checkpoint folder (config.json, *.safetensors)")->required();
+  mla::cli::add_model_option(app, model_dir, mla::cli::kWeightsHelp);
   auto* ids_opt = app.add_option("--ids", ids_str, "comma-separated prompt token ids");
   auto* rnd_opt = app.add_option("--random", random_n, "a prompt of N random token ids (default 32)");
   ids_opt->excludes(rnd_opt);
@@ -30,18 +30,14 @@ int run(int argc, char** argv) {
   app.add_option("--seed", seed, "seed of --random");
   app.add_option("--decode", decode, "greedy decode steps after the prompt");
   app.add_option("--page-size", page_size, "tokens per cache page");
-  app.add_option("--threads", threads, "CPU threads (default: all)");
+  mla::cli::add_cpu_options(app, cpu);
   app.add_flag("--json", json_out, "write the report as one JSON object");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  CLI11_PARSE(app, argc, argv);
   if (decode < 0) throw std::invalid_argument("--decode must be >= 0");
   if (page_size <= 0) throw std::invalid_argument("--page-size must be positive");
   if (*rnd_opt && random_n <= 0) throw std::invalid_argument("--random must be positive");
 
-  auto model = mla::Model::load(model_dir, mla::cli::cpu_context(threads));
+  auto model = mla::Model::load(model_dir, cpu.context());
   mla::VerifyOptions opt;
   opt.decode_steps = decode;
   opt.page_size = page_size;

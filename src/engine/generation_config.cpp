@@ -3,8 +3,9 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <stdexcept>
+
+#include "format/json_file.h"
 
 namespace mla {
 
@@ -64,15 +65,7 @@ GenerationConfig GenerationConfig::load(const std::string& model_dir, const Mode
   GenerationConfig g;
   const std::string path = model_dir + "/generation_config.json";
   if (std::filesystem::exists(path)) {
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error(path + ": cannot open");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw std::runtime_error(path + ": bad JSON: " + e.what());
-    }
-    g = from_json(j, path);
+    g = from_json(read_json_file(path), path);
   }
   std::vector<int64_t> eos = model.eos_token_ids;
   for (int64_t id : g.eos_token_ids)
