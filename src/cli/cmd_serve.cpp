@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "cli/command.h"
-#include "cli/cpu_options.h"
+#include "cli/options.h"
 #include "engine/generation_config.h"
 #include "engine/engine.h"
 #include "server/server.h"
@@ -28,8 +28,7 @@ struct ServeOptions {
   int port = 8080;
   double kv_cache_gb = 0;
   int64_t max_batch_tokens = 512, max_num_seqs = 64, page_size = 64;
-  int threads = 0;
-  std::string precision = "fast";
+  mla::cli::CpuOptions cpu{.threads = 0, .precision = "fast"};
   bool no_prefix_cache = false;
   std::string tool_call_parser, reasoning_parser, chat_template_kwargs, api_key;
 };
@@ -44,7 +43,7 @@ std::string default_model_name(const std::string& dir) {
 int serve_cmd(int argc, char** argv) {
   CLI::App app{"Serve the model over an OpenAI-compatible HTTP API with continuous batching", "mla serve"};
   ServeOptions o;
-  app.add_option("-m,--model", o.model_dir, "checkpoint folder (config.json, *.safetensors, tokenizer.json)")->required();
+  mla::cli::add_model_option(app, o.model_dir);
   app.add_option("--host", o.host, "address to listen on (default 127.0.0.1)");
   app.add_option("--port", o.port, "TCP port (default 8080; 0: any free port, printed)");
   app.add_option("--kv-cache-gb", o.kv_cache_gb,
@@ -53,9 +52,8 @@ int serve_cmd(int argc, char** argv) {
   app.add_option("--max-batch-tokens", o.max_batch_tokens, "new tokens per forward pass: decode tokens + prefill chunks");
   app.add_option("--max-num-seqs", o.max_num_seqs, "sequences running at once");
   app.add_option("--page-size", o.page_size, "tokens per KV cache page");
-  app.add_option("--threads", o.threads, "CPU threads (default: all)");
-  app.add_option("--precision", o.precision,
-                 "fast (bf16 activations in the matrix products, AMX for prompts) | precise (float32 throughout)");
+  mla::cli::add_cpu_options(app, o.cpu,
+                            "fast (bf16 activations in the matrix products, AMX for prompts) | precise (float32 throughout)");
   app.add_option("--served-model-name", o.served_model_name, "the model name of the API (default: the folder's name)");
   app.add_flag("--no-prefix-cache", o.no_prefix_cache, "do not share cached prompt prefixes between requests");
   app.add_option("--tool-call-parser", o.tool_call_parser,
@@ -67,11 +65,7 @@ int serve_cmd(int argc, char** argv) {
   app.add_option("--chat-template-kwargs", o.chat_template_kwargs,
                  "JSON object of chat template variables for every request, e.g. '{\"thinking\": true}'");
   app.add_option("--api-key", o.api_key, "require Authorization: Bearer KEY on /v1/* (default: MLA_API_KEY)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  CLI11_PARSE(app, argc, argv);
   if (o.kv_cache_gb < 0) throw std::invalid_argument("--kv-cache-gb must not be negative");
   if (o.page_size <= 0) throw std::invalid_argument("--page-size must be positive");
   if (o.port < 0 || o.port > 65535) throw std::invalid_argument("--port must be in [0, 65535]");
@@ -82,7 +76,7 @@ int serve_cmd(int argc, char** argv) {
   }
   if (o.api_key.empty())
     if (const char* k = std::getenv("MLA_API_KEY")) o.api_key = k;
-  const mla::cpu::Context ctx = mla::cli::cpu_context(o.threads, o.precision);
+  const mla::cpu::Context ctx = o.cpu.context();
   const mla::KvDType kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
 
   // Every thread started from here on inherits the blocked signals; one thread waits for them.
