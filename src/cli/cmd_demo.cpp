@@ -12,7 +12,7 @@
 
 #include "cli/command.h"
 #include "cli/options.h"
-#include "tools/analyze.h"
+#include "model/presets.h"
 #include "engine/engine.h"
 #include "tools/verify.h"
 #include "tools/checkpoint_writer.h"
@@ -145,9 +145,10 @@ int demo(int argc, char** argv) {
 
   // 3. The cache: one latent row per token and layer against the expanded K and V of every head.
   const int64_t L = c.num_hidden_layers, H = c.num_attention_heads;
-  const int64_t expanded = H * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim) * 2 * L;
-  const int64_t latent_bf16 = mla::LatentPool::row_bytes(c.kv_lora_rank, c.qk_rope_head_dim, mla::KvDType::BF16) * L;
-  const int64_t latent_fp8 = mla::LatentPool::row_bytes(c.kv_lora_rank, c.qk_rope_head_dim, mla::KvDType::FP8) * L;
+  const mla::CacheShape shape = mla::CacheShape::of(c);
+  const int64_t expanded = mla::expanded_bytes_per_token(shape, 2);
+  const int64_t latent_bf16 = mla::latent_bytes_per_token(shape, mla::KvDType::BF16);
+  const int64_t latent_fp8 = mla::latent_bytes_per_token(shape, mla::KvDType::FP8);
   std::printf("\nKV cache per token, all %lld layers:\n", (long long)L);
   std::printf("  expanded (MHA form)  %8s bytes   %lld heads x (%lld + %lld + %lld) values x 2 bytes (bf16)\n",
               with_commas(expanded).c_str(), (long long)H, (long long)c.qk_nope_head_dim,
@@ -159,10 +160,9 @@ int demo(int argc, char** argv) {
               with_commas(latent_fp8).c_str(), double(expanded) / double(latent_fp8));
   {
     // The same arithmetic at the released DeepSeek-V3's shape, where the saving is the point.
-    const mla::ModelConfig v3 = mla::analyze_preset("deepseek-v3");
-    const int64_t v3_expanded = v3.num_attention_heads * (v3.qk_head_dim() + v3.v_head_dim) * 2 * v3.num_hidden_layers;
-    const int64_t v3_latent =
-        mla::LatentPool::row_bytes(v3.kv_lora_rank, v3.qk_rope_head_dim, mla::KvDType::BF16) * v3.num_hidden_layers;
+    const mla::ModelConfig v3 = mla::preset_config("deepseek-v3");
+    const int64_t v3_expanded = mla::expanded_bytes_per_token(mla::CacheShape::of(v3), 2);
+    const int64_t v3_latent = mla::latent_bytes_per_token(mla::CacheShape::of(v3), mla::KvDType::BF16);
     std::printf("  DeepSeek-V3 itself (%lld layers, %lld heads, %lld + %lld latent): %s bytes latent (bf16) vs %s "
                 "expanded, %.1fx\n",
                 (long long)v3.num_hidden_layers, (long long)v3.num_attention_heads, (long long)v3.kv_lora_rank,

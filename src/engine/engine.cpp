@@ -21,15 +21,14 @@ int64_t kv_cache_pages(const ModelConfig& c, double budget_bytes, int64_t page_s
     if (pages < 1)
       throw std::invalid_argument(
           "a budget of " + std::to_string(int64_t(budget_bytes)) + " bytes is too small for one page of the KV cache (" +
-          std::to_string(LatentPool::row_bytes(c.kv_lora_rank, c.qk_rope_head_dim, dtype) * c.num_hidden_layers *
-                         page_size) +
+          std::to_string(latent_bytes_per_page(CacheShape::of(c), dtype, page_size)) +
           " bytes)");
     return pages;
   }
   const int64_t context = c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096;
   const int64_t cap = LatentPool::pages_for_budget(double(1ull << 30), c.num_hidden_layers, c.kv_lora_rank,
                                                    c.qk_rope_head_dim, page_size, dtype);
-  return std::min((context + page_size - 1) / page_size * std::max<int64_t>(sequences, 1), std::max<int64_t>(cap, 1));
+  return std::min(pages_for_tokens(context, page_size) * std::max<int64_t>(sequences, 1), std::max<int64_t>(cap, 1));
 }
 
 namespace {

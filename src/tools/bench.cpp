@@ -390,7 +390,7 @@ Report run(const Options& opt) {
     if (opt.context < 1) throw std::invalid_argument("--context must be at least 1");
     // The runs below, then as many again beside the engine's.
     const int64_t total = opt.context + 2 * (opt.runs + 1) * opt.decode_tokens;
-    LatentPool pool = model->make_pool((total + 63) / 64 + 1, 64);
+    LatentPool pool = model->make_pool(pages_for_tokens(total, 64) + 1, 64);
     PageTable seq;
     auto prompt = ids(opt.context);
     SeqSlice s{&seq, prompt};
@@ -433,7 +433,7 @@ Report run(const Options& opt) {
     // that each ratio compares two runs that saw the same machine.
     say("decode through the engine (batch 1, greedy) ...");
     EngineOptions eo;
-    eo.kv_pages = (opt.context + opt.decode_tokens + 1 + 63) / 64 + 1;
+    eo.kv_pages = pages_for_tokens(opt.context + opt.decode_tokens + 1, 64) + 1;
     eo.max_running = 1;
     eo.prefix_cache = false;
     Engine engine(*model, nullptr, eo);
@@ -472,7 +472,7 @@ Report run(const Options& opt) {
       // Like decode against the read loop: each run is set against the GEMM rate around it.
       const double g = probe.measure(2);
       model->set_profile(r > 0 ? &prof : nullptr);
-      LatentPool pool = model->make_pool((opt.prompt_tokens + 63) / 64, 64);
+      LatentPool pool = model->make_pool(pages_for_tokens(opt.prompt_tokens, 64), 64);
       PageTable seq;
       auto prompt = ids(opt.prompt_tokens);
       SeqSlice s{&seq, prompt};
@@ -497,7 +497,7 @@ Report run(const Options& opt) {
     if (B <= 0) throw std::invalid_argument("batch sizes must be positive");
     say("batched decode, batch " + std::to_string(B) + " ...");
     const int64_t per_seq = 8 + (opt.runs + 1) * opt.batch_steps;
-    LatentPool pool = model->make_pool(B * ((per_seq + 63) / 64), 64);
+    LatentPool pool = model->make_pool(B * pages_for_tokens(per_seq, 64), 64);
     std::vector<PageTable> seqs(static_cast<size_t>(B));
     std::vector<std::vector<int32_t>> toks(static_cast<size_t>(B));
     std::vector<SeqSlice> batch(static_cast<size_t>(B));

@@ -33,7 +33,7 @@ std::vector<float> run_logits(Model& model, const std::vector<int32_t>& ids, con
   if (opt.mode.kind == RunMode::Extend && opt.mode.prefix > n)
     throw std::invalid_argument("extend:" + std::to_string(opt.mode.prefix) + " is longer than the " +
                                 std::to_string(n) + " ids given");
-  LatentPool pool = model.make_pool((n + opt.page_size - 1) / opt.page_size, opt.page_size, opt.kv_dtype);
+  LatentPool pool = model.make_pool(pages_for_tokens(n, opt.page_size), opt.page_size, opt.kv_dtype);
   PageTable seq;
   // The pieces fed to the model, in order.
   std::vector<std::pair<int64_t, int64_t>> steps;

@@ -59,7 +59,7 @@ PathRun run_path(Model& model, const std::vector<int32_t>& prompt, std::vector<i
                  bool reference = false) {
   const ModelConfig& c = model.config();
   const int64_t V = c.vocab_size, L = c.num_hidden_layers, n = int64_t(prompt.size()), total = n + K;
-  LatentPool pool = model.make_pool((total + page_size - 1) / page_size, page_size, dtype);
+  LatentPool pool = model.make_pool(pages_for_tokens(total, page_size), page_size, dtype);
   PageTable seq;
   PathRun r;
   r.attn.resize(size_t(L));
@@ -92,8 +92,7 @@ PathRun run_path(Model& model, const std::vector<int32_t>& prompt, std::vector<i
   cb.latent_active = cb.active_tokens * cb.bytes_per_token;
   cb.latent_allocated = cb.pages_used * cb.bytes_per_page;
   cb.expanded_elem_bytes = dtype == KvDType::F32 ? 4 : dtype == KvDType::BF16 ? 2 : 1;
-  const int64_t expanded_per_token =
-      (c.num_attention_heads * c.qk_head_dim() + c.num_attention_heads * c.v_head_dim) * cb.expanded_elem_bytes * L;
+  const int64_t expanded_per_token = expanded_bytes_per_token(CacheShape::of(c), cb.expanded_elem_bytes);
   cb.expanded_active = cb.active_tokens * expanded_per_token;
   cb.expanded_allocated = cb.pages_used * cb.page_size * expanded_per_token;
   return r;
