@@ -134,11 +134,10 @@ std::string tool_call_gbnf(const std::string& parser, const AgentFields& a, cons
 StructuredOutputs::StructuredOutputs(const Tokenizer& tokenizer, int64_t vocab_size)
     : tokenizer_(tokenizer), vocab_size_(vocab_size) {}
 
-std::shared_ptr<const grammar::TokenTable> StructuredOutputs::table(const std::string& tool_parser,
-                                                                    const std::vector<int64_t>& stops) {
+grammar::GrammarCache& StructuredOutputs::cache(const std::string& tool_parser, const std::vector<int64_t>& stops) {
   std::string key = tool_parser;
   for (int64_t s : stops) key.append(",").append(std::to_string(s));
-  if (auto it = tables_.find(key); it != tables_.end()) return it->second;
+  if (auto it = caches_.find(key); it != caches_.end()) return *it->second;
   const std::vector<int32_t> markers = parser_marker_ids(tokenizer_, tool_parser, "", false);
   const size_t n = std::max<size_t>(size_t(vocab_size_), tokenizer_.vocab_size());
   std::vector<std::optional<std::string>> bytes(n);
@@ -155,8 +154,7 @@ std::shared_ptr<const grammar::TokenTable> StructuredOutputs::table(const std::s
   }
   std::vector<int32_t> stop_ids(stops.begin(), stops.end());
   auto t = std::make_shared<const grammar::TokenTable>(std::move(bytes), std::move(stop_ids));
-  tables_[key] = t;
-  return t;
+  return *(caches_[key] = std::make_unique<grammar::GrammarCache>(std::move(t)));
 }
 
 std::shared_ptr<const grammar::CompiledGrammar> StructuredOutputs::grammar_for(const ParsedRequest& p) {
@@ -181,21 +179,12 @@ std::shared_ptr<const grammar::CompiledGrammar> StructuredOutputs::grammar_for(c
     throw ApiError(400, "a constrained output needs an end of sequence: 'ignore_eos' cannot be set with it",
                    "ignore_eos");
   std::lock_guard lk(mu_);
-  const std::string tool_parser = param == "tools" ? p.tool_parser : "";
-  auto tokens = table(tool_parser, p.request.eos_token_ids);
-  std::string key = tool_parser + "|";
-  for (int64_t s : p.request.eos_token_ids) key += std::to_string(s) + ",";
-  key += "|" + text;
-  if (auto it = cache_.find(key); it != cache_.end()) return it->second;
-  std::shared_ptr<const grammar::CompiledGrammar> g;
+  grammar::GrammarCache& grammars = cache(param == "tools" ? p.tool_parser : "", p.request.eos_token_ids);
   try {
-    g = std::make_shared<const grammar::CompiledGrammar>(grammar::Grammar::parse(text), tokens);
+    return grammars.gbnf(text);
   } catch (const std::invalid_argument& e) {
     throw ApiError(400, std::string("the output's grammar failed: ") + e.what(), param);
   }
-  if (cache_.size() >= 64) cache_.erase(cache_.begin());
-  cache_[key] = g;
-  return g;
 }
 
 }  // namespace mla::server

@@ -18,14 +18,16 @@
 //    DeepSeek) is a whole-token terminal of the grammar: it is written only where the format
 //    puts it, never inside the arguments; no other special token is allowed.
 // A schema with unsupported keywords or malformed raises ApiError 400 naming them (param
-// "response_format" or "tools"). Compiled grammars are cached by their text (the per-position
-// token sets are computed once for repeated requests).
+// "response_format" or "tools"). Compiled grammars are kept in a grammar::GrammarCache per
+// token table, by their text (the per-position token sets are computed once for repeated
+// requests).
 #pragma once
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 
+#include "grammar/cache.h"
 #include "grammar/matcher.h"
 #include "server/openai.h"
 
@@ -47,12 +49,12 @@ class StructuredOutputs {
   std::shared_ptr<const grammar::CompiledGrammar> grammar_for(const ParsedRequest& p);
 
  private:
-  std::shared_ptr<const grammar::TokenTable> table(const std::string& tool_parser, const std::vector<int64_t>& stops);
+  // The compiled grammars over the token table of a tool parser's markers and stop ids.
+  grammar::GrammarCache& cache(const std::string& tool_parser, const std::vector<int64_t>& stops);
   const Tokenizer& tokenizer_;
   int64_t vocab_size_;
   std::mutex mu_;
-  std::map<std::string, std::shared_ptr<const grammar::TokenTable>> tables_;      // by parser and stop ids
-  std::map<std::string, std::shared_ptr<const grammar::CompiledGrammar>> cache_;  // by table key and grammar text
+  std::map<std::string, std::unique_ptr<grammar::GrammarCache>> caches_;  // by parser and stop ids
 };
 
 }  // namespace mla::server
