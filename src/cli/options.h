@@ -2,11 +2,25 @@
 // of the command's --help; the help text is the command's where commands word it differently.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <stdexcept>
 #include <string>
 
-#include "cli/cpu_options.h"
+#include "backend/cpu/context.h"
 
 namespace mla::cli {
+
+// threads: --threads (0: all cores); precision: --precision ("fast" | "precise").
+inline cpu::Context cpu_context(int threads, const std::string& precision = "precise") {
+  if (threads < 0) throw std::invalid_argument("--threads must not be negative, got " + std::to_string(threads));
+  cpu::Context ctx;
+  ctx.threads = threads;
+  try {
+    ctx.precision = cpu::parse_precision(precision);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("--precision: ") + e.what());
+  }
+  return ctx;
+}
 
 inline constexpr const char* kCheckpointHelp = "checkpoint folder (config.json, *.safetensors, tokenizer.json)";
 inline constexpr const char* kWeightsHelp = "checkpoint folder (config.json, *.safetensors)";
