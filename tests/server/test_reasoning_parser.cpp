@@ -5,24 +5,11 @@
 // text leaks.
 #include <gtest/gtest.h>
 
-#include <random>
-
 #include "server/reasoning_parser.h"
+#include "server/stream_splits.h"
 
 namespace mla::server {
 namespace {
-
-bool valid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    unsigned char c = s[i];
-    size_t n = c < 0x80 ? 0 : c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : 9;
-    if (n == 9 || i + n >= s.size()) return false;
-    for (size_t k = 1; k <= n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
-    i += n + 1;
-  }
-  return true;
-}
 
 ReasoningSplit feed_pieces(const std::string& name, ReasoningOptions options, const std::vector<std::string>& pieces) {
   auto p = make_reasoning_parser(name, options);
@@ -31,7 +18,7 @@ ReasoningSplit feed_pieces(const std::string& name, ReasoningOptions options, co
   auto take = [&](const std::vector<ReasoningDelta>& out) {
     for (const ReasoningDelta& d : out) {
       EXPECT_FALSE(d.text.empty());
-      EXPECT_TRUE(valid_utf8(d.text)) << "delta cut inside a character";
+      EXPECT_TRUE(test::valid_utf8(d.text)) << "delta cut inside a character";
       if (d.kind == ReasoningDelta::Kind::Reasoning) {
         EXPECT_FALSE(content_seen) << "reasoning after content";
         split.reasoning += d.text;
@@ -66,21 +53,9 @@ ReasoningSplit split_all_ways(const std::string& name, ReasoningOptions options,
     EXPECT_EQ(s.reasoning, whole.reasoning) << how;
     EXPECT_EQ(s.content, whole.content) << how;
   };
-  for (size_t k = 0; k <= text.size(); ++k)
-    same(feed_pieces(name, options, {text.substr(0, k), text.substr(k)}), "split at " + std::to_string(k));
-  std::vector<std::string> bytes;
-  for (char c : text) bytes.emplace_back(1, c);
-  same(feed_pieces(name, options, bytes), "one byte at a time");
-  std::mt19937 rng(7);
-  for (int trial = 0; trial < 100; ++trial) {
-    std::vector<std::string> pieces;
-    for (size_t i = 0; i < text.size();) {
-      size_t n = std::uniform_int_distribution<size_t>(0, 7)(rng);
-      pieces.push_back(text.substr(i, n));
-      i += n;
-    }
-    same(feed_pieces(name, options, pieces), "random pieces " + std::to_string(trial));
-  }
+  test::for_each_split(
+      text, [&](const std::vector<std::string>& pieces, const std::string& how) { same(feed_pieces(name, options, pieces), how); },
+      100, 7, 7);
   for (const char* m : {"<think>", "</think>"}) {
     EXPECT_EQ(whole.reasoning.find(m), std::string::npos) << "marker text in " << whole.reasoning;
     if (!markers_in_content) {

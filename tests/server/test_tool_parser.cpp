@@ -9,6 +9,7 @@
 #include <random>
 #include <sstream>
 
+#include "server/stream_splits.h"
 #include "server/tool_parser.h"
 #include "tokenizer/chat_template.h"
 
@@ -18,18 +19,6 @@ namespace {
 using Json = nlohmann::json;
 
 // ---- helpers ----------------------------------------------------------------------------------
-
-bool valid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    unsigned char c = s[i];
-    size_t n = c < 0x80 ? 0 : c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : 9;
-    if (n == 9 || i + n >= s.size()) return false;
-    for (size_t k = 1; k <= n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
-    i += n + 1;
-  }
-  return true;
-}
 
 std::function<std::string()> counter_ids() {
   return [n = 0]() mutable { return "call_" + std::to_string(n++); };
@@ -56,7 +45,7 @@ Run feed_pieces(const std::string& parser, const std::vector<std::string>& piece
         case ToolCallDelta::Kind::Content:
           EXPECT_FALSE(d.text.empty());
           if (input_utf8) {
-            EXPECT_TRUE(valid_utf8(d.text)) << "content delta cut inside a character";
+            EXPECT_TRUE(test::valid_utf8(d.text)) << "content delta cut inside a character";
           }
           break;
         case ToolCallDelta::Kind::CallStart:
@@ -97,7 +86,7 @@ void expect_same(const ToolParseResult& a, const ToolParseResult& b, const std::
 // Parses text whole and in every split; returns the whole result after checking that all agree
 // (and agree with parse_tool_calls()).
 ToolParseResult parse_all_ways(const std::string& parser, const std::string& text, const Json& tools = nullptr) {
-  const bool utf8 = valid_utf8(text);
+  const bool utf8 = test::valid_utf8(text);
   Run whole = feed_pieces(parser, {text}, tools, utf8);
   EXPECT_EQ(whole.calls, static_cast<int>(whole.result.tool_calls.size()));
   {
@@ -106,22 +95,12 @@ ToolParseResult parse_all_ways(const std::string& parser, const std::string& tex
     options.make_id = counter_ids();
     expect_same(parse_tool_calls(parser, text, options), whole.result, "parse_tool_calls");
   }
-  for (size_t k = 0; k <= text.size(); ++k)
-    expect_same(feed_pieces(parser, {text.substr(0, k), text.substr(k)}, tools, utf8).result, whole.result,
-                "split at byte " + std::to_string(k));
-  std::vector<std::string> bytes;
-  for (char c : text) bytes.emplace_back(1, c);
-  expect_same(feed_pieces(parser, bytes, tools, utf8).result, whole.result, "one byte at a time");
-  std::mt19937 rng(1234);
-  for (int trial = 0; trial < 100; ++trial) {
-    std::vector<std::string> pieces;
-    for (size_t i = 0; i < text.size();) {
-      size_t n = std::uniform_int_distribution<size_t>(0, 9)(rng);
-      pieces.push_back(text.substr(i, n));
-      i += n;
-    }
-    expect_same(feed_pieces(parser, pieces, tools, utf8).result, whole.result, "random pieces, trial " + std::to_string(trial));
-  }
+  test::for_each_split(
+      text,
+      [&](const std::vector<std::string>& pieces, const std::string& how) {
+        expect_same(feed_pieces(parser, pieces, tools, utf8).result, whole.result, how);
+      },
+      100, 9, 1234);
   return whole.result;
 }
 
@@ -405,7 +384,7 @@ TEST(ToolParser, ContentDeltasNeverEndInsideACharacter) {
     std::vector<ToolCallDelta> out;
     p->feed(text.substr(i, 1), out);
     for (const auto& d : out) {
-      EXPECT_TRUE(valid_utf8(d.text));
+      EXPECT_TRUE(test::valid_utf8(d.text));
       seen += d.text;
     }
     if (i == 3) {
@@ -646,18 +625,12 @@ ChatRun chat_pieces(const std::string& reasoning, ReasoningOptions ro, const std
 
 ChatRun chat_all_ways(const std::string& reasoning, ReasoningOptions ro, const std::string& tools, const std::string& text) {
   ChatRun whole = chat_pieces(reasoning, ro, tools, {text});
-  for (size_t k = 0; k <= text.size(); ++k) {
-    ChatRun split = chat_pieces(reasoning, ro, tools, {text.substr(0, k), text.substr(k)});
-    EXPECT_EQ(split.reasoning, whole.reasoning) << k;
-    EXPECT_EQ(split.content, whole.content) << k;
-    expect_same(split.calls, whole.calls, "chat split at " + std::to_string(k));
-  }
-  std::vector<std::string> bytes;
-  for (char c : text) bytes.emplace_back(1, c);
-  ChatRun one = chat_pieces(reasoning, ro, tools, bytes);
-  EXPECT_EQ(one.reasoning, whole.reasoning);
-  EXPECT_EQ(one.content, whole.content);
-  expect_same(one.calls, whole.calls, "chat one byte at a time");
+  test::for_each_split(text, [&](const std::vector<std::string>& pieces, const std::string& how) {
+    ChatRun split = chat_pieces(reasoning, ro, tools, pieces);
+    EXPECT_EQ(split.reasoning, whole.reasoning) << how;
+    EXPECT_EQ(split.content, whole.content) << how;
+    expect_same(split.calls, whole.calls, "chat " + how);
+  });
   return whole;
 }
 
