@@ -6,11 +6,9 @@
 // time. A last test runs the `mla serve` binary and stops it with SIGTERM.
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <signal.h>
-#include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,11 +21,11 @@
 #include "engine/engine.h"
 #include "server/openai.h"
 #include "server/server.h"
+#include "server/serve_process.h"
 #include "test_util.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
-extern char** environ;
 
 namespace mla {
 namespace {
@@ -457,20 +455,6 @@ TEST_F(ServerTest, ModelsHealthMetrics) {
   EXPECT_GE(value("mla_http_requests_total{endpoint=\"completions\"}"), 1);
 }
 
-// A spawned process, killed (SIGKILL) and reaped when the object goes, unless pid was reset.
-struct ChildProcess {
-  pid_t pid = 0;
-  ChildProcess() = default;
-  ChildProcess(const ChildProcess&) = delete;
-  ChildProcess& operator=(const ChildProcess&) = delete;
-  ~ChildProcess() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-};
-
 TEST(OpenAiNames, FinishReasons) {
   EXPECT_STREQ(server::openai_finish_reason(FinishReason::Eos), "stop");
   EXPECT_STREQ(server::openai_finish_reason(FinishReason::StopString), "stop");
@@ -571,38 +555,12 @@ TEST(ServerDisconnect, ClientGoneCancelsTheRequestAndFreesItsPages) {
 TEST(ServeBinary, ServesAndStopsOnSigterm) {
   namespace fs = std::filesystem;
   test::TempDir dir("serve-bin");
-  for (auto& e : fs::directory_iterator(test::fixture("deepseek-v3-tiny")))
-    if (e.path().filename() != "golden.safetensors") fs::copy(e.path(), dir.path / e.path().filename());
-  Tokenizer::write_byte_level_tokenizer(dir.str(), 512);
-  const std::string log = dir / "serve.log";
-  std::vector<std::string> args = {MLA_BINARY, "serve", "-m", dir.str(), "--port", "0", "--threads", "1",
-                                   "--kv-cache-gb", "0.001", "--served-model-name", "bin-model"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  ChildProcess child;  // killed on every way out of this test, failed assertions included
-  ASSERT_EQ(posix_spawn(&child.pid, MLA_BINARY, &fa, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
-
-  int port = 0;
-  std::regex re(R"(http://127\.0\.0\.1:([0-9]+))");
-  for (int i = 0; i < 600 && port == 0; ++i) {  // up to a minute for the load
-    std::ifstream in(log);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::smatch m;
-    if (std::regex_search(text, m, re)) port = std::stoi(m[1]);
-    else std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    int st;
-    if (port == 0 && waitpid(child.pid, &st, WNOHANG) == child.pid) {
-      child.pid = 0;
-      FAIL() << "mla serve exited early:\n" << text;
-    }
-  }
-  ASSERT_NE(port, 0) << "mla serve printed no address";
+  test::make_served_model(dir.path);
+  // Killed on every way out of this test, failed assertions included.
+  test::ServeProcess child(dir / "serve.log", {"-m", dir.str(), "--threads", "1", "--kv-cache-gb", "0.001",
+                                               "--served-model-name", "bin-model"});
+  ASSERT_NE(child.port, 0) << "mla serve printed no address or exited early:\n" << child.log_text();
+  const int port = child.port;
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(120, 0);
   auto r = c.Post("/v1/completions", json({{"model", "bin-model"}, {"prompt", "hi"}, {"max_tokens", 4}}).dump(),
@@ -616,8 +574,7 @@ TEST(ServeBinary, ServesAndStopsOnSigterm) {
   child.pid = 0;  // reaped
   EXPECT_TRUE(WIFEXITED(status)) << "ended by a signal";
   EXPECT_EQ(WEXITSTATUS(status), 0);
-  std::ifstream in(log);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = child.log_text();
   EXPECT_NE(text.find("stopped after 1 requests"), std::string::npos) << text;
 }
 
