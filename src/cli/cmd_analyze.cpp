@@ -13,7 +13,7 @@ namespace {
 
 int run(int argc, char** argv) {
   std::string names;
-  for (auto& n : mla::analyze_preset_names()) names += (names.empty() ? "" : ", ") + n;
+  for (const mla::Preset& p : mla::presets()) names += (names.empty() ? "" : ", ") + std::string(p.name);
   CLI::App app{"The MLA arithmetic of a model config: KV-cache bytes, FLOPs of the expand and absorb paths, "
                "decode arithmetic intensity",
                "mla analyze"};
@@ -37,7 +37,7 @@ int run(int argc, char** argv) {
   mla::ModelConfig cfg;
   std::string name;
   if (!preset.empty()) {
-    cfg = mla::analyze_preset(preset);
+    cfg = mla::preset_config(preset);
     name = preset;
   } else {
     cfg = mla::ModelConfig::from_json(mla::read_json_file(config_path, "not valid JSON"), config_path);

@@ -26,10 +26,6 @@ class LatentPool {
   // Pages that fit in a budget of bytes (all layers).
   static int64_t pages_for_budget(double bytes, int64_t num_layers, int64_t kv_lora_rank, int64_t rope_dim,
                                   int64_t page_size, KvDType dtype);
-  // latent_row_bytes of kv/cache_size.h.
-  static int64_t row_bytes(int64_t kv_lora_rank, int64_t rope_dim, KvDType dtype) {
-    return latent_row_bytes(kv_lora_rank, rope_dim, dtype);
-  }
 
   int64_t num_layers() const { return num_layers_; }
   int64_t page_size() const { return page_size_; }

@@ -94,19 +94,6 @@ std::string bytes_str(double b) {
 
 }  // namespace
 
-const std::vector<std::string>& analyze_preset_names() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> n;
-    for (auto& p : presets()) n.push_back(p.name);
-    return n;
-  }();
-  return names;
-}
-
-json analyze_preset_json(const std::string& name) { return find_preset(name).config; }
-
-ModelConfig analyze_preset(const std::string& name) { return preset_config(name); }
-
 AnalyzeCase parse_analyze_case(const std::string& s) {
   auto bad = [&](const std::string& why) {
     throw std::invalid_argument("--case '" + s + "': " + why + " (expected T,S: T new tokens, S total tokens, 1 <= T <= S)");

@@ -15,13 +15,6 @@
 
 namespace mla {
 
-// The names of the preset table's entries, in the order `mla analyze --help` lists them.
-const std::vector<std::string>& analyze_preset_names();
-// The config.json of a preset as a JSON object (fields MLA arithmetic does not use may be left
-// out); throws std::invalid_argument for an unknown name. analyze_preset is preset_config.
-nlohmann::json analyze_preset_json(const std::string& name);
-ModelConfig analyze_preset(const std::string& name);
-
 struct AnalyzeCase {
   int64_t new_tokens = 0;    // T
   int64_t total_tokens = 0;  // S: cached plus new

@@ -239,7 +239,7 @@ TEST(MlaDecodeReference, SplitRangesMergeToWhole) {
 }
 
 TEST(MlaDecodeReference, Fp8RowIsTheLatentPoolLayout) {
-  ASSERT_EQ(mla::LatentPool::row_bytes(kLatent, kRope, mla::KvDType::FP8), kFp8Row);
+  ASSERT_EQ(mla::latent_row_bytes(kLatent, kRope, mla::KvDType::FP8), kFp8Row);
   mla::LatentPool pool(1, kLatent, kRope, 2, 64, mla::KvDType::FP8);
   mla::PageTable seq;
   ASSERT_TRUE(pool.reserve(seq, 3));

@@ -228,7 +228,7 @@ TEST(Engine, FullKvCacheEndsCleanly) {
   const auto& c = f.model->config();
   // The one budget rule: 1.5 pages' worth of bytes is one page of 16 tokens.
   const double budget =
-      double(LatentPool::row_bytes(c.kv_lora_rank, c.qk_rope_head_dim, KvDType::BF16)) * c.num_hidden_layers * 16 * 1.5;
+      double(latent_row_bytes(c.kv_lora_rank, c.qk_rope_head_dim, KvDType::BF16)) * c.num_hidden_layers * 16 * 1.5;
   EngineOptions o = pool_of(kv_cache_pages(c, budget, 16, KvDType::BF16), 16, KvDType::BF16);
   auto e = make_engine(o, true);
   ASSERT_EQ(e->capacity_tokens(), 16);
@@ -245,7 +245,7 @@ TEST(Engine, FullKvCacheEndsCleanly) {
 
 TEST(Engine, KvBudgetRule) {
   const auto& c = fixture().model->config();
-  const int64_t page_bytes = LatentPool::row_bytes(c.kv_lora_rank, c.qk_rope_head_dim, KvDType::BF16) *
+  const int64_t page_bytes = latent_row_bytes(c.kv_lora_rank, c.qk_rope_head_dim, KvDType::BF16) *
                              c.num_hidden_layers * 64;
   EXPECT_EQ(kv_cache_pages(c, double(page_bytes) * 3.5, 64, KvDType::BF16), 3);
   EXPECT_EQ(kv_cache_pages(c, 0, 64, KvDType::BF16), 4) << "one context of 256 tokens";

@@ -19,9 +19,9 @@ std::vector<float> random_row(std::mt19937& rng, int64_t n, float scale = 1.0f) 
 
 TEST(LatentPool, BytesPerTokenOfEachDtype) {
   // DeepSeek-V3: 512 + 64 values per token and layer.
-  EXPECT_EQ(LatentPool::row_bytes(512, 64, KvDType::F32), 576 * 4);
-  EXPECT_EQ(LatentPool::row_bytes(512, 64, KvDType::BF16), 576 * 2);
-  EXPECT_EQ(LatentPool::row_bytes(512, 64, KvDType::FP8), 512 + 4 * 4 + 64 * 2);  // 656, FlashMLA's layout
+  EXPECT_EQ(latent_row_bytes(512, 64, KvDType::F32), 576 * 4);
+  EXPECT_EQ(latent_row_bytes(512, 64, KvDType::BF16), 576 * 2);
+  EXPECT_EQ(latent_row_bytes(512, 64, KvDType::FP8), 512 + 4 * 4 + 64 * 2);  // 656, FlashMLA's layout
   LatentPool pool(61, 512, 64, 10, 64, KvDType::FP8);
   EXPECT_EQ(pool.bytes_per_token(), 656 * 61);
   EXPECT_EQ(pool.bytes_per_page(), 656 * 61 * 64);

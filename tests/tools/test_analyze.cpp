@@ -10,6 +10,7 @@
 #include <string>
 #include <sys/wait.h>
 
+#include "model/presets.h"
 #include "tools/analyze.h"
 #include "test_util.h"
 
@@ -31,7 +32,7 @@ int run_mla(const std::string& args, std::string* out) {
 }
 
 TEST(Analyze, DeepSeekV3ByHand) {
-  auto c = mla::analyze_preset("deepseek-v3");
+  auto c = mla::preset_config("deepseek-v3");
   json j = mla::analyze_json(c, {{1, 4096}, {1024, 1024}}, mla::Roofline{989, 3.35});
   // H 128, kv_lora 512, rope 64, nope 128, v 128, 61 layers.
   // latent: 512 + 64 = 576; expanded: 128*(128+64) + 128*128 = 24576 + 16384 = 40960.
@@ -82,7 +83,7 @@ TEST(Analyze, DeepSeekV3ByHand) {
 }
 
 TEST(Analyze, GlmFlashByHand) {
-  auto c = mla::analyze_preset("glm-4.7-flash");
+  auto c = mla::preset_config("glm-4.7-flash");
   json j = mla::analyze_json(c, {{3, 7}}, std::nullopt);
   // H 20, kv_lora 512, rope 64, nope 192, v 256, 47 layers.
   // latent 576; expanded 20*(192+64) + 20*256 = 5120 + 5120 = 10240;
@@ -116,7 +117,7 @@ TEST(Analyze, GlmFlashByHand) {
 }
 
 TEST(Analyze, JsonKeysExactly) {
-  auto c = mla::analyze_preset("deepseek-v2-lite");
+  auto c = mla::preset_config("deepseek-v2-lite");
   json j = mla::analyze_json(c, {{8, 64}}, mla::Roofline{100, 1});
   EXPECT_EQ(keys(j), (std::set<std::string>{"kv", "flops", "decode_intensity"}));
   EXPECT_EQ(keys(j["kv"]), (std::set<std::string>{"latent_elems_per_layer", "expanded_elems_per_layer",
@@ -151,10 +152,10 @@ TEST(Analyze, PresetsHoldTheReleasedSizes) {
       // The benchmark's checkpoint: V2-Lite's layers with V3's vocabulary (its own entry).
       {"bench-v2-lite", 16, 2048, 0, 128, 128, 27, 129280, 64, 6, 2, 1, 1408, 10944},
   };
-  ASSERT_EQ(mla::analyze_preset_names().size(), std::size(wants));
+  ASSERT_EQ(mla::presets().size(), std::size(wants));
   for (auto& w : wants) {
     SCOPED_TRACE(w.name);
-    auto c = mla::analyze_preset(w.name);
+    auto c = mla::preset_config(w.name);
     EXPECT_EQ(c.num_attention_heads, w.H);
     EXPECT_EQ(c.hidden_size, w.hidden);
     EXPECT_EQ(c.kv_lora_rank, 512);
@@ -171,21 +172,21 @@ TEST(Analyze, PresetsHoldTheReleasedSizes) {
     EXPECT_EQ(c.moe_intermediate_size, w.moe_inter);
     EXPECT_EQ(c.intermediate_size, w.inter);
   }
-  EXPECT_EQ(mla::analyze_preset("deepseek-v3").n_group, 8);
-  EXPECT_EQ(mla::analyze_preset("deepseek-v3").topk_group, 4);
-  EXPECT_EQ(mla::analyze_preset("deepseek-v2").topk_group, 3);
-  EXPECT_EQ(mla::analyze_preset("kimi-k2").n_group, 1);
-  EXPECT_EQ(mla::analyze_preset("kimi-k2.5").weight_prefix, "language_model.");
+  EXPECT_EQ(mla::preset_config("deepseek-v3").n_group, 8);
+  EXPECT_EQ(mla::preset_config("deepseek-v3").topk_group, 4);
+  EXPECT_EQ(mla::preset_config("deepseek-v2").topk_group, 3);
+  EXPECT_EQ(mla::preset_config("kimi-k2").n_group, 1);
+  EXPECT_EQ(mla::preset_config("kimi-k2.5").weight_prefix, "language_model.");
   // RoPE scaling as released: YaRN for the DeepSeek and Kimi models, none for GLM-4.7-Flash and
   // the benchmark's checkpoint.
   for (const char* yarn40 : {"deepseek-v3", "deepseek-v2", "deepseek-v2-lite"}) {
-    EXPECT_TRUE(mla::analyze_preset(yarn40).rope_scaling.yarn) << yarn40;
-    EXPECT_DOUBLE_EQ(mla::analyze_preset(yarn40).rope_scaling.factor, 40) << yarn40;
+    EXPECT_TRUE(mla::preset_config(yarn40).rope_scaling.yarn) << yarn40;
+    EXPECT_DOUBLE_EQ(mla::preset_config(yarn40).rope_scaling.factor, 40) << yarn40;
   }
-  EXPECT_DOUBLE_EQ(mla::analyze_preset("kimi-k2").rope_scaling.factor, 32);
-  EXPECT_DOUBLE_EQ(mla::analyze_preset("kimi-k2.5").rope_scaling.factor, 64);
-  EXPECT_FALSE(mla::analyze_preset("glm-4.7-flash").rope_scaling.yarn);
-  EXPECT_FALSE(mla::analyze_preset("bench-v2-lite").rope_scaling.yarn);
+  EXPECT_DOUBLE_EQ(mla::preset_config("kimi-k2").rope_scaling.factor, 32);
+  EXPECT_DOUBLE_EQ(mla::preset_config("kimi-k2.5").rope_scaling.factor, 64);
+  EXPECT_FALSE(mla::preset_config("glm-4.7-flash").rope_scaling.yarn);
+  EXPECT_FALSE(mla::preset_config("bench-v2-lite").rope_scaling.yarn);
 }
 
 TEST(Analyze, ParseCase) {
@@ -194,7 +195,7 @@ TEST(Analyze, ParseCase) {
   EXPECT_EQ(c.total_tokens, 4096);
   for (const char* bad : {"", "5", "0,10", "10,5", "a,5", "5,b", "5,10,15", "-1,5", "5, 10x"})
     EXPECT_THROW(mla::parse_analyze_case(bad), std::invalid_argument) << bad;
-  EXPECT_THROW(mla::analyze_preset("deepseek-v4"), std::invalid_argument);
+  EXPECT_THROW(mla::preset_config("deepseek-v4"), std::invalid_argument);
 }
 
 TEST(Analyze, CliJsonMatchesLibraryAndConfigFile) {
@@ -202,7 +203,7 @@ TEST(Analyze, CliJsonMatchesLibraryAndConfigFile) {
   ASSERT_EQ(run_mla("analyze --preset deepseek-v3 --case 1,4096 --peak-tflops 989 --bandwidth-tbs 3.35 --json", &out), 0)
       << out;
   json j = json::parse(out);
-  EXPECT_EQ(j, mla::analyze_json(mla::analyze_preset("deepseek-v3"), {{1, 4096}}, mla::Roofline{989, 3.35}));
+  EXPECT_EQ(j, mla::analyze_json(mla::preset_config("deepseek-v3"), {{1, 4096}}, mla::Roofline{989, 3.35}));
 
   // A config.json file gives the same figures as its parsed config.
   const std::string cfg = std::string(MLA_SHARED_DIR) + "/fixtures/models/glm-4.7-flash-tiny/config.json";
