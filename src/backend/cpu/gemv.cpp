@@ -79,38 +79,74 @@ inline void for_each_tile(int64_t s, int64_t e, int64_t row_bytes, Tile&& tile, 
   if (n < e) rest(n);
 }
 
+// Each tile keeps two accumulators per (row, token) — one per half of a chunk — to keep two FMA
+// chains in flight; these set them to zero and reduce them to one float each.
+template <int R, int TT>
+[[gnu::always_inline]] inline void zero_sums(__m512 (&a)[R][TT], __m512 (&b)[R][TT]) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t) a[r][t] = b[r][t] = _mm512_setzero_ps();
+}
+
+template <int R, int TT>
+[[gnu::always_inline, gnu::flatten]] inline void reduce_sums(const __m512 (&a)[R][TT], const __m512 (&b)[R][TT],
+                                               float (&out)[R][TT]) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t) out[r][t] = hsum(_mm512_add_ps(a[r][t], b[r][t]));
+}
+
+// One step of a tile: both halves of the step's x for every token, then per row the decoded
+// weight halves multiplied into the two accumulators of every token. Madd says what a step is:
+// 32 float32 columns with FMA (F32Madd) or 64 bf16 columns with VDPBF16PS (Bf16Madd).
+struct F32Madd {
+  using X = float;
+  using V = __m512;
+  static constexpr int64_t kHalf = kChunk / 2;
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static __m512 madd(__m512 acc, V w, V x) { return _mm512_fmadd_ps(w, x, acc); }
+};
+struct Bf16Madd {
+  using X = uint16_t;
+  using V = __m512i;
+  static constexpr int64_t kHalf = kStep / 2;
+  static V load(const uint16_t* p) { return _mm512_loadu_si512(p); }
+  static __m512 madd(__m512 acc, V w, V x) { return _mm512_dpbf16_ps(acc, as_bh(w), as_bh(x)); }
+};
+
+template <class Madd, int TT, int R, class Dec>
+[[gnu::always_inline, gnu::flatten]] inline void tile_step(const Dec* dec, const typename Madd::X* xp, int64_t ldxp,
+                                             int64_t s, __m512 (&acc)[R][TT], __m512 (&acc2)[R][TT]) {
+  constexpr int64_t kWidth = 2 * Madd::kHalf;
+  typename Madd::V xa[TT], xb[TT];
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t) {
+    xa[t] = Madd::load(xp + t * ldxp + s * kWidth);
+    xb[t] = Madd::load(xp + t * ldxp + s * kWidth + Madd::kHalf);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    typename Madd::V a, b;
+    if constexpr (kPrefetch) dec[r].prefetch(s);
+    dec[r].decode(s, a, b);
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t) {
+      acc[r][t] = Madd::madd(acc[r][t], a, xa[t]);
+      acc2[r][t] = Madd::madd(acc2[r][t], b, xb[t]);
+    }
+  }
+}
+
 // ---- the tile kernel: R rows x TT tokens over Kc chunks ---------------------------------------
 
 template <int TT, int R, class Dec>
-inline void tile(const Dec* dec, const float* xp, int64_t ldxp, int64_t Kc, float (&out)[R][TT]) {
+[[gnu::flatten]] inline void tile(const Dec* dec, const float* xp, int64_t ldxp, int64_t Kc, float (&out)[R][TT]) {
   __m512 acc[R][TT], acc2[R][TT];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) acc[r][t] = acc2[r][t] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < Kc; ++c) {
-    __m512 xa[TT], xb[TT];
-#pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) {
-      xa[t] = _mm512_loadu_ps(xp + t * ldxp + c * kChunk);
-      xb[t] = _mm512_loadu_ps(xp + t * ldxp + c * kChunk + 16);
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      __m512 a, b;
-      if constexpr (kPrefetch) dec[r].prefetch(c);
-      dec[r].decode(c, a, b);
-#pragma GCC unroll 8
-      for (int t = 0; t < TT; ++t) {
-        acc[r][t] = _mm512_fmadd_ps(a, xa[t], acc[r][t]);
-        acc2[r][t] = _mm512_fmadd_ps(b, xb[t], acc2[r][t]);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) out[r][t] = hsum(_mm512_add_ps(acc[r][t], acc2[r][t]));
+  zero_sums(acc, acc2);
+  for (int64_t c = 0; c < Kc; ++c) tile_step<F32Madd, TT, R>(dec, xp, ldxp, c, acc, acc2);
+  reduce_sums(acc, acc2, out);
 }
 
 // The INT4 scales of row n as float32, one per chunk of 32 columns.
@@ -262,30 +298,9 @@ template <int TT, int R, class D>
 inline void tile_bf16(const D* dec, const uint16_t* xp, int64_t ldxp, int64_t S, float (&out)[R][TT],
                       float (&fix)[R][TT]) {
   __m512 acc[R][TT], acc2[R][TT];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) acc[r][t] = acc2[r][t] = _mm512_setzero_ps();
+  zero_sums(acc, acc2);
   if constexpr (D::kStepsPerScale == 0) {
-    for (int64_t s = 0; s < S; ++s) {
-      __m512i xa[TT], xb[TT];
-#pragma GCC unroll 8
-      for (int t = 0; t < TT; ++t) {
-        xa[t] = _mm512_loadu_si512(xp + t * ldxp + s * kStep);
-        xb[t] = _mm512_loadu_si512(xp + t * ldxp + s * kStep + 32);
-      }
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        __m512i a, b;
-        if constexpr (kPrefetch) dec[r].prefetch(s);
-        dec[r].decode(s, a, b);
-#pragma GCC unroll 8
-        for (int t = 0; t < TT; ++t) {
-          acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(a), as_bh(xa[t]));
-          acc2[r][t] = _mm512_dpbf16_ps(acc2[r][t], as_bh(b), as_bh(xb[t]));
-        }
-      }
-    }
+    for (int64_t s = 0; s < S; ++s) tile_step<Bf16Madd, TT, R>(dec, xp, ldxp, s, acc, acc2);
   } else {
     // Partial sums over the columns of one scale (a step pair for FP8, a step for INT4), then
     // times the scale into the accumulator.
@@ -295,10 +310,7 @@ inline void tile_bf16(const D* dec, const uint16_t* xp, int64_t ldxp, int64_t S,
       // FP8 sums a and b apart (chains of 2 VDPBF16PS per 128 columns, 2 FMAs), INT4 together.
       constexpr bool two = G > 1;
       __m512 part[R][TT], part2[R][TT];
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-        for (int t = 0; t < TT; ++t) part[r][t] = part2[r][t] = _mm512_setzero_ps();
+      zero_sums(part, part2);
       for (int64_t s = g; s < ge; ++s) {
         __m512i xa[TT], xb[TT];
 #pragma GCC unroll 8
@@ -334,10 +346,7 @@ inline void tile_bf16(const D* dec, const uint16_t* xp, int64_t ldxp, int64_t S,
       }
     }
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) out[r][t] = hsum(_mm512_add_ps(acc[r][t], acc2[r][t]));
+  reduce_sums(acc, acc2, out);
 }
 
 // The rows [n0, n1) of one thread, fast precision.
