@@ -1,6 +1,7 @@
 // `mla tokenize`, `mla detokenize` and `mla chat-template`: the tokenizer and chat templates of a
 // model folder from the command line. Text goes in and out byte-exact (binary stdin/stdout).
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -68,16 +69,11 @@ int detokenize_main(int argc, char** argv) {
   std::vector<int32_t> ids;
   std::string word;
   while (in >> word) {
-    size_t used = 0;
-    long long id = -1;
-    try {
-      id = std::stoll(word, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != word.size() || id < INT32_MIN || id > INT32_MAX)
-      throw std::runtime_error("standard input: '" + word + "' is not a token id");
-    ids.push_back(static_cast<int32_t>(id));
+    int32_t id = 0;
+    const char* end = word.data() + word.size();
+    const auto [stop, err] = std::from_chars(word.data(), end, id);  // out of int32's range: an error
+    if (err != std::errc() || stop != end) throw std::runtime_error("standard input: '" + word + "' is not a token id");
+    ids.push_back(id);
   }
   write_all(tokenizer.decode(ids, skip_special));
   return 0;

@@ -168,7 +168,7 @@ class Parser {
       node->kind = Node::Kind::Macro;
       node->text = expect_identifier();
       expect_op("(");
-      while (!peek_op(")")) {
+      comma_separated(")", [&] {
         node->targets.push_back(expect_identifier());
         if (peek_op("=")) {
           ++tok_;
@@ -176,9 +176,7 @@ class Parser {
         } else {
           node->values.push_back(nullptr);
         }
-        if (!peek_op(")")) expect_op(",");
-      }
-      expect_op(")");
+      });
       expect_end();
       std::string end;
       node->body = parse_body({"endmacro"}, &end);
@@ -256,6 +254,15 @@ class Parser {
   void expect_op(const char* op) {
     if (!peek_op(op)) fail(peek().pos, std::string("expected '") + op + "', found '" + peek().text + "'");
     ++tok_;
+  }
+  // Items separated by commas (a trailing one allowed) up to the closing operator, which it takes.
+  template <class Item>
+  void comma_separated(const char* close, Item&& item) {
+    while (!peek_op(close)) {
+      item();
+      if (!peek_op(close)) expect_op(",");
+    }
+    expect_op(close);
   }
   void expect_name(const char* name) {
     if (!peek_name(name)) fail(peek().pos, std::string("expected '") + name + "', found '" + peek().text + "'");
@@ -453,22 +460,16 @@ class Parser {
     }
     if (t.text == "[") {
       auto e = make(Expr::Kind::List, t.pos);
-      while (!peek_op("]")) {
-        e->children.push_back(parse_expression());
-        if (!peek_op("]")) expect_op(",");
-      }
-      expect_op("]");
+      comma_separated("]", [&] { e->children.push_back(parse_expression()); });
       return seal(e);
     }
     if (t.text == "{") {
       auto e = make(Expr::Kind::Dict, t.pos);
-      while (!peek_op("}")) {
+      comma_separated("}", [&] {
         e->children.push_back(parse_expression());
         expect_op(":");
         e->children.push_back(parse_expression());
-        if (!peek_op("}")) expect_op(",");
-      }
-      expect_op("}");
+      });
       return seal(e);
     }
     fail(t.pos, "unexpected '" + t.text + "' in expression");
@@ -476,7 +477,7 @@ class Parser {
 
   void parse_call_args(Expr& e) {
     expect_op("(");
-    while (!peek_op(")")) {
+    comma_separated(")", [&] {
       if (peek_op("*") || peek_op("**")) fail(peek().pos, "unsupported construct: *args / **kwargs in a call");
       if (!at_end() && peek().type == Token::Type::Name && tok_ + 1 < toks_->size() &&
           (*toks_)[tok_ + 1].type == Token::Type::Op && (*toks_)[tok_ + 1].text == "=") {
@@ -487,9 +488,7 @@ class Parser {
         e.arg_names.push_back("");
       }
       e.children.push_back(parse_expression());
-      if (!peek_op(")")) expect_op(",");
-    }
-    expect_op(")");
+    });
   }
 
   ExprPtr parse_postfix(ExprPtr node) {

@@ -28,63 +28,24 @@ struct Value {
   bool boolean = false;
   int64_t integer = 0;
   double number = 0;
-  std::string text;  // String; for Undefined the name that was looked up
-  std::shared_ptr<jinja::List> list;
-  std::shared_ptr<Dict> dict;
-  std::shared_ptr<jinja::Function> function;
+  std::string text{};  // String; for Undefined the name that was looked up
+  std::shared_ptr<jinja::List> list{};
+  std::shared_ptr<Dict> dict{};
+  std::shared_ptr<jinja::Function> function{};
 
-  static Value undefined(std::string name = {}) {
-    Value v;
-    v.text = std::move(name);
-    return v;
-  }
-  static Value none() {
-    Value v;
-    v.kind = Kind::None;
-    return v;
-  }
-  static Value from(bool b) {
-    Value v;
-    v.kind = Kind::Bool;
-    v.boolean = b;
-    return v;
-  }
-  static Value from(int64_t i) {
-    Value v;
-    v.kind = Kind::Int;
-    v.integer = i;
-    return v;
-  }
-  static Value from(double d) {
-    Value v;
-    v.kind = Kind::Float;
-    v.number = d;
-    return v;
-  }
-  static Value from(std::string s) {
-    Value v;
-    v.kind = Kind::String;
-    v.text = std::move(s);
-    return v;
-  }
+  static Value undefined(std::string name = {}) { return {.kind = Kind::Undefined, .text = std::move(name)}; }
+  static Value none() { return {.kind = Kind::None}; }
+  static Value from(bool b) { return {.kind = Kind::Bool, .boolean = b}; }
+  static Value from(int64_t i) { return {.kind = Kind::Int, .integer = i}; }
+  static Value from(double d) { return {.kind = Kind::Float, .number = d}; }
+  static Value from(std::string s) { return {.kind = Kind::String, .text = std::move(s)}; }
   static Value from(const char* s) { return from(std::string(s)); }
   static Value from(jinja::List l) {
-    Value v;
-    v.kind = Kind::List;
-    v.list = std::make_shared<jinja::List>(std::move(l));
-    return v;
+    return {.kind = Kind::List, .list = std::make_shared<jinja::List>(std::move(l))};
   }
-  static Value from_dict(std::shared_ptr<Dict> d) {
-    Value v;
-    v.kind = Kind::Dict;
-    v.dict = std::move(d);
-    return v;
-  }
+  static Value from_dict(std::shared_ptr<Dict> d) { return {.kind = Kind::Dict, .dict = std::move(d)}; }
   static Value from_function(jinja::Function f) {
-    Value v;
-    v.kind = Kind::Function;
-    v.function = std::make_shared<jinja::Function>(std::move(f));
-    return v;
+    return {.kind = Kind::Function, .function = std::make_shared<jinja::Function>(std::move(f))};
   }
 
   bool is_undefined() const { return kind == Kind::Undefined; }

@@ -10,16 +10,9 @@
 namespace mla {
 
 RouterConfig RouterConfig::of(const ModelConfig& c) {
-  RouterConfig r;
-  r.n_experts = c.n_routed_experts;
-  r.top_k = c.num_experts_per_tok;
-  r.n_group = c.n_group;
-  r.topk_group = c.topk_group;
-  r.scoring = c.scoring_func;
-  r.method = c.topk_method;
-  r.norm_topk_prob = c.norm_topk_prob;
-  r.routed_scaling_factor = c.routed_scaling_factor;
-  return r;
+  return {.n_experts = c.n_routed_experts, .top_k = c.num_experts_per_tok, .n_group = c.n_group,
+          .topk_group = c.topk_group, .scoring = c.scoring_func, .method = c.topk_method,
+          .norm_topk_prob = c.norm_topk_prob, .routed_scaling_factor = c.routed_scaling_factor};
 }
 
 void push_gate_up(std::vector<cpu::MatmulJob>& jobs, const Mlp& m, const float* x, int64_t n, int64_t ldx, float* gu) {

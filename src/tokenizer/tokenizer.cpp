@@ -603,13 +603,20 @@ void Tokenizer::Impl::load_model(const json& model, TokenizerJsonReader& reader)
   }
 }
 
+// tokenizer.json nests steps as {"type": "Sequence", <items>: [...]}: the items of such a node
+// are loaded in order (true); a null node has nothing to load (true); any other node is the
+// caller's to read (false).
+template <class Load>
+bool sequence_or_null(const json& node, const char* items, Load&& load) {
+  if (node.is_null()) return true;
+  if (node.value("type", "") != "Sequence") return false;
+  for (const json& item : node.at(items)) load(item);
+  return true;
+}
+
 void Tokenizer::Impl::load_pre_tokenizer(const json& node) {
-  if (node.is_null()) return;
+  if (sequence_or_null(node, "pretokenizers", [&](const json& p) { load_pre_tokenizer(p); })) return;
   std::string type = node.value("type", "");
-  if (type == "Sequence") {
-    for (const json& p : node.at("pretokenizers")) load_pre_tokenizer(p);
-    return;
-  }
   PreTokenizerStep step;
   if (type == "Split") {
     const json& pattern = node.at("pattern");
@@ -638,12 +645,8 @@ void Tokenizer::Impl::load_pre_tokenizer(const json& node) {
 }
 
 void Tokenizer::Impl::load_normalizer(const json& node) {
-  if (node.is_null()) return;
+  if (sequence_or_null(node, "normalizers", [&](const json& n) { load_normalizer(n); })) return;
   std::string type = node.value("type", "");
-  if (type == "Sequence") {
-    for (const json& n : node.at("normalizers")) load_normalizer(n);
-    return;
-  }
   if (type == "NFC") return normal_forms.push_back(NormalForm::NFC);
   if (type == "NFD") return normal_forms.push_back(NormalForm::NFD);
   if (type == "NFKC") return normal_forms.push_back(NormalForm::NFKC);
@@ -652,23 +655,15 @@ void Tokenizer::Impl::load_normalizer(const json& node) {
 }
 
 void Tokenizer::Impl::check_decoder(const json& node) const {
-  if (node.is_null()) return;
+  if (sequence_or_null(node, "decoders", [&](const json& d) { check_decoder(d); })) return;
   std::string type = node.value("type", "");
   if (type == "ByteLevel") return;
-  if (type == "Sequence") {
-    for (const json& d : node.at("decoders")) check_decoder(d);
-    return;
-  }
   throw std::runtime_error(source + ": unsupported decoder type '" + type + "'");
 }
 
 void Tokenizer::Impl::load_post_processor(const json& node) {
-  if (node.is_null()) return;
+  if (sequence_or_null(node, "processors", [&](const json& p) { load_post_processor(p); })) return;
   std::string type = node.value("type", "");
-  if (type == "Sequence") {
-    for (const json& p : node.at("processors")) load_post_processor(p);
-    return;
-  }
   if (type != "TemplateProcessing") return;  // ByteLevel and others add no tokens here
   const json& single = node.at("single");
   std::vector<int32_t>* target = &prefix_ids;

@@ -65,18 +65,13 @@ void nt_tile(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb
 }
 
 using NtTile = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float, float, float*, int64_t);
-template <int MR>
-constexpr NtTile nt_tile_of(int nr) {
-  return nr == 1 ? nt_tile<MR, 1> : nr == 2 ? nt_tile<MR, 2> : nr == 3 ? nt_tile<MR, 3> : nt_tile<MR, 4>;
-}
-NtTile nt_tile_of(int mr, int nr) {
-  switch (mr) {
-    case 1: return nt_tile_of<1>(nr);
-    case 2: return nt_tile_of<2>(nr);
-    case 3: return nt_tile_of<3>(nr);
-    default: return nt_tile_of<4>(nr);
-  }
-}
+// The tile kernel for MR rows x NR columns (1..4 each), looked up by the counts a product cuts into.
+constexpr NtTile kNtTiles[4][4] = {
+    {nt_tile<1, 1>, nt_tile<1, 2>, nt_tile<1, 3>, nt_tile<1, 4>},
+    {nt_tile<2, 1>, nt_tile<2, 2>, nt_tile<2, 3>, nt_tile<2, 4>},
+    {nt_tile<3, 1>, nt_tile<3, 2>, nt_tile<3, 3>, nt_tile<3, 4>},
+    {nt_tile<4, 1>, nt_tile<4, 2>, nt_tile<4, 3>, nt_tile<4, 4>}};
+NtTile nt_tile_of(int mr, int nr) { return kNtTiles[std::min(mr, 4) - 1][std::min(nr, 4) - 1]; }
 
 // ---- A B --------------------------------------------------------------------------------------
 
@@ -115,20 +110,15 @@ void nn_tile(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb
 }
 
 using NnTile = void (*)(int64_t, const float*, int64_t, const float*, int64_t, __mmask16, float, float, float*, int64_t);
-template <int MR>
-constexpr NnTile nn_tile_of(int nv) {
-  return nv == 1 ? nn_tile<MR, 1> : nv == 2 ? nn_tile<MR, 2> : nv == 3 ? nn_tile<MR, 3> : nn_tile<MR, 4>;
-}
-NnTile nn_tile_of(int mr, int nv) {
-  switch (mr) {
-    case 1: return nn_tile_of<1>(nv);
-    case 2: return nn_tile_of<2>(nv);
-    case 3: return nn_tile_of<3>(nv);
-    case 4: return nn_tile_of<4>(nv);
-    case 5: return nn_tile_of<5>(nv);
-    default: return nn_tile_of<6>(nv);
-  }
-}
+// The tile kernel for MR rows (1..6) x NV vectors of 16 columns (1..4).
+constexpr NnTile kNnTiles[6][4] = {
+    {nn_tile<1, 1>, nn_tile<1, 2>, nn_tile<1, 3>, nn_tile<1, 4>},
+    {nn_tile<2, 1>, nn_tile<2, 2>, nn_tile<2, 3>, nn_tile<2, 4>},
+    {nn_tile<3, 1>, nn_tile<3, 2>, nn_tile<3, 3>, nn_tile<3, 4>},
+    {nn_tile<4, 1>, nn_tile<4, 2>, nn_tile<4, 3>, nn_tile<4, 4>},
+    {nn_tile<5, 1>, nn_tile<5, 2>, nn_tile<5, 3>, nn_tile<5, 4>},
+    {nn_tile<6, 1>, nn_tile<6, 2>, nn_tile<6, 3>, nn_tile<6, 4>}};
+NnTile nn_tile_of(int mr, int nv) { return kNnTiles[std::min(mr, 6) - 1][std::min(nv, 4) - 1]; }
 
 // K == 0: C = beta C (0 where beta == 0).
 void scale_only(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
