@@ -57,6 +57,20 @@ float attend_row(const double* qd, int64_t dk, const double* k, int64_t ldk, con
   return float(lse);
 }
 
+// Head h of every query t in [0, T) over one head's expanded keys k [S, qk] and values v [S, dv]:
+// queries q [T, H, qk], out [T, H, dv], lse [T, H].
+void attend_head(int64_t h, int64_t T, int64_t H, const float* q, int64_t qk, const std::vector<double>& k,
+                 const std::vector<double>& v, int64_t dv, int64_t q_pos0, int64_t k_pos0, int64_t S, double scale,
+                 float* out, float* lse) {
+  std::vector<double> qd(static_cast<size_t>(qk)), s;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* qt = q + (t * H + h) * qk;
+    for (int64_t i = 0; i < qk; ++i) qd[size_t(i)] = qt[i];
+    lse[t * H + h] = attend_row(qd.data(), qk, k.data(), qk, v.data(), dv, dv, visible(q_pos0 + t, k_pos0, S), scale,
+                                s, out + (t * H + h) * dv);
+  }
+}
+
 }  // namespace
 
 void LatentRows::row(int64_t j, float* out) const {
@@ -69,7 +83,7 @@ void LatentRows::row(int64_t j, float* out) const {
 
 void attention_expand(const ExpandArgs& a, float* out, float* lse) {
   const int64_t qk = a.nope + a.rope, ldkv = a.H * (a.nope + a.v);
-  std::vector<double> k(static_cast<size_t>(a.S * qk)), v(static_cast<size_t>(a.S * a.v)), qd(static_cast<size_t>(qk)), s;
+  std::vector<double> k(static_cast<size_t>(a.S * qk)), v(static_cast<size_t>(a.S * a.v));
   for (int64_t h = 0; h < a.H; ++h) {
     for (int64_t j = 0; j < a.S; ++j) {
       const float* kv = a.kv + j * ldkv + h * (a.nope + a.v);
@@ -77,12 +91,7 @@ void attention_expand(const ExpandArgs& a, float* out, float* lse) {
       for (int64_t i = 0; i < a.rope; ++i) k[size_t(j * qk + a.nope + i)] = a.k_pe[j * a.ld_kpe + i];
       for (int64_t i = 0; i < a.v; ++i) v[size_t(j * a.v + i)] = kv[a.nope + i];
     }
-    for (int64_t t = 0; t < a.T; ++t) {
-      const float* q = a.q + (t * a.H + h) * qk;
-      for (int64_t i = 0; i < qk; ++i) qd[size_t(i)] = q[i];
-      lse[t * a.H + h] = attend_row(qd.data(), qk, k.data(), qk, v.data(), a.v, a.v,
-                                    visible(a.q_pos0 + t, a.k_pos0, a.S), a.scale, s, out + (t * a.H + h) * a.v);
-    }
+    attend_head(h, a.T, a.H, a.q, qk, k, v, a.v, a.q_pos0, a.k_pos0, a.S, a.scale, out, lse);
   }
 }
 
@@ -107,7 +116,7 @@ void mla_naive(const MlaProblem& p, const LatentRows& keys, float* out, float* l
   const int64_t qk = p.nope + p.rope, kvr = p.kv_lora, dim = kvr + p.rope, hd = p.nope + p.v;
   const std::vector<double> c = latents(keys, p.S);
   // k = [W_UK[h] c_KV[j] | k_pe[j]], v = W_UV[h] c_KV[j]: the expanded keys and values.
-  std::vector<double> k(static_cast<size_t>(p.S * qk)), v(static_cast<size_t>(p.S * p.v)), qd(static_cast<size_t>(qk)), s;
+  std::vector<double> k(static_cast<size_t>(p.S * qk)), v(static_cast<size_t>(p.S * p.v));
   for (int64_t h = 0; h < p.H; ++h) {
     for (int64_t j = 0; j < p.S; ++j) {
       const double* cj = c.data() + j * dim;
@@ -120,12 +129,7 @@ void mla_naive(const MlaProblem& p, const LatentRows& keys, float* out, float* l
       }
       for (int64_t i = 0; i < p.rope; ++i) k[size_t(j * qk + p.nope + i)] = cj[kvr + i];
     }
-    for (int64_t t = 0; t < p.T; ++t) {
-      const float* q = p.q + (t * p.H + h) * qk;
-      for (int64_t i = 0; i < qk; ++i) qd[size_t(i)] = q[i];
-      lse[t * p.H + h] = attend_row(qd.data(), qk, k.data(), qk, v.data(), p.v, p.v,
-                                    visible(p.q_pos0 + t, p.k_pos0, p.S), p.scale, s, out + (t * p.H + h) * p.v);
-    }
+    attend_head(h, p.T, p.H, p.q, qk, k, v, p.v, p.q_pos0, p.k_pos0, p.S, p.scale, out, lse);
   }
 }
 
