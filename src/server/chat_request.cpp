@@ -247,4 +247,15 @@ AgentFields parse_agent_fields(Endpoint endpoint, const json& body, const ordere
   return a;
 }
 
+std::string render_chat_prompt(const ChatFormat& format, const nlohmann::ordered_json& messages,
+                               const AgentFields& agent, const Tokenizer& tokenizer) {
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+  for (auto kv = agent.template_kwargs.begin(); kv != agent.template_kwargs.end(); ++kv)
+    extra[kv.key()] = nlohmann::ordered_json(*kv);
+  if (agent.has_tools()) extra["tools"] = agent.tools;
+  extra["bos_token"] = tokenizer.bos_token();
+  extra["eos_token"] = tokenizer.eos_token();
+  return render_chat(format, messages, true, extra);
+}
+
 }  // namespace mla::server
