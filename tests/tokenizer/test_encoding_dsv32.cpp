@@ -7,6 +7,8 @@
 // tool parser must read back what the encoder writes, however the text is cut.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -19,6 +21,7 @@
 #include "server/tool_parser.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/encoding_dsv32.h"
+#include "test_util.h"
 
 namespace {
 
@@ -170,6 +173,43 @@ TEST(EncodingDsv32, ChatRequestRendersThroughTheFormat) {
   }
   EXPECT_EQ(mla::server::default_tool_parser("deepseek_v32", ""), "deepseek_v32");
   EXPECT_EQ(mla::server::default_reasoning_parser("deepseek_v32", ""), "deepseek_v31");
+}
+
+// ---- mla chat-template on a V3.2 checkpoint folder ---------------------------------------------
+
+// A folder with the DeepSeek-V3 tokenizer (V3.2 keeps its vocabulary), a tokenizer_config.json
+// without chat_template, as V3.2 ships it, and config.json's model_type deepseek_v32.
+TEST(EncodingDsv32, ChatTemplateCommandUsesTheEncoder) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("mla_dsv32_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(fs::path(mla::test::deepseek_v3_dir()) / "tokenizer.json", dir / "tokenizer.json",
+                fs::copy_options::overwrite_existing);
+  ojson config = ojson::parse(std::ifstream(fs::path(mla::test::deepseek_v3_dir()) / "tokenizer_config.json"));
+  config.erase("chat_template");
+  std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  int checked = 0;
+  for (const ojson& c : cases()) {
+    const std::string name = c["name"];
+    if (name != "tool_call_and_result_thinking" && name != "multiple_tool_calls" && name != "plain") continue;
+    ojson input = {{"messages", c["messages"]}, {"thinking", c["thinking"]}};
+    if (!c["tools"].is_null()) input["tools"] = c["tools"];
+    std::ofstream(dir / "messages.json") << input.dump();
+    const std::string args = "chat-template -m '" + dir.string() + "' --messages '" + (dir / "messages.json").string() +
+                             "' --add-generation-prompt";
+    std::ofstream(dir / "config.json") << R"({"model_type": "deepseek_v32"})";
+    mla::test::CommandResult r = mla::test::run_mla(args, false);
+    EXPECT_EQ(r.status, 0) << name;
+    EXPECT_EQ(r.output, c["expected"].get<std::string>()) << name;
+    // Without the model type the folder has no chat format at all.
+    std::ofstream(dir / "config.json") << R"({"model_type": "deepseek_v3"})";
+    mla::test::CommandResult none = mla::test::run_mla(args, true);
+    EXPECT_NE(none.status, 0) << name;
+    EXPECT_NE(none.output.find("no chat_template"), std::string::npos) << none.output;
+    ++checked;
+  }
+  fs::remove_all(dir);
+  EXPECT_EQ(checked, 3);
 }
 
 // ---- DSML: the parser reads back what the encoder writes ---------------------------------------
