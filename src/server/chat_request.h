@@ -62,7 +62,9 @@ AgentFields parse_agent_fields(Endpoint endpoint, const nlohmann::json& body, co
 // the request's chat_template_kwargs (over the server's defaults), its tools, the tokenizer's
 // bos_token and eos_token; the generation prompt is added. messages are the request's, each with
 // role and content (a string or null) and whatever else it carries (tool_calls, tool_call_id,
-// reasoning_content). Throws ChatTemplateError where the format rejects the messages.
+// reasoning_content). A Jinja template that reads a call's arguments as a mapping (GLM's) gets
+// them decoded from the request's JSON strings, as transformers' templates expect them; others
+// get the strings. Throws ChatTemplateError where the format rejects the messages.
 std::string render_chat_prompt(const ChatFormat& format, const nlohmann::ordered_json& messages,
                                const AgentFields& agent, const Tokenizer& tokenizer);
 

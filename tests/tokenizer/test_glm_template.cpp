@@ -1,6 +1,8 @@
-// The GLM chat template (data/glm/GLM-4.7-Flash.jinja, the checkpoint's chat_template.jinja) through
-// the Jinja interpreter against Jinja2's rendering of it as transformers sets Jinja2 up
-// (data/glm/cases.json): plain, system, multi-turn, thinking on and off, reasoning kept or
+// The GLM chat template through the Jinja interpreter: data/glm/GLM-4.7-Flash.jinja is
+// GLM-4.7-Flash's chat_template.jinja byte for byte (sha256 d63ad536…), the template of the GLM
+// family whose format (generation prompt, <tool_call>NAME<arg_key>…</tool_call>, <|observation|>
+// results) GLM-5 keeps. data/glm/cases.json holds Jinja2's renderings of it, set up as
+// transformers' apply_chat_template sets Jinja2 up: plain, system, multi-turn, thinking on and off, reasoning kept or
 // cleared, tools, tool calls and results, several calls, results followed by text. The prompts
 // must match byte for byte, and the glm47 tool parser must read back the calls the template
 // writes, however the text is cut.
@@ -11,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "server/chat_request.h"
+#include "server/openai.h"
 #include "server/reasoning_parser.h"
 #include "server/stream_splits.h"
 #include "server/tool_parser.h"
@@ -59,6 +63,42 @@ TEST(GlmTemplate, MatchesJinja2ByteForByte) {
     }
     EXPECT_EQ(got, c["expected"].get<std::string>()) << c["name"];
   }
+}
+
+// The server's chat request path: clients send each call's arguments as OpenAI's JSON string,
+// and the template reads them as a mapping (`tc.arguments` then `_args.items()`); the prompt is
+// the one Jinja2 renders from the objects.
+TEST(GlmTemplate, ChatRequestDecodesStringArguments) {
+  const mla::Tokenizer tokenizer = mla::Tokenizer::load(std::string(MLA_SHARED_DIR) + "/fixtures/tokenizer/deepseek-v3");
+  const mla::ChatFormat format = mla::chat_format_for("glm_moe_dsa", glm_template());
+  ASSERT_EQ(format.kind, mla::ChatFormat::Kind::Jinja);
+  int with_calls = 0;
+  for (const ojson& c : cases()) {
+    if (!c["add_generation_prompt"].get<bool>()) continue;
+    ojson messages = c["messages"];
+    for (ojson& m : messages)
+      if (m.contains("tool_calls")) {
+        ++with_calls;
+        for (ojson& call : m["tool_calls"]) call["function"]["arguments"] = call["function"]["arguments"].dump();
+      }
+    ojson body = {{"model", "m"}, {"messages", messages}};
+    if (!c["tools"].is_null()) body["tools"] = c["tools"];
+    if (!c["kwargs"].empty()) body["chat_template_kwargs"] = c["kwargs"];
+    const nlohmann::json plain = nlohmann::json::parse(body.dump());
+    mla::server::AgentFields agent = mla::server::parse_agent_fields(mla::server::Endpoint::ChatCompletions, plain,
+                                                                     &body, nlohmann::json::object(), 1000);
+    // The tokenizer's special tokens are DeepSeek's here; GLM's template writes neither.
+    EXPECT_EQ(mla::server::render_chat_prompt(format, body["messages"], agent, tokenizer),
+              c["expected"].get<std::string>())
+        << c["name"];
+    // Passed as strings straight to the template, they fail it (`_args.items()` of a string), as
+    // in Jinja2.
+    if (c.contains("model_outputs")) {
+      EXPECT_THROW(mla::render_chat_template(glm_template(), body["messages"], true, extra_of(c)), mla::ChatTemplateError)
+          << c["name"];
+    }
+  }
+  EXPECT_GE(with_calls, 3);
 }
 
 // The checkpoint's parsers follow from its template: glm47 calls, glm45 reasoning (the prompt
