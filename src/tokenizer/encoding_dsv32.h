@@ -5,10 +5,13 @@
 //   <｜begin▁of▁sentence｜>SYSTEM[\n\n## Tools … <functions>\nTOOL JSON per line\n</functions>\n]
 //   <｜User｜>USER<｜Assistant｜></think>             (chat mode, or a user turn before the last)
 //   <｜User｜>USER<｜Assistant｜><think>              (thinking mode, the last user turn)
-//   [<think>-less] REASONING</think>CONTENT\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="N">\n
+//   [REASONING</think>]CONTENT\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="N">\n
 //     <｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>\n…</｜DSML｜invoke>\n
 //     </｜DSML｜function_calls><｜end▁of▁sentence｜>
 //   \n\n<function_results>\n<result>TOOL OUTPUT</result>…\n</function_results>\n\n<think> | </think>
+//
+// (an assistant turn after the last user turn starts with its reasoning and </think> in thinking
+// mode, the prompt having opened the block)
 //
 // A string argument is written as is (string="true"), any other value as Python's json.dumps
 // writes it (string="false"). JSON (tool schemas, response_format, argument values) is written as
