@@ -125,10 +125,12 @@ nlohmann::json template_extra(const mla::Tokenizer& tok) {
   return {{"bos_token", tok.bos_token()}, {"eos_token", tok.eos_token()}};
 }
 
-const std::string& require_template(const mla::Tokenizer& tok, const std::string& dir) {
-  if (tok.chat_template().empty())
-    throw std::runtime_error(dir + "/tokenizer_config.json has no chat_template: chat needs one");
-  return tok.chat_template();
+// The checkpoint's chat template, or the built-in format of a checkpoint that ships none
+// (DeepSeek-V3.2).
+mla::ChatFormat require_format(const Session& s, const std::string& dir) {
+  mla::ChatFormat f = mla::chat_format_for(s.model->config().model_type, s.tokenizer->chat_template());
+  if (f.empty()) throw std::runtime_error(dir + "/tokenizer_config.json has no chat_template: chat needs one");
+  return f;
 }
 
 void stream_to_stdout(std::string_view s) {
@@ -181,8 +183,8 @@ int run_cmd(int argc, char** argv) {
     nlohmann::json messages = nlohmann::json::array();
     if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
     messages.push_back({{"role", "user"}, {"content", o.prompt}});
-    std::string text = mla::render_chat_template(require_template(*s.tokenizer, o.model_dir), messages, true,
-                                                 template_extra(*s.tokenizer));
+    std::string text = mla::render_chat(require_format(s, o.model_dir), nlohmann::ordered_json(messages), true,
+                                        nlohmann::ordered_json(template_extra(*s.tokenizer)));
     ids = s.tokenizer->encode(text, false);  // the template writes the BOS itself
   } else {
     ids = s.tokenizer->encode(o.prompt, true);
@@ -204,7 +206,7 @@ int chat_cmd(int argc, char** argv) {
   add_options(app, o, true);
   CLI11_PARSE(app, argc, argv);
   Session s = open_session(o);
-  const std::string& tmpl = require_template(*s.tokenizer, o.model_dir);
+  const mla::ChatFormat format = require_format(s, o.model_dir);
   const bool interactive = ::isatty(STDIN_FILENO);
   if (interactive)
     std::fprintf(stderr, "chat with %s: one line per message; /reset starts over, /exit or Ctrl-D ends\n",
@@ -228,7 +230,8 @@ int chat_cmd(int argc, char** argv) {
     }
     if (line.empty()) continue;
     messages.push_back({{"role", "user"}, {"content", line}});
-    std::string text = mla::render_chat_template(tmpl, messages, true, template_extra(*s.tokenizer));
+    std::string text = mla::render_chat(format, nlohmann::ordered_json(messages), true,
+                                        nlohmann::ordered_json(template_extra(*s.tokenizer)));
     auto ids = s.tokenizer->encode(text, false);
     s.params.sampling.seed = o.seed + turn++;  // reproducible, and not the same draws every turn
     // The prefix cache holds the earlier turns' full pages: only the rest is computed.

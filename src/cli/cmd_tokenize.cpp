@@ -93,8 +93,14 @@ int chat_template_main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   auto tokenizer = mla::Tokenizer::load(model_dir);
-  if (tokenizer.chat_template().empty())
-    throw std::runtime_error(model_dir + "/tokenizer_config.json: no chat_template");
+  // A checkpoint without a template may have a built-in format (config.json's model_type).
+  std::string model_type;
+  if (std::ifstream config(model_dir + "/config.json"); config) {
+    nlohmann::json c = nlohmann::json::parse(config, nullptr, /*allow_exceptions=*/false);
+    if (c.is_object() && c.contains("model_type") && c["model_type"].is_string()) model_type = c["model_type"];
+  }
+  const mla::ChatFormat format = mla::chat_format_for(model_type, tokenizer.chat_template());
+  if (format.empty()) throw std::runtime_error(model_dir + "/tokenizer_config.json: no chat_template");
   std::ifstream file(messages_path, std::ios::binary);
   if (!file) throw std::runtime_error(messages_path + ": cannot open file");
   std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
@@ -114,7 +120,7 @@ int chat_template_main(int argc, char** argv) {
   if (!messages.is_array()) throw std::runtime_error(messages_path + ": messages must be a JSON list");
   if (!extra.contains("bos_token")) extra["bos_token"] = tokenizer.bos_token();
   if (!extra.contains("eos_token")) extra["eos_token"] = tokenizer.eos_token();
-  std::string rendered = mla::render_chat_template(tokenizer.chat_template(), messages, add_generation_prompt, extra);
+  std::string rendered = mla::render_chat(format, messages, add_generation_prompt, extra);
   if (print_ids) write_all(join_ids(tokenizer.encode(rendered, false)));
   else write_all(rendered);
   return 0;

@@ -247,4 +247,49 @@ AgentFields parse_agent_fields(Endpoint endpoint, const json& body, const ordere
   return a;
 }
 
+namespace {
+
+// True when a Jinja template reads a call's arguments as a mapping (GLM's `set _args =
+// tc.arguments` then `_args.items()`, `arguments | items`) rather than writing the JSON string as
+// is (DeepSeek's `+ tool['function']['arguments'] +`).
+bool reads_arguments_as_mapping(const std::string& tmpl) {
+  for (const char* s : {"arguments is mapping", "arguments.items()", "_args.items()", "arguments | items", "arguments|items"})
+    if (tmpl.find(s) != std::string::npos) return true;
+  return false;
+}
+
+// The request's messages with each assistant tool call's arguments decoded from OpenAI's JSON
+// string to the object (key order kept), where it is one; anything else stays as it was.
+nlohmann::ordered_json with_decoded_arguments(const nlohmann::ordered_json& messages) {
+  nlohmann::ordered_json out = messages;
+  if (!out.is_array()) return out;
+  for (auto& m : out) {
+    if (!m.is_object() || !m.contains("tool_calls") || !m["tool_calls"].is_array()) continue;
+    for (auto& call : m["tool_calls"]) {
+      if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
+      auto& fn = call["function"];
+      if (!fn.contains("arguments") || !fn["arguments"].is_string()) continue;
+      const std::string& text = fn["arguments"].get_ref<const std::string&>();
+      nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (!parsed.is_discarded() && parsed.is_object()) fn["arguments"] = std::move(parsed);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string render_chat_prompt(const ChatFormat& format, const nlohmann::ordered_json& messages,
+                               const AgentFields& agent, const Tokenizer& tokenizer) {
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+  for (auto kv = agent.template_kwargs.begin(); kv != agent.template_kwargs.end(); ++kv)
+    extra[kv.key()] = nlohmann::ordered_json(*kv);
+  if (agent.has_tools()) extra["tools"] = agent.tools;
+  extra["bos_token"] = tokenizer.bos_token();
+  extra["eos_token"] = tokenizer.eos_token();
+  if (format.kind == ChatFormat::Kind::Jinja && reads_arguments_as_mapping(format.jinja))
+    return render_chat(format, with_decoded_arguments(messages), true, extra);
+  return render_chat(format, messages, true, extra);
+}
+
 }  // namespace mla::server

@@ -14,6 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
 namespace mla::server {
 
 enum class Endpoint;
@@ -53,5 +56,16 @@ void check_known_fields(Endpoint endpoint, const nlohmann::json& body);
 // chat_template_kwargs. vocab_size bounds logit_bias's ids.
 AgentFields parse_agent_fields(Endpoint endpoint, const nlohmann::json& body, const nlohmann::ordered_json* ordered,
                                const nlohmann::json& template_kwarg_defaults, int64_t vocab_size);
+
+// The prompt of a chat request through the checkpoint's chat format (a Jinja template or a
+// built-in encoder, tokenizer/chat_template.h), with the variables transformers passes a template:
+// the request's chat_template_kwargs (over the server's defaults), its tools, the tokenizer's
+// bos_token and eos_token; the generation prompt is added. messages are the request's, each with
+// role and content (a string or null) and whatever else it carries (tool_calls, tool_call_id,
+// reasoning_content). A Jinja template that reads a call's arguments as a mapping (GLM's) gets
+// them decoded from the request's JSON strings, as transformers' templates expect them; others
+// get the strings. Throws ChatTemplateError where the format rejects the messages.
+std::string render_chat_prompt(const ChatFormat& format, const nlohmann::ordered_json& messages,
+                               const AgentFields& agent, const Tokenizer& tokenizer);
 
 }  // namespace mla::server

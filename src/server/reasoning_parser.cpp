@@ -187,8 +187,16 @@ std::string default_reasoning_parser(std::string_view model_type, std::string_vi
     if (mentions_think) return "deepseek_r1";
     return {};
   }
+  // DeepSeek-V3.2 ships no template: its built-in encoder (tokenizer/encoding_dsv32.h) ends the
+  // generation prompt with <think> in thinking mode and with </think> otherwise, as V3.1's does.
+  // With a template of its own (V3.2-Exp), the template's evidence decides as for V3.
+  if (model_type == "deepseek_v32") {
+    if (chat_template.empty()) return "deepseek_v31";
+    return default_reasoning_parser("deepseek_v3", chat_template);
+  }
   if (model_type == "kimi_k2" || model_type == "kimi_k25") return mentions_think ? "kimi_k2" : std::string{};
-  if (model_type == "glm4_moe" || model_type == "glm4_moe_lite") return mentions_think ? "glm45" : std::string{};
+  if (model_type == "glm4_moe" || model_type == "glm4_moe_lite" || model_type == "glm_moe_dsa")  // GLM-5: glm_moe_dsa
+    return mentions_think ? "glm45" : std::string{};
   return {};
 }
 

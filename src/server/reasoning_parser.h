@@ -61,8 +61,9 @@ std::unique_ptr<ReasoningParser> make_reasoning_parser(std::string_view name, Re
 // when the model does not think. Evidence: deepseek_v3 / deepseek_v2 with a template that sets
 // the `thinking` variable and writes '<think>' / '</think>' into the generation prompt ->
 // deepseek_v31; with a template that mentions </think> (R1 strips it from history) ->
-// deepseek_r1; kimi_k2 / kimi_k25 whose template mentions <think> -> kimi_k2; glm4_moe /
-// glm4_moe_lite whose template mentions <think> -> glm45.
+// deepseek_r1; deepseek_v32 without a template (its built-in encoder) -> deepseek_v31, with one
+// -> as deepseek_v3; kimi_k2 / kimi_k25 whose template mentions <think> -> kimi_k2; glm4_moe /
+// glm4_moe_lite / glm_moe_dsa (GLM-5) whose template mentions <think> -> glm45.
 std::string default_reasoning_parser(std::string_view model_type, std::string_view chat_template);
 
 // True when the rendered prompt ends (ignoring trailing whitespace) with "<think>", i.e. the

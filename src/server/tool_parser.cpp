@@ -36,6 +36,13 @@ constexpr std::string_view kGlmKeyEnd = "</arg_key>";
 constexpr std::string_view kGlmValueBegin = "<arg_value>";
 constexpr std::string_view kGlmValueEnd = "</arg_value>";
 
+constexpr std::string_view kDsmlSectionBegin = "<｜DSML｜function_calls>";
+constexpr std::string_view kDsmlSectionEnd = "</｜DSML｜function_calls>";
+constexpr std::string_view kDsmlCallBegin = "<｜DSML｜invoke";
+constexpr std::string_view kDsmlCallEnd = "</｜DSML｜invoke>";
+constexpr std::string_view kDsmlParamBegin = "<｜DSML｜parameter";
+constexpr std::string_view kDsmlParamEnd = "</｜DSML｜parameter>";
+
 struct ParsedCall {
   std::string name, arguments;
   std::string id;  // the model's own id (kimi_k2), else empty
@@ -50,6 +57,9 @@ struct Format {
   std::string_view section_begin, section_end;  // "" when calls stand alone (glm47)
   std::string_view call_begin, call_end;
   std::optional<ParsedCall> (*parse)(std::string_view body, const ParamKinds& kinds);
+  // The whitespace right before the section's begin marker belongs to the section (deepseek_v32
+  // writes "\n\n" there): it is dropped with the markers when a call succeeds.
+  bool space_before_section = false;
 };
 
 bool valid_name(std::string_view name) {
@@ -178,11 +188,80 @@ std::optional<ParsedCall> parse_glm47(std::string_view body, const ParamKinds& k
   return ParsedCall{std::string(name), std::move(text), {}};
 }
 
+// ` name="NAME">` then (<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>)*
+// with optional whitespace between the tags: the body after "<｜DSML｜invoke". string="true": V
+// is the string, as is; string="false": V is JSON (kept a string if it is not JSON). Without the
+// attribute the request's tool schema decides, as for glm47. A repeated parameter fails the call.
+std::optional<ParsedCall> parse_dsml(std::string_view body, const ParamKinds& kinds) {
+  std::string_view s = body;
+  auto skip_space = [&] {
+    while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  };
+  // ATTR="VALUE" (no escapes: the encoder writes names and flags as they are)
+  auto take_attr = [&](std::string_view attr) -> std::optional<std::string_view> {
+    skip_space();
+    if (s.substr(0, attr.size()) != attr || s.substr(attr.size(), 2) != "=\"") return std::nullopt;
+    s.remove_prefix(attr.size() + 2);
+    size_t q = s.find('"');
+    if (q == std::string_view::npos) return std::nullopt;
+    std::string_view v = s.substr(0, q);
+    s.remove_prefix(q + 1);
+    return v;
+  };
+  auto take_close = [&] {
+    skip_space();
+    if (s.empty() || s.front() != '>') return false;
+    s.remove_prefix(1);
+    return true;
+  };
+  auto name = take_attr("name");
+  if (!name || !valid_name(*name) || !take_close()) return std::nullopt;
+  const std::map<std::string, bool>* params = nullptr;
+  if (auto it = kinds.find(*name); it != kinds.end()) params = &it->second;
+
+  OrderedJson args = OrderedJson::object();
+  for (skip_space(); !s.empty(); skip_space()) {
+    if (s.substr(0, kDsmlParamBegin.size()) != kDsmlParamBegin) return std::nullopt;
+    s.remove_prefix(kDsmlParamBegin.size());
+    auto key = take_attr("name");
+    if (!key || key->empty()) return std::nullopt;
+    std::string_view before_flag = s;
+    std::optional<std::string_view> flag = take_attr("string");
+    if (!flag) s = before_flag;
+    else if (*flag != "true" && *flag != "false") return std::nullopt;
+    if (!take_close()) return std::nullopt;
+    size_t end = s.find(kDsmlParamEnd);
+    if (end == std::string_view::npos) return std::nullopt;
+    std::string_view value = s.substr(0, end);
+    s.remove_prefix(end + kDsmlParamEnd.size());
+    std::string k(*key);
+    if (args.contains(k)) return std::nullopt;
+    bool decode = flag ? *flag == "false" : false;
+    if (!flag && params) {
+      auto it = params->find(k);
+      decode = it != params->end() && !it->second;
+    }
+    OrderedJson v = std::string(value);
+    if (decode) {
+      std::string_view t = trim(value);
+      try {
+        OrderedJson j = OrderedJson::parse(t.data(), t.data() + t.size(), nullptr, false);
+        if (!j.is_discarded()) v = std::move(j);
+      } catch (const std::exception&) {
+      }
+    }
+    args[k] = std::move(v);
+  }
+  std::string text = args.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
+  return ParsedCall{std::string(*name), std::move(text), {}};
+}
+
 constexpr Format kFormats[] = {
     {"deepseek_v3", kDsSectionBegin, kDsSectionEnd, kDsCallBegin, kDsCallEnd, parse_deepseek_v3},
     {"deepseek_v31", kDsSectionBegin, kDsSectionEnd, kDsCallBegin, kDsCallEnd, parse_deepseek_v31},
     {"kimi_k2", kKimiSectionBegin, kKimiSectionEnd, kKimiCallBegin, kKimiCallEnd, parse_kimi_k2},
     {"glm47", "", "", kGlmCallBegin, kGlmCallEnd, parse_glm47},
+    {"deepseek_v32", kDsmlSectionBegin, kDsmlSectionEnd, kDsmlCallBegin, kDsmlCallEnd, parse_dsml, true},
 };
 
 const Format* find_format(std::string_view name) {
@@ -303,20 +382,26 @@ class MarkerToolParser final : public ToolCallParser {
           size_t p = buf_.find(opener);
           if (p == std::string::npos) {
             size_t n = buf_.size() - marker_prefix_suffix(buf_, {opener});
+            if (f_.space_before_section)  // the whitespace may turn out to precede the section
+              while (n > 0 && is_space(buf_[n - 1])) --n;
             emit_content(std::string_view(buf_).substr(0, n));
             buf_.erase(0, n);
             return;
           }
-          emit_content(std::string_view(buf_).substr(0, p));
-          buf_.erase(0, p);
+          size_t space = p;
+          if (f_.space_before_section)
+            while (space > 0 && is_space(buf_[space - 1])) --space;
+          emit_content(std::string_view(buf_).substr(0, space));
+          buf_.erase(0, space);
+          p -= space;
           section_calls_ = 0;
           gap_dirty_ = false;
           if (f_.section_begin.empty()) {
             state_ = State::Call;
             scan_ = f_.call_begin.size();
           } else {
-            held_.assign(f_.section_begin);
-            buf_.erase(0, f_.section_begin.size());
+            held_.assign(std::string_view(buf_).substr(0, p + f_.section_begin.size()));
+            buf_.erase(0, p + f_.section_begin.size());
             state_ = State::Section;
           }
           continue;
@@ -492,6 +577,7 @@ std::unique_ptr<ToolCallParser> make_tool_parser(std::string_view name, ToolPars
 std::string default_tool_parser(std::string_view model_type, std::string_view chat_template) {
   if (chat_template.find(kKimiSectionBegin) != std::string_view::npos) return "kimi_k2";
   if (chat_template.find(kGlmKeyBegin) != std::string_view::npos) return "glm47";
+  if (chat_template.find(kDsmlCallBegin) != std::string_view::npos) return "deepseek_v32";
   if (chat_template.find(kDsSectionBegin) != std::string_view::npos) {
     // V3.1 writes `tool['function']['name'] + '<｜tool▁sep｜>' + tool['function']['arguments']`;
     // V3 / R1 write `tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + '```json'`.
@@ -503,8 +589,10 @@ std::string default_tool_parser(std::string_view model_type, std::string_view ch
     return "deepseek_v3";
   }
   if (model_type == "kimi_k2" || model_type == "kimi_k25") return "kimi_k2";
-  if (model_type == "glm4_moe" || model_type == "glm4_moe_lite") return "glm47";
+  if (model_type == "glm4_moe" || model_type == "glm4_moe_lite" || model_type == "glm_moe_dsa") return "glm47";
   if (model_type == "deepseek_v3") return "deepseek_v3";
+  // V3.2's built-in encoder (no template) writes DSML; V3.2-Exp's template is V3.1's.
+  if (model_type == "deepseek_v32") return chat_template.empty() ? "deepseek_v32" : "deepseek_v31";
   return {};
 }
 

@@ -17,6 +17,12 @@
 //     A value is a string, unless the request's tool schema gives the parameter a type other
 //     than string: then it is JSON-decoded (kept a string if it is not JSON). The arguments are
 //     the JSON object of the pairs in their order.
+//   deepseek_v32  DeepSeek-V3.2 (DSML; the whitespace before the section belongs to it):
+//     \n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="NAME">\n
+//     <｜DSML｜parameter name="K" string="true">V</｜DSML｜parameter>\n…</｜DSML｜invoke>\n…</｜DSML｜function_calls>
+//     string="true": V is a string as written; string="false": V is JSON (kept a string if it is
+//     not JSON); without the attribute the tool schema decides as for glm47. The arguments are
+//     the JSON object of the parameters in their order.
 //
 // Rules, the same whether the text comes whole or in pieces:
 // - A call is checked whole, when its end marker arrives: a name (no whitespace), and for the
@@ -94,11 +100,13 @@ std::unique_ptr<ToolCallParser> make_tool_parser(std::string_view name, ToolPars
 
 // The parser for a checkpoint, from config.json's model_type and its chat template text; empty
 // if none fits. Evidence, in order: a template that writes <|tool_calls_section_begin|> ->
-// kimi_k2; one that writes <arg_key> -> glm47; one that writes <｜tool▁calls▁begin｜> ->
+// kimi_k2; one that writes <arg_key> -> glm47; one that writes <｜DSML｜invoke -> deepseek_v32;
+// one that writes <｜tool▁calls▁begin｜> ->
 // deepseek_v31 if it puts the name before <｜tool▁sep｜> (`tool['function']['name'] +
 // '<｜tool▁sep｜>'`), else deepseek_v3 (`tool['type'] + '<｜tool▁sep｜>' + …name`, "```json").
-// Without such a template: kimi_k2 / kimi_k25 -> kimi_k2, glm4_moe / glm4_moe_lite -> glm47,
-// deepseek_v3 -> deepseek_v3.
+// Without such a template: kimi_k2 / kimi_k25 -> kimi_k2, glm4_moe / glm4_moe_lite / glm_moe_dsa -> glm47,
+// deepseek_v3 -> deepseek_v3, deepseek_v32 -> deepseek_v32 (V3.2 ships no template: the built-in
+// encoder writes DSML; with a template, deepseek_v31 as V3.2-Exp's is V3.1's).
 std::string default_tool_parser(std::string_view model_type, std::string_view chat_template);
 
 // The whole output at once: exactly what feed(text) + finish() stream, gathered.

@@ -2,6 +2,7 @@
 #include "tokenizer/chat_template.h"
 
 #include "jinja/template.h"
+#include "tokenizer/encoding_dsv32.h"
 
 namespace mla {
 
@@ -44,6 +45,36 @@ std::string render_chat_template(const std::string& tmpl, const nlohmann::json& 
 std::string render_chat_template(const std::string& tmpl, const nlohmann::ordered_json& messages,
                                  bool add_generation_prompt, const nlohmann::ordered_json& extra) {
   return render_messages(tmpl, messages, add_generation_prompt, extra);
+}
+
+std::string_view ChatFormat::name() const {
+  switch (kind) {
+    case Kind::Jinja: return "jinja";
+    case Kind::DeepSeekV32: return "deepseek_v32";
+    default: return "none";
+  }
+}
+
+ChatFormat chat_format_for(std::string_view model_type, const std::string& chat_template) {
+  ChatFormat f;
+  if (!chat_template.empty()) {
+    f.kind = ChatFormat::Kind::Jinja;
+    f.jinja = chat_template;
+  } else if (model_type == "deepseek_v32") {
+    f.kind = ChatFormat::Kind::DeepSeekV32;
+  }
+  return f;
+}
+
+std::string render_chat(const ChatFormat& format, const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                        const nlohmann::ordered_json& extra) {
+  switch (format.kind) {
+    case ChatFormat::Kind::Jinja: return render_chat_template(format.jinja, messages, add_generation_prompt, extra);
+    case ChatFormat::Kind::DeepSeekV32:
+      if (!extra.is_object() && !extra.is_null()) throw ChatTemplateError("chat template: extra must be a JSON object");
+      return render_dsv32_chat(messages, extra.is_object() ? extra : nlohmann::ordered_json::object());
+    default: throw ChatTemplateError("the model has no chat template");
+  }
 }
 
 }  // namespace mla

@@ -8,6 +8,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "jinja/error.h"
 #include "jinja/limits.h"
@@ -46,5 +47,25 @@ std::string render_chat_template(const std::string& tmpl, const nlohmann::json& 
 std::string render_chat_template(const std::string& tmpl, const nlohmann::ordered_json& messages,
                                  bool add_generation_prompt,
                                  const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
+
+// A checkpoint's chat format: the Jinja template it ships, or a built-in encoder for a checkpoint
+// that ships none (DeepSeek-V3.2: tokenizer/encoding_dsv32.h). Both take the inputs of
+// render_chat_template.
+struct ChatFormat {
+  enum class Kind { None, Jinja, DeepSeekV32 };
+  Kind kind = Kind::None;
+  std::string jinja;  // Kind::Jinja: the template's source
+
+  bool empty() const { return kind == Kind::None; }
+  std::string_view name() const;  // "none", "jinja", "deepseek_v32"
+};
+
+// The checkpoint's template when it has one (tokenizer_config.json / chat_template.jinja); else
+// the DeepSeek-V3.2 encoder for config.json's model_type deepseek_v32; else none.
+ChatFormat chat_format_for(std::string_view model_type, const std::string& chat_template);
+
+// render_chat_template through either kind (Kind::None throws ChatTemplateError).
+std::string render_chat(const ChatFormat& format, const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                        const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
 
 }  // namespace mla

@@ -428,7 +428,8 @@ TEST(ToolParser, UnknownNameListsTheKnownOnes) {
     EXPECT_NE(what.find("hermes"), std::string::npos);
     for (const char* n : {"deepseek_v3", "deepseek_v31", "kimi_k2", "glm47"}) EXPECT_NE(what.find(n), std::string::npos) << n;
   }
-  EXPECT_EQ(tool_parser_names(), (std::vector<std::string>{"deepseek_v3", "deepseek_v31", "kimi_k2", "glm47"}));
+  EXPECT_EQ(tool_parser_names(), (std::vector<std::string>{"deepseek_v3", "deepseek_v31", "kimi_k2", "glm47",
+                                                     "deepseek_v32"}));
 }
 
 TEST(ToolParser, GeneratedIdsLookLikeOpenAIs) {
