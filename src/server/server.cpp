@@ -567,6 +567,9 @@ void Server::Impl::routes() {
     ++http_errors;
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     std::string msg = "request failed with HTTP status " + std::to_string(res.status);
+    if (res.status == 400) msg = "malformed request: its request line or headers could not be parsed";
+    else if (res.status == 413) msg = "the request body exceeds the limit of " + std::to_string(opt.max_body_bytes) + " bytes";
+    else if (res.status == 414) msg = "the request's target is too long";
     if (res.status == 404) {
       auto it = known_routes().find(req.path);
       if (it != known_routes().end() && req.method != it->second) {

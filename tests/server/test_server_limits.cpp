@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "engine/engine.h"
@@ -233,6 +234,13 @@ TEST(ServerLimits, SizesAndMalformedHeadsAre4xx) {
     ASSERT_TRUE(r.send("POST /v1/completions HTTP/1.1\r\nContent-Length: -4\r\n\r\n"));
     EXPECT_EQ(r.read_all().rfind("HTTP/1.1 400", 0), 0u);
   }
+  {  // a request line that is not one: 400 naming it
+    Raw r(l.port);
+    ASSERT_TRUE(r.send("NOT A REQUEST LINE AT ALL\r\nHost: x\r\n\r\n"));
+    const std::string resp = r.read_all();
+    EXPECT_EQ(resp.rfind("HTTP/1.1 400", 0), 0u) << resp;
+    EXPECT_NE(resp.find("malformed request"), std::string::npos) << resp;
+  }
   {  // Expect: 100-continue is answered, then the request runs
     Raw r(l.port);
     const std::string body = R"({"prompt": "hi", "max_tokens": 2})";
@@ -398,11 +406,11 @@ TEST(ServerLimits, DrainFinishesThenCutsWithErrorEventAndDone) {
                     "application/json");
     if (s) streamed = s->body;
   });
-  httplib::Result plain;
+  std::optional<httplib::Result> plain;
   std::thread plain_client([&] {
     auto c3 = l.client();
-    plain = c3.Post("/v1/completions", json({{"prompt", "long too"}, {"max_tokens", 200}, {"ignore_eos", true}}).dump(),
-                    "application/json");
+    plain.emplace(c3.Post("/v1/completions", json({{"prompt", "long too"}, {"max_tokens", 200}, {"ignore_eos", true}}).dump(),
+                          "application/json"));
   });
   ASSERT_TRUE(l.wait_for([&] { return l.metric("mla_http_requests_in_flight") == 2; }));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -419,8 +427,9 @@ TEST(ServerLimits, DrainFinishesThenCutsWithErrorEventAndDone) {
   plain_client.join();
   const double waited = ms_since(t0);
   // The request without a stream is cut with an error response.
-  expect_error(plain, 503, "shutting down");
-  EXPECT_EQ(json::parse(plain->body)["error"]["code"], "server_shutdown");
+  ASSERT_TRUE(plain.has_value());
+  expect_error(*plain, 503, "shutting down");
+  EXPECT_EQ(json::parse((*plain)->body)["error"]["code"], "server_shutdown");
   EXPECT_GE(waited, 400.0) << "cut before the drain deadline";
   EXPECT_LT(waited, 5000.0);
   EXPECT_NE(streamed.find("\"server_shutdown\""), std::string::npos) << streamed;
