@@ -6,7 +6,7 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-  g++ make cmake pkg-config \
+  g++ make cmake pkg-config clang libclang-rt-14-dev \
   libdnnl-dev nlohmann-json3-dev libpcre2-dev libicu-dev libcli11-dev libcpp-httplib-dev \
   libgtest-dev libgmock-dev libbenchmark-dev \
   python3-numpy >/dev/null

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds mla and runs every test: the release build under CTest (one test per core), and the
+# Builds mla and runs every test: the release build under CTest (one test per core), the
 # unit tests of the loader, cache, tokenizer, chat templates, grammar, parsers and attention again under AddressSanitizer +
-# UndefinedBehaviorSanitizer (CMake preset "asan").
+# UndefinedBehaviorSanitizer (CMake preset "asan"), and the libFuzzer targets of fuzz/ for a
+# bounded time (scripts/fuzz.sh: 5 targets x FUZZ_SECONDS, default 25).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -22,6 +23,9 @@ cmake --build build-asan -j"$jobs" --target mla_tests
 echo "== unit tests under ASan + UBSan"
 OMP_NUM_THREADS=1 build-asan/mla_tests --gtest_brief=1 \
   --gtest_filter='Bad*:LatentPool*:PoolDtype*:Fp8*:PathPolicy*:KvExhaustion*:MlaPaths*:Packaging*:Tokenizer*:ChatTemplate*:Jinja*:CacheSize*:Fixtures/Golden.LayerOutputs*:Attention*:MlaUnit*:Moe*:PrefixCache*:OutputStream*:Grammar*:JsonSchema*:ToolParser*:ReasoningParser*-JinjaRender.SelfReferencingListPrintsToALimit'
+
+echo "== fuzzing (clang++, ASan + UBSan)"
+bash scripts/fuzz.sh
 
 # The official openai npm client for the end-to-end tests (tests/e2e, package-lock.json).
 npm ci --prefix tests/e2e --no-audit --no-fund --loglevel=error

@@ -1,14 +1,16 @@
 // `mla serve`: the OpenAI-compatible HTTP server over the continuous-batching Engine.
 // Loads the checkpoint and its tokenizer, sizes one latent page pool, runs the engine thread
 // and serves /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics.
-// SIGINT / SIGTERM: stop accepting, answer the requests in flight, exit; a second signal
-// cancels what is still generating.
+// SIGINT / SIGTERM: stop admitting (503 for new requests), let the requests in flight finish
+// up to --shutdown-timeout seconds, cut the rest (an error event and [DONE] for a stream, a 503
+// otherwise), exit 0; a second signal cuts them at once and exits.
 #include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -31,6 +33,10 @@ struct ServeOptions {
   mla::cli::CpuOptions cpu{.threads = 0, .precision = "fast"};
   bool no_prefix_cache = false;
   std::string tool_call_parser, reasoning_parser, chat_template_kwargs, api_key;
+  int64_t max_queued_requests = 128;
+  double shutdown_timeout = 30, read_timeout = 10;
+  int64_t max_request_bytes = int64_t(16) << 20;
+  int max_connections = 1024;
 };
 
 std::string default_model_name(const std::string& dir) {
@@ -65,10 +71,28 @@ int serve_cmd(int argc, char** argv) {
   app.add_option("--chat-template-kwargs", o.chat_template_kwargs,
                  "JSON object of chat template variables for every request, e.g. '{\"thinking\": true}'");
   app.add_option("--api-key", o.api_key, "require Authorization: Bearer KEY on /v1/* (default: MLA_API_KEY)");
+  app.add_option("--max-queued-requests", o.max_queued_requests,
+                 "generation requests admitted beyond --max-num-seqs (waiting); more are answered 429 (default 128)");
+  app.add_option("--shutdown-timeout", o.shutdown_timeout,
+                 "seconds the first SIGINT/SIGTERM lets the requests in flight finish before cutting them (default 30)");
+  app.add_option("--read-timeout", o.read_timeout,
+                 "seconds for a whole request to arrive (else 408) and for an idle connection to stay open (default 10)");
+  app.add_option("--max-request-bytes", o.max_request_bytes, "largest request body, else 413 (default 16 MiB)");
+  app.add_option("--max-connections", o.max_connections, "open client connections at most, else 503 (default 1024)");
   CLI11_PARSE(app, argc, argv);
   if (o.kv_cache_gb < 0) throw std::invalid_argument("--kv-cache-gb must not be negative");
   if (o.page_size <= 0) throw std::invalid_argument("--page-size must be positive");
   if (o.port < 0 || o.port > 65535) throw std::invalid_argument("--port must be in [0, 65535]");
+  if (o.max_num_seqs < 1) throw std::invalid_argument("--max-num-seqs must be positive");
+  if (o.max_batch_tokens < 1) throw std::invalid_argument("--max-batch-tokens must be positive");
+  if (o.max_queued_requests < 0 || o.max_queued_requests > 100000)
+    throw std::invalid_argument("--max-queued-requests must be in [0, 100000]");
+  if (!(o.shutdown_timeout >= 0) || o.shutdown_timeout > 86400)
+    throw std::invalid_argument("--shutdown-timeout must be in [0, 86400] seconds");
+  if (!(o.read_timeout > 0) || o.read_timeout > 3600)
+    throw std::invalid_argument("--read-timeout must be in (0, 3600] seconds");
+  if (o.max_request_bytes < 1024) throw std::invalid_argument("--max-request-bytes must be at least 1024");
+  if (o.max_connections < 1) throw std::invalid_argument("--max-connections must be positive");
   nlohmann::json template_kwargs = nlohmann::json::object();
   if (!o.chat_template_kwargs.empty()) {
     template_kwargs = nlohmann::json::parse(o.chat_template_kwargs, nullptr, false);
@@ -109,6 +133,11 @@ int serve_cmd(int argc, char** argv) {
   sopt.reasoning_parser = o.reasoning_parser;
   sopt.chat_template_kwargs = template_kwargs;
   sopt.api_key = o.api_key;
+  sopt.max_queued_requests = o.max_queued_requests;
+  sopt.shutdown_timeout = o.shutdown_timeout;
+  sopt.read_timeout = o.read_timeout;
+  sopt.max_body_bytes = size_t(o.max_request_bytes);
+  sopt.max_connections = o.max_connections;
   mla::server::Server server(engine, tokenizer, generation, c, sopt);
   const int port = server.bind();
   engine.start();
@@ -116,16 +145,27 @@ int serve_cmd(int argc, char** argv) {
   std::atomic<bool> done{false};
   std::thread signal_thread([&] {
     int received = 0;
-    timespec tick{0, 200 * 1000 * 1000};
+    timespec tick{0, 100 * 1000 * 1000};
+    std::chrono::steady_clock::time_point second{};
     while (!done) {
+      // The second signal exits at once: if cutting takes longer than an engine step or two
+      // (a slow forward pass, a client that does not read), the process ends anyway.
+      if (received >= 2 && std::chrono::steady_clock::now() - second > std::chrono::seconds(2)) {
+        std::fprintf(stderr, "mla serve: exiting without waiting for the requests in flight\n");
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
       int sig = sigtimedwait(&signals, nullptr, &tick);
       if (sig < 0) continue;
       if (++received == 1) {
-        std::fprintf(stderr, "mla serve: %s: finishing the requests in flight (again to cancel them)\n",
-                     sig == SIGINT ? "SIGINT" : "SIGTERM");
+        std::fprintf(stderr,
+                     "mla serve: %s: finishing the requests in flight, at most %g s (again to cut them now)\n",
+                     sig == SIGINT ? "SIGINT" : "SIGTERM", o.shutdown_timeout);
         server.stop();
-      } else {
-        std::fprintf(stderr, "mla serve: cancelling the requests in flight\n");
+      } else if (received == 2) {
+        std::fprintf(stderr, "mla serve: cutting the requests in flight\n");
+        second = std::chrono::steady_clock::now();
+        server.stop_now();
         engine.cancel_all();
       }
     }

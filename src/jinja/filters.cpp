@@ -217,7 +217,10 @@ Value Renderer::method(const Value& self, const std::string& name) {
             std::string field = t.substr(i + 1, close - i - 1);
             const Value* v = nullptr;
             if (field.empty()) v = a.get(next_arg++, "");
-            else if (std::isdigit(static_cast<unsigned char>(field[0]))) v = a.get(std::stoul(field), "");
+            else if (std::isdigit(static_cast<unsigned char>(field[0]))) {
+              if (field.size() > 6) throw Error("format: argument index {" + field.substr(0, 12) + "} is too large");
+              v = a.get(std::stoul(field), "");  // at most 6 digits: stoul cannot overflow
+            }
             else v = a.get(SIZE_MAX, field);
             if (!v) throw Error("format: missing argument for {" + field + "}");
             out += to_str(*v);

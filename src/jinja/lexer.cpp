@@ -243,6 +243,10 @@ class Lexer {
       char e = src_[pos++];
       auto hex = [&](int digits) {
         if (pos + digits > n) fail(pos, "bad escape in string literal");
+        for (int i = 0; i < digits; ++i)  // std::stoul would throw std::invalid_argument, or skip a sign
+          if (!std::isxdigit(static_cast<unsigned char>(src_[pos + size_t(i)])))
+            fail(pos, "bad escape in string literal: \\" + std::string(1, e) + " needs " + std::to_string(digits) +
+                          " hex digits");
         uint32_t cp = static_cast<uint32_t>(std::stoul(src_.substr(pos, digits), nullptr, 16));
         pos += digits;
         if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) cp = 0xFFFD;

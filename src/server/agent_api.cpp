@@ -75,7 +75,7 @@ json detokenize_body(const json& body, const Tokenizer& tokenizer) {
   if (it == body.end() || !it->is_array()) bad("tokens", "'tokens' must be a list of token ids");
   std::vector<int32_t> ids;
   for (const json& x : *it) {
-    if (!x.is_number_integer()) bad("tokens", "'tokens' must be a list of token ids, got " + x.dump());
+    if (!x.is_number_integer()) bad("tokens", "'tokens' must be a list of token ids, got " + brief_json(x));
     const int64_t id = x.get<int64_t>();
     if (id < 0 || id >= int64_t(tokenizer.vocab_size()))
       bad("tokens", "token " + std::to_string(id) + " is outside the vocabulary");

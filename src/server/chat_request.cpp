@@ -20,7 +20,7 @@ const std::set<std::string, std::less<>>& common_fields() {
   static const std::set<std::string, std::less<>> f = {
       "model", "stream", "stream_options", "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
       "frequency_penalty", "repetition_penalty", "seed", "stop", "max_tokens", "ignore_eos", "skip_special_tokens",
-      "logprobs", "logit_bias",
+      "logprobs", "logit_bias", "timeout",
       // harmless metadata, accepted and ignored
       "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"};
   return f;
@@ -102,7 +102,7 @@ ToolChoice parse_tool_choice(const ordered_json& v) {
     c.name = (*f)["name"].get<std::string>();
     return c;
   }
-  bad("tool_choice", "'tool_choice' must be a string or an object, got " + v.dump());
+  bad("tool_choice", "'tool_choice' must be a string or an object, got " + brief_json(v));
 }
 
 }  // namespace
@@ -136,32 +136,32 @@ AgentFields parse_agent_fields(Endpoint endpoint, const json& body, const ordere
 
   // n: choices sampled from one prompt.
   if (const ordered_json* n = ofield(o, "n")) {
-    if (!n->is_number_integer()) bad("n", "'n' must be an integer, got " + n->dump());
+    if (!n->is_number_integer()) bad("n", "'n' must be an integer, got " + brief_json(*n));
     a.n = n->get<int64_t>();
-    if (a.n < 1 || a.n > 16) bad("n", "'n' must be in [1, 16], got " + n->dump());
+    if (a.n < 1 || a.n > 16) bad("n", "'n' must be in [1, 16], got " + brief_json(*n));
   }
 
   // logprobs: chat {logprobs: bool, top_logprobs: 0..20}; completions {logprobs: 0..20}.
   if (chat) {
     bool want = false;
     if (const ordered_json* lp = ofield(o, "logprobs")) {
-      if (!lp->is_boolean()) bad("logprobs", "'logprobs' must be a boolean, got " + lp->dump());
+      if (!lp->is_boolean()) bad("logprobs", "'logprobs' must be a boolean, got " + brief_json(*lp));
       want = lp->get<bool>();
     }
     int64_t top = 0;
     if (const ordered_json* t = ofield(o, "top_logprobs")) {
-      if (!t->is_number_integer()) bad("top_logprobs", "'top_logprobs' must be an integer, got " + t->dump());
+      if (!t->is_number_integer()) bad("top_logprobs", "'top_logprobs' must be an integer, got " + brief_json(*t));
       top = t->get<int64_t>();
-      if (top < 0 || top > 20) bad("top_logprobs", "'top_logprobs' must be in [0, 20], got " + t->dump());
+      if (top < 0 || top > 20) bad("top_logprobs", "'top_logprobs' must be in [0, 20], got " + brief_json(*t));
       if (!want) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     }
     if (want) a.logprobs = int32_t(top);
   } else if (const ordered_json* lp = ofield(o, "logprobs")) {
     if (lp->is_boolean() && !lp->get<bool>()) {
     } else {
-      if (!lp->is_number_integer()) bad("logprobs", "'logprobs' must be an integer in [0, 20], got " + lp->dump());
+      if (!lp->is_number_integer()) bad("logprobs", "'logprobs' must be an integer in [0, 20], got " + brief_json(*lp));
       const int64_t k = lp->get<int64_t>();
-      if (k < 0 || k > 20) bad("logprobs", "'logprobs' must be in [0, 20], got " + lp->dump());
+      if (k < 0 || k > 20) bad("logprobs", "'logprobs' must be in [0, 20], got " + brief_json(*lp));
       a.logprobs = int32_t(k);
     }
   }
@@ -181,7 +181,7 @@ AgentFields parse_agent_fields(Endpoint endpoint, const json& body, const ordere
         bad("logit_bias", "'logit_bias' key \"" + key + "\" is not a token id of this model (0.." +
                               std::to_string(vocab_size - 1) + ")");
       if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < -100 || it->get<double>() > 100)
-        bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100], got " + it->dump());
+        bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100], got " + brief_json(*it));
       a.logit_bias.push_back({int32_t(id), it->get<float>()});
     }
   }
@@ -195,7 +195,7 @@ AgentFields parse_agent_fields(Endpoint endpoint, const json& body, const ordere
       bad("tool_choice", "'tool_choice' names the function '" + a.tool_choice.name + "', which is not in 'tools'");
   }
   if (const ordered_json* p = ofield(o, "parallel_tool_calls")) {
-    if (!p->is_boolean()) bad("parallel_tool_calls", "'parallel_tool_calls' must be a boolean, got " + p->dump());
+    if (!p->is_boolean()) bad("parallel_tool_calls", "'parallel_tool_calls' must be a boolean, got " + brief_json(*p));
     a.parallel_tool_calls = p->get<bool>();
   }
 

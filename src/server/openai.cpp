@@ -41,7 +41,7 @@ const json* field(const json& body, const char* name) {
 std::optional<double> get_number(const json& body, const char* name) {
   const json* v = field(body, name);
   if (!v) return std::nullopt;
-  if (!v->is_number()) bad(name, std::string("'") + name + "' must be a number, got " + v->dump());
+  if (!v->is_number()) bad(name, std::string("'") + name + "' must be a number, got " + brief_json(*v));
   double x = v->get<double>();
   if (!std::isfinite(x)) bad(name, std::string("'") + name + "' must be finite");
   return x;
@@ -59,20 +59,20 @@ std::optional<int64_t> get_integer(const json& body, const char* name) {
     double x = v->get<double>();
     if (std::isfinite(x) && x == std::floor(x) && std::fabs(x) < 9e15) return int64_t(x);
   }
-  bad(name, std::string("'") + name + "' must be an integer, got " + v->dump());
+  bad(name, std::string("'") + name + "' must be an integer, got " + brief_json(*v));
 }
 
 std::optional<bool> get_bool(const json& body, const char* name) {
   const json* v = field(body, name);
   if (!v) return std::nullopt;
-  if (!v->is_boolean()) bad(name, std::string("'") + name + "' must be a boolean, got " + v->dump());
+  if (!v->is_boolean()) bad(name, std::string("'") + name + "' must be a boolean, got " + brief_json(*v));
   return v->get<bool>();
 }
 
 std::optional<std::string> get_string(const json& body, const char* name) {
   const json* v = field(body, name);
   if (!v) return std::nullopt;
-  if (!v->is_string()) bad(name, std::string("'") + name + "' must be a string, got " + v->dump());
+  if (!v->is_string()) bad(name, std::string("'") + name + "' must be a string, got " + brief_json(*v));
   return v->get<std::string>();
 }
 
@@ -101,7 +101,7 @@ std::vector<int32_t> completion_prompt(const json& body, const ServingContext& c
     std::vector<int32_t> ids;
     const int64_t vocab = int64_t(ctx.tokenizer->vocab_size());
     for (const json& x : p) {
-      if (!x.is_number_integer()) bad("prompt", "'prompt' must be a string or a list of token ids, got " + x.dump());
+      if (!x.is_number_integer()) bad("prompt", "'prompt' must be a string or a list of token ids, got " + brief_json(x));
       int64_t id = x.get<int64_t>();
       if (id < 0 || id >= vocab)
         bad("prompt", "prompt token " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(vocab));
@@ -109,7 +109,7 @@ std::vector<int32_t> completion_prompt(const json& body, const ServingContext& c
     }
     return ids;
   }
-  bad("prompt", "'prompt' must be a string or a list of token ids, got " + p.dump());
+  bad("prompt", "'prompt' must be a string or a list of token ids, got " + brief_json(p));
 }
 
 std::string chat_prompt(const json& body, const ServingContext& ctx, const AgentFields& agent) {
@@ -167,15 +167,57 @@ std::vector<std::string> stop_strings(const json& body) {
   if (!v) return {};
   if (v->is_string()) return {v->get<std::string>()};
   if (!v->is_array()) bad("stop", "'stop' must be a string or a list of strings");
+  if (v->size() > 64) bad("stop", "at most 64 stop strings");
   std::vector<std::string> out;
   for (const json& s : *v) {
     if (!s.is_string()) bad("stop", "'stop' must be a string or a list of strings");
+    if (s.get_ref<const std::string&>().size() > 4096) bad("stop", "a stop string is longer than 4096 bytes");
     out.push_back(s.get<std::string>());
   }
   return out;
 }
 
 }  // namespace
+
+size_t json_nesting_depth(std::string_view text, size_t stop_at, size_t* offset) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > deepest) deepest = depth;
+      if (deepest > stop_at) {
+        if (offset) *offset = i;
+        return deepest;
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+json parse_json_body(std::string_view body, size_t max_depth) {
+  size_t at = 0;
+  if (json_nesting_depth(body, max_depth, &at) > max_depth)
+    throw ApiError(400, "the body nests arrays and objects deeper than " + std::to_string(max_depth) +
+                            " levels (at byte " + std::to_string(at) + ")");
+  try {
+    return json::parse(body);
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
+    std::string what = e.what();        // names the byte; its "last read" may quote a long token
+    if (what.size() > 200) what = what.substr(0, 197) + "...";
+    throw ApiError(400, "the body is not valid JSON: " + what);
+  }
+}
 
 ApiError::ApiError(int status_, const std::string& message, std::string param_, std::string type_, std::string code_)
     : std::runtime_error(message),
@@ -209,6 +251,10 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingCo
   }
   if (auto b = get_integer(body, "best_of"); b && *b != 1) bad("best_of", "only best_of = 1 is supported");
   if (get_bool(body, "echo").value_or(false)) bad("echo", "echo is not supported");
+  if (auto t = get_number(body, "timeout")) {
+    if (!(*t > 0) || *t > 1e6) bad("timeout", "'timeout' must be a number of seconds in (0, 1e6]");
+    p.timeout_seconds = *t;
+  }
   {
     // Tools and schemas keep the request's key order (their properties' order shows in the
     // prompt and in the output the grammar allows).
@@ -268,17 +314,25 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingCo
   }
   r.logprobs = p.agent.logprobs;
   const int64_t n = int64_t(r.prompt.size());
-  if (n == 0) bad(endpoint == Endpoint::Completions ? "prompt" : "messages", "the prompt is empty");
-  if (ctx.max_sequence_tokens > 0 && n > ctx.max_sequence_tokens)
-    bad(endpoint == Endpoint::Completions ? "prompt" : "messages",
-        "the prompt is " + std::to_string(n) + " tokens; this server holds at most " +
-            std::to_string(ctx.max_sequence_tokens) + " tokens per request (the model's context and the KV cache)");
-  if (max_tokens && ctx.context_length > 0 && n + *max_tokens > ctx.context_length)
-    bad("max_tokens", "this model's maximum context length is " + std::to_string(ctx.context_length) +
-                          " tokens; the request asks for " + std::to_string(n + *max_tokens) + " (" +
-                          std::to_string(n) + " in the prompt, " + std::to_string(*max_tokens) + " to generate)");
-  // Default: generation_config.json's max_new_tokens, else until EOS, the context or the cache.
-  r.max_new_tokens = max_tokens.value_or(ctx.generation ? ctx.generation->max_new_tokens.value_or(-1) : -1);
+  const char* prompt_param = endpoint == Endpoint::Completions ? "prompt" : "messages";
+  if (n == 0) bad(prompt_param, "the prompt is empty");
+  // The room of one request: the model's context and what one request can hold in the KV cache
+  // (the engine's page budget); 0: unknown.
+  int64_t room = ctx.max_sequence_tokens > 0 ? ctx.max_sequence_tokens : 0;
+  if (ctx.context_length > 0 && (room == 0 || ctx.context_length < room)) room = ctx.context_length;
+  const std::string what = ctx.context_length > 0 && room == ctx.context_length
+                               ? "this model's maximum context length of " + std::to_string(room) + " tokens"
+                               : "the " + std::to_string(room) + " tokens one request can hold in the KV cache";
+  if (room > 0 && n > room) bad(prompt_param, "the prompt is " + std::to_string(n) + " tokens, more than " + what);
+  // max_tokens > room - n, not n + max_tokens > room: no overflow for max_tokens up to 2^63 - 1.
+  if (max_tokens && room > 0 && *max_tokens > room - n)
+    bad("max_tokens", "the request asks for " + std::to_string(n) + " prompt tokens and " +
+                          std::to_string(*max_tokens) + " to generate, more than " + what + " (at most " +
+                          std::to_string(room - n) + " to generate for this prompt)");
+  // Default: generation_config.json's max_new_tokens, else until EOS; never beyond the room.
+  int64_t max_new = max_tokens.value_or(ctx.generation ? ctx.generation->max_new_tokens.value_or(-1) : -1);
+  if (room > 0 && (max_new < 0 || max_new > room - n)) max_new = room - n;
+  r.max_new_tokens = max_new;
 
   if (!get_bool(body, "ignore_eos").value_or(false)) {
     if (ctx.generation) r.eos_token_ids = ctx.generation->eos_token_ids;

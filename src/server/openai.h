@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "engine/generation_config.h"
 #include "engine/request.h"
@@ -57,6 +58,7 @@ struct ParsedRequest {
   std::string model;  // the served name (echoed in responses)
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  double timeout_seconds = 0;  // the request's "timeout" field, seconds (0: none)
   Request request;             // the first choice's (each choice i samples with seed + i)
   AgentFields agent;           // tools, response_format, logprobs, n, logit_bias ... (chat_request.h)
   std::string prompt_text;     // chat: the rendered prompt
@@ -67,6 +69,27 @@ struct ParsedRequest {
   // The grammar the output must follow (response_format, a forced tool call); null: none.
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
+
+// The most levels of nested arrays and objects a request body may have.
+inline constexpr size_t kMaxJsonDepth = 64;
+
+// The bounded parse of a request body: its nesting depth is checked by a non-recursive scan
+// before nlohmann builds (and anything later copies or dumps) the value; a body nested deeper
+// than max_depth, or not JSON (a number past double's range included), raises ApiError 400
+// naming the problem and its byte offset.
+nlohmann::json parse_json_body(std::string_view body, size_t max_depth = kMaxJsonDepth);
+// The deepest nesting of arrays and objects in a JSON text (strings skipped; not validated);
+// stops at the first level past stop_at, its byte offset in *offset.
+size_t json_nesting_depth(std::string_view text, size_t stop_at = SIZE_MAX, size_t* offset = nullptr);
+
+// A value as an error message quotes it: its JSON, cut to a short prefix (a client may send
+// megabytes where a number belongs).
+template <class Json>
+std::string brief_json(const Json& v) {
+  std::string d = v.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (d.size() > 80) d = d.substr(0, 77) + "...";
+  return d;
+}
 
 // Reads a request body (a JSON object). A field the server does not implement, known fields
 // of the wrong type or out of range, contradictory fields, an empty or too long prompt raise

@@ -1,12 +1,29 @@
-// HTTP routes, streaming and metrics of the OpenAI-compatible server (see server.h).
+// The listener, the two pools, routes, admission, streaming, shutdown and metrics of the
+// OpenAI-compatible server (see server.h).
 #include "server/server.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -22,6 +39,7 @@
 namespace mla::server {
 
 using nlohmann::json;
+using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -37,8 +55,274 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   res.set_content(dump(error_body(status, message, param, type, code)), "application/json");
 }
 
-// How often a waiting HTTP thread looks at its client's connection.
+Clock::duration seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::max(0.0, s)));
+}
+
+int millis_until(Clock::time_point t) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
+  return int(std::clamp<int64_t>(ms, 0, 1 << 30));
+}
+
+// The socket of the request this thread serves (-1: none), for ClientConnection.
+thread_local int current_socket = -1;
+
+// How often a waiting HTTP thread looks at its client's connection, its timeout and shutdown.
 constexpr std::chrono::milliseconds kConnectionPoll{20};
+
+// A fixed set of threads over a queue of jobs.
+class Pool {
+ public:
+  explicit Pool(size_t n) {
+    for (size_t i = 0; i < std::max<size_t>(n, 1); ++i) threads_.emplace_back([this] { work(); });
+  }
+  ~Pool() { shutdown(); }
+  void post(std::function<void()> job) {
+    {
+      std::lock_guard lk(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+  void shutdown() {  // runs the jobs already posted, then joins
+    {
+      std::lock_guard lk(mu_);
+      if (done_) return;
+      done_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  void work() {
+    while (true) {
+      std::function<void()> job;
+      {
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, [&] { return done_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  bool done_ = false;
+};
+
+bool numeric_address(const sockaddr_storage& a, socklen_t len, std::string& ip, int& port) {
+  char h[NI_MAXHOST], s[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, h, sizeof h, s, sizeof s,
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return false;
+  ip = h;
+  port = std::atoi(s);
+  return true;
+}
+
+// One connection as cpp-httplib's Stream: first the bytes the listener has read (a whole
+// request, perhaps the start of the next), then the socket (non-blocking, polled with the
+// timeouts).
+class ConnStream : public httplib::Stream {
+ public:
+  ConnStream(int fd, std::string buffered, double read_timeout, double write_timeout)
+      : fd_(fd),
+        buf_(std::move(buffered)),
+        read_ms_(int(read_timeout * 1000)),
+        write_ms_(int(write_timeout * 1000)) {}
+
+  bool is_readable() const override { return pos_ < buf_.size() || wait(POLLIN, read_ms_); }
+  bool is_writable() const override { return wait(POLLOUT, write_ms_); }
+  ssize_t read(char* ptr, size_t size) override {
+    if (pos_ < buf_.size()) {
+      const size_t n = std::min(size, buf_.size() - pos_);
+      std::memcpy(ptr, buf_.data() + pos_, n);
+      pos_ += n;
+      return ssize_t(n);
+    }
+    while (true) {
+      if (!wait(POLLIN, read_ms_)) return -1;
+      const ssize_t n = ::recv(fd_, ptr, size, 0);
+      if (n >= 0 || (errno != EAGAIN && errno != EINTR)) return n;
+    }
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    while (true) {
+      if (!wait(POLLOUT, write_ms_)) return -1;
+      const ssize_t n = ::send(fd_, ptr, size, MSG_NOSIGNAL);
+      if (n >= 0 || (errno != EAGAIN && errno != EINTR)) return n;
+    }
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage a{};
+    socklen_t len = sizeof a;
+    if (getpeername(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0) numeric_address(a, len, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage a{};
+    socklen_t len = sizeof a;
+    if (getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0) numeric_address(a, len, ip, port);
+  }
+  socket_t socket() const override { return fd_; }
+  std::string leftover() const { return buf_.substr(pos_); }
+
+ private:
+  bool wait(short events, int ms) const {
+    pollfd p{fd_, events, 0};
+    while (true) {
+      const int r = ::poll(&p, 1, ms);
+      if (r < 0 && errno == EINTR) continue;
+      return r > 0 && (p.revents & events);
+    }
+  }
+  int fd_;
+  std::string buf_;
+  size_t pos_ = 0;
+  int read_ms_, write_ms_;
+};
+
+// cpp-httplib's server without its accept loop: we hand it whole requests on our stream.
+class HttpCore : public httplib::Server {
+ public:
+  bool serve(httplib::Stream& strm, bool close_connection, bool& connection_closed) {
+    return process_request(strm, close_connection, connection_closed, nullptr);
+  }
+  // Its streaming stops once this socket is invalid ("shutting down"): ours while we serve.
+  void set_listen_socket(int fd) { svr_sock_ = fd; }
+};
+
+// What the listener made of the bytes of a connection so far.
+struct Head {
+  enum Kind { NeedMore, Complete, Reject } kind = NeedMore;
+  int status = 0;  // Reject
+  std::string message;
+  bool liveness = false;  // Complete: GET /health, /metrics or /v1/models
+  bool send_continue = false;
+};
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return std::tolower(x) == std::tolower(y); });
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+// The routes each method is allowed on (405 with Allow for another method).
+const std::map<std::string, std::string, std::less<>>& known_routes() {
+  static const std::map<std::string, std::string, std::less<>> routes = {
+      {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/models", "GET"},
+      {"/health", "GET"},          {"/metrics", "GET"},           {"/tokenize", "POST"},
+      {"/detokenize", "POST"}};
+  return routes;
+}
+
+// Looks at the head (and body length) of the request at the start of buf. An Expect:
+// 100-continue line is taken out of buf (the listener answers it itself).
+Head examine(std::string& buf, size_t max_header, size_t max_body, bool continue_sent) {
+  Head h;
+  size_t end = buf.find("\r\n\r\n");
+  size_t sep = 4;
+  if (const size_t lf = buf.find("\n\n"); lf != std::string::npos && (end == std::string::npos || lf < end))
+    end = lf, sep = 2;
+  if (end == std::string::npos) {
+    if (buf.size() > max_header) {
+      h.kind = Head::Reject, h.status = 431;
+      h.message = "the request's line and headers exceed " + std::to_string(max_header) + " bytes";
+    }
+    return h;
+  }
+  if (end + sep > max_header) {
+    h.kind = Head::Reject, h.status = 431;
+    h.message = "the request's line and headers exceed " + std::to_string(max_header) + " bytes";
+    return h;
+  }
+  std::string_view head(buf.data(), end);
+  const size_t eol = head.find('\n');
+  std::string_view line = trim(head.substr(0, eol));
+  const size_t sp1 = line.find(' '), sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+  std::string_view method = line.substr(0, sp1), target;
+  if (sp1 != std::string_view::npos) target = line.substr(sp1 + 1, sp2 == std::string_view::npos ? sp2 : sp2 - sp1 - 1);
+  target = target.substr(0, target.find('?'));
+  uint64_t length = 0;
+  bool have_length = false, expect_continue = false;
+  size_t expect_begin = 0, expect_end = 0;
+  size_t pos = eol == std::string_view::npos ? head.size() : eol + 1;
+  while (pos < head.size()) {
+    size_t next = head.find('\n', pos);
+    if (next == std::string_view::npos) next = head.size();
+    std::string_view l = head.substr(pos, next - pos);
+    const size_t colon = l.find(':');
+    if (colon != std::string_view::npos) {
+      std::string_view name = trim(l.substr(0, colon)), value = trim(l.substr(colon + 1));
+      if (iequals(name, "content-length")) {
+        uint64_t v = 0;
+        bool ok = !value.empty();
+        for (char c : value) {
+          if (c < '0' || c > '9' || v > (UINT64_MAX - 9) / 10) {
+            ok = false;
+            break;
+          }
+          v = v * 10 + uint64_t(c - '0');
+        }
+        if (!ok || (have_length && v != length)) {
+          h.kind = Head::Reject, h.status = 400;
+          h.message = "the Content-Length header is not one non-negative integer";
+          return h;
+        }
+        have_length = true;
+        length = v;
+      } else if (iequals(name, "transfer-encoding")) {
+        h.kind = Head::Reject, h.status = 411;
+        h.message = "request bodies must come with a Content-Length (Transfer-Encoding is not supported)";
+        return h;
+      } else if (iequals(name, "expect") && iequals(value, "100-continue")) {
+        expect_continue = true;
+        // the line and its end (for the last line, the first half of the blank line's separator)
+        expect_begin = pos, expect_end = next < head.size() ? next + 1 : end + sep / 2;
+      }
+    }
+    pos = next + 1;
+  }
+  if (length > max_body) {
+    h.kind = Head::Reject, h.status = 413;
+    h.message = "the request body of " + std::to_string(length) + " bytes exceeds the limit of " +
+                std::to_string(max_body) + " bytes";
+    return h;
+  }
+  if (expect_continue) {  // answered here; cpp-httplib never sees the header
+    buf.erase(expect_begin, expect_end - expect_begin);
+    end -= expect_end - expect_begin;
+    h.send_continue = !continue_sent && length > 0;
+  }
+  if (buf.size() < end + sep + length) return h;
+  h.kind = Head::Complete;
+  h.liveness = method == "GET" && (target == "/health" || target == "/metrics" || target == "/v1/models");
+  return h;
+}
+
+// A short response written by the listener itself (the socket is non-blocking: best effort).
+void write_small_response(int fd, int status, const std::string& message) {
+  const std::string body = dump(error_body(status, message));
+  std::string reason = status == 408   ? "Request Timeout"
+                       : status == 411 ? "Length Required"
+                       : status == 413 ? "Payload Too Large"
+                       : status == 431 ? "Request Header Fields Too Large"
+                       : status == 503 ? "Service Unavailable"
+                                       : "Bad Request";
+  std::string msg = "HTTP/1.1 " + std::to_string(status) + " " + reason +
+                    "\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+                    std::to_string(body.size()) + (status == 503 ? "\r\nRetry-After: 1" : "") + "\r\n\r\n" + body;
+  (void)!::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL);
+}
 
 }  // namespace
 
@@ -50,12 +334,34 @@ struct Server::Impl {
   ServerOptions opt;
   ServingContext ctx;
   std::unique_ptr<StructuredOutputs> structured;
-  httplib::Server http;
+  HttpCore http;
   int port = -1;
+  int listen_fd = -1, wake_fd = -1;
   int64_t started = unix_time();
-  std::atomic<bool> stopping{false}, in_listen{false}, stop_sent{false};
+  int64_t admit_limit = 0;
+  std::atomic<bool> stop_called{false}, stopping{false}, stop_hard{false}, cut_sent{false};
+  std::atomic<int64_t> drain_deadline_ns{0};
+  std::unique_ptr<Pool> work_pool, liveness_pool;
+
+  // Connections back from a pool after a response, waiting for their next request.
+  std::mutex returned_mu;
+  std::vector<std::pair<int, std::string>> returned;
+  std::atomic<int64_t> open_connections{0};
+
+  // Generation requests admitted and not yet answered; the shutdown's cut sets `cut` on each,
+  // which its handler sees within one poll (kConnectionPoll) and cancels its choices.
+  struct Flight {
+    std::atomic<bool> cut{false};
+  };
+  std::atomic<int64_t> in_flight{0};
+  std::mutex flights_mu;
+  std::map<Flight*, std::shared_ptr<Flight>> flights;
+
   // Counters for /metrics.
   std::atomic<int64_t> http_completions{0}, http_chat{0}, http_errors{0}, http_streams{0};
+  std::atomic<int64_t> rejected_queue_full{0}, rejected_draining{0}, rejected_connections{0};
+  std::atomic<int64_t> read_timeouts{0}, request_timeouts{0}, shutdown_cuts{0}, client_gone{0};
+  std::atomic<int64_t> liveness_requests{0};
 
   Impl(Engine& e, const Tokenizer& t, const GenerationConfig& g, const ModelConfig& m, ServerOptions o)
       : engine(e), tokenizer(t), generation(g), model(m), opt(std::move(o)) {
@@ -72,20 +378,137 @@ struct Server::Impl {
     ctx.chat_template_kwargs = opt.chat_template_kwargs;
     structured = std::make_unique<StructuredOutputs>(tokenizer, model.vocab_size);
     ctx.structured = structured.get();
+    if (opt.max_queued_requests < 0) throw std::invalid_argument("server: max_queued_requests must not be negative");
+    admit_limit = std::max<int64_t>(engine.options().max_running, 1) + opt.max_queued_requests;
+    wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd < 0) throw std::runtime_error("server: eventfd failed");
     routes();
+  }
+  ~Impl() {
+    if (listen_fd >= 0) ::close(listen_fd);
+    if (wake_fd >= 0) ::close(wake_fd);
   }
 
   void routes();
   void generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
-  void stream(std::shared_ptr<const ParsedRequest> p, const httplib::Request& req, httplib::Response& res);
+  struct Watch;
+  void stream(std::shared_ptr<const ParsedRequest> p, std::shared_ptr<Watch> watch, httplib::Response& res);
   std::string metrics() const;
+  void wake() {
+    const uint64_t one = 1;
+    (void)!::write(wake_fd, &one, sizeof one);
+  }
+  void close_connection(int fd) {
+    ::shutdown(fd, SHUT_RDWR);
+    ::close(fd);
+    --open_connections;
+  }
+  void cut_all() {
+    if (cut_sent.exchange(true)) return;
+    std::lock_guard lk(flights_mu);
+    for (auto& [p, f] : flights) f->cut = true;
+  }
+  // Runs one whole request (already read) on a pool thread, then gives the connection back
+  // to the listener or closes it.
+  void serve_connection(int fd, std::string bytes) {
+    ConnStream strm(fd, std::move(bytes), opt.read_timeout, opt.write_timeout);
+    bool closed = false;
+    const bool close = stopping.load();
+    bool ok = false;
+    current_socket = fd;
+    try {
+      ok = http.serve(strm, close, closed);
+    } catch (...) {
+      ok = false;
+    }
+    current_socket = -1;
+    if (ok && !closed && !close && !stopping) {
+      {
+        std::lock_guard lk(returned_mu);
+        returned.emplace_back(fd, strm.leftover());
+      }
+      wake();
+    } else {
+      close_connection(fd);
+    }
+  }
+  void run_listener();
+};
+
+namespace {
+
+// An admitted generation request: counted from its admission until its response is written
+// (a stream's provider holds it), registered for the shutdown's cut.
+struct Admission {
+  Server::Impl& m;
+  std::shared_ptr<Server::Impl::Flight> flight = std::make_shared<Server::Impl::Flight>();
+  explicit Admission(Server::Impl& impl) : m(impl) {
+    std::lock_guard lk(m.flights_mu);
+    m.flights[flight.get()] = flight;
+  }
+  ~Admission() {
+    {
+      std::lock_guard lk(m.flights_mu);
+      m.flights.erase(flight.get());
+    }
+    --m.in_flight;
+    m.wake();
+  }
+  Admission(const Admission&) = delete;
+  Admission& operator=(const Admission&) = delete;
+};
+
+// Why a request that the server (not the engine) ended was ended.
+enum class Cut { None, ClientGone, Timeout, Shutdown };
+
+// The error a request cut by the server gets.
+std::pair<int, json> cut_error(Cut cut, double timeout, int64_t tokens) {
+  const std::string after = " after " + std::to_string(tokens) + " generated tokens";
+  if (cut == Cut::Timeout) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", timeout);
+    return {504, error_body(504, std::string("the request's timeout of ") + buf + " s passed" + after, "timeout",
+                            "timeout_error", "request_timeout")};
+  }
+  return {503, error_body(503, "the server is shutting down: the request was cut" + after, {}, "service_unavailable",
+                          "server_shutdown")};
+}
+
+}  // namespace
+
+// What a waiting handler looks at between polls: the client gone, the request's timeout, the
+// shutdown's cut; the first of them cancels the request's choices (their last events come
+// within one engine step).
+struct Server::Impl::Watch {
+  Server::Impl& m;
+  std::shared_ptr<Admission> admission;
+  ClientConnection conn;
+  Clock::time_point deadline;
+  double timeout = 0;
+  Cut cut = Cut::None;
+
+  void check(Generation& gen) {
+    if (cut != Cut::None) return;
+    if (conn.closed()) cut = Cut::ClientGone, ++m.client_gone;
+    else if (Clock::now() >= deadline) cut = Cut::Timeout, ++m.request_timeouts;
+    else if (admission->flight->cut) cut = Cut::Shutdown, ++m.shutdown_cuts;
+    if (cut != Cut::None) gen.cancel();
+  }
+  // A request cancelled by something else while the shutdown cuts (the second signal's
+  // cancel_all) counts as cut by the shutdown.
+  void settle(FinishReason reason) {
+    if (cut == Cut::None && reason == FinishReason::Cancelled && admission->flight->cut)
+      cut = Cut::Shutdown, ++m.shutdown_cuts;
+  }
 };
 
 void Server::Impl::routes() {
-  size_t threads = opt.http_threads > 0 ? size_t(opt.http_threads)
-                                        : size_t(std::max<int64_t>(16, engine.options().max_running + 4));
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  http.set_payload_max_length(64u << 20);
+  const size_t workers = opt.http_threads > 0 ? size_t(opt.http_threads) : size_t(admit_limit + 4);
+  work_pool = std::make_unique<Pool>(workers);
+  liveness_pool = std::make_unique<Pool>(size_t(std::max(opt.liveness_threads, 1)));
+  http.set_payload_max_length(opt.max_body_bytes);
+  http.set_keep_alive_timeout(time_t(std::max(1.0, opt.read_timeout)));
+  http.set_keep_alive_max_count(1000);
 
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     ++http_completions;
@@ -96,6 +519,7 @@ void Server::Impl::routes() {
     generate(Endpoint::ChatCompletions, req, res);
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    ++liveness_requests;
     json m = {{"id", opt.model_name},
               {"object", "model"},
               {"created", started},
@@ -116,8 +540,7 @@ void Server::Impl::routes() {
   for (const char* path : {"/tokenize", "/detokenize"})
     http.Post(path, [this, path](const httplib::Request& req, httplib::Response& res) {
       try {
-        json body = json::parse(req.body, nullptr, false);
-        if (body.is_discarded()) throw ApiError(400, "the body is not valid JSON");
+        json body = parse_json_body(req.body);
         json out = std::string(path) == "/tokenize" ? tokenize_body(body, tokenizer, engine.max_sequence_tokens())
                                                     : detokenize_body(body, tokenizer);
         res.set_content(dump(out), "application/json");
@@ -125,19 +548,40 @@ void Server::Impl::routes() {
         send_error(res, e.status, e.what(), e.param, e.type, e.code);
       }
     });
-  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    ++liveness_requests;
+    if (stopping) {
+      res.status = 503;
+      res.set_header("Retry-After", "1");
+      res.set_content(R"({"status":"draining"})", "application/json");
+      return;
+    }
     res.set_content(R"({"status":"ok"})", "application/json");
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    ++liveness_requests;
     res.set_content(metrics(), "text/plain; version=0.0.4");
   });
-  // Statuses without a body (unknown route, wrong method ...) get OpenAI's error object too.
+  // Statuses without a body (unknown route, wrong method ...) get OpenAI's error object too;
+  // a known route asked with another method is a 405 with Allow.
   http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
                                                                       httplib::Response& res) {
     ++http_errors;
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    std::string msg = res.status == 404 ? "no route for " + req.method + " " + req.path
-                                        : "request failed with HTTP status " + std::to_string(res.status);
+    std::string msg = "request failed with HTTP status " + std::to_string(res.status);
+    if (res.status == 400) msg = "malformed request: its request line or headers could not be parsed";
+    else if (res.status == 413) msg = "the request body exceeds the limit of " + std::to_string(opt.max_body_bytes) + " bytes";
+    else if (res.status == 414) msg = "the request's target is too long";
+    if (res.status == 404) {
+      auto it = known_routes().find(req.path);
+      if (it != known_routes().end() && req.method != it->second) {
+        res.status = 405;
+        res.set_header("Allow", it->second);
+        msg = req.method + " is not allowed on " + req.path + " (only " + it->second + ")";
+      } else {
+        msg = "no route for " + req.method + " " + req.path;
+      }
+    }
     send_error(res, res.status, msg);
     return httplib::Server::HandlerResponse::Handled;
   }));
@@ -154,18 +598,31 @@ void Server::Impl::routes() {
 }
 
 void Server::Impl::generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
-  ParsedRequest p;
   try {
-    json body;
-    try {
-      body = json::parse(req.body);
-    } catch (const json::parse_error& e) {
-      throw ApiError(400, std::string("the body is not valid JSON: ") + e.what());
+    if (stopping) {
+      ++rejected_draining;
+      res.set_header("Retry-After", "1");
+      throw ApiError(503, "the server is shutting down", {}, "service_unavailable", "server_shutdown");
     }
-    p = parse_request(endpoint, body, ctx, req.body);
-    if (stopping) throw ApiError(503, "the server is shutting down");
+    if (in_flight.fetch_add(1) >= admit_limit) {
+      --in_flight;
+      ++rejected_queue_full;
+      res.set_header("Retry-After", "1");
+      throw ApiError(429,
+                     "the server is at its limit of " + std::to_string(admit_limit) +
+                         " requests running and queued; retry later",
+                     {}, "rate_limit_exceeded", "queue_full");
+    }
+    auto admission = std::make_shared<Admission>(*this);  // from here on it counts in_flight
+    ParsedRequest p = parse_request(endpoint, parse_json_body(req.body), ctx, req.body);
+    auto watch = std::make_shared<Watch>(Watch{
+        *this, admission,
+        current_socket >= 0 ? ClientConnection(current_socket)
+                            : ClientConnection(req.remote_addr, req.remote_port, req.local_addr, req.local_port),
+        p.timeout_seconds > 0 ? Clock::now() + seconds(p.timeout_seconds) : Clock::time_point::max(),
+        p.timeout_seconds});
     if (p.stream) {
-      stream(std::make_shared<const ParsedRequest>(std::move(p)), req, res);
+      stream(std::make_shared<const ParsedRequest>(std::move(p)), watch, res);
       return;
     }
     const std::string id = new_response_id(endpoint);
@@ -175,36 +632,36 @@ void Server::Impl::generate(Endpoint endpoint, const httplib::Request& req, http
     Generation gen(engine, p, tokenizer);
     std::vector<ChoiceBuilder> choices;
     for (int64_t i = 0; i < gen.choices(); ++i) choices.emplace_back(p, tokenizer, int(i));
-    ClientConnection conn(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
     Usage u;
     int64_t open = gen.choices();
-    bool client_gone = false;
     while (open > 0) {
       for (Generation::Event& ev : gen.wait(kConnectionPoll)) {
         const RequestEvent& e = ev.event;
         ChoiceBuilder& c = choices[size_t(ev.choice)];
         if (ev.choice == 0) u.prompt_tokens = e.prompt_tokens, u.cached_tokens = e.cached_tokens;
         if (e.finished && (e.reason == FinishReason::Error || e.reason == FinishReason::Cancelled)) {
-          if (!client_gone) gen.cancel();  // the others have no answer to go into
+          if (watch->cut == Cut::None) gen.cancel();  // the others have no answer to go into
           if (!failed) failed = e;
+          if (e.reason == FinishReason::Cancelled) watch->settle(e.reason);
         } else {
           c.add(e);
         }
         if (e.finished) --open;
       }
-      if (open > 0 && !client_gone && conn.closed()) {
-        client_gone = true;
-        gen.cancel();  // the last events come within one engine step
-      }
+      if (open > 0) watch->check(gen);
     }
-    if (client_gone) return;  // nobody to answer
+    if (watch->cut == Cut::ClientGone) return;  // nobody to answer
+    for (const ChoiceBuilder& c : choices) u.completion_tokens += c.completion_tokens();
+    if (failed && failed->reason == FinishReason::Cancelled && watch->cut != Cut::None) {
+      auto [status, body] = cut_error(watch->cut, watch->timeout, u.completion_tokens);
+      res.status = status;
+      res.set_content(dump(body), "application/json");
+      return;
+    }
     if (failed && failed->reason == FinishReason::Error) throw ApiError(500, "generation failed: " + failed->message);
     if (failed) throw ApiError(503, "the request was cancelled: " + failed->message);
     json list = json::array();
-    for (const ChoiceBuilder& c : choices) {
-      list.push_back(c.choice());
-      u.completion_tokens += c.completion_tokens();
-    }
+    for (const ChoiceBuilder& c : choices) list.push_back(c.choice());
     json out = completion_response(p, id, created, "", "stop", u);
     out["choices"] = list;
     res.set_content(dump(out), "application/json");
@@ -215,7 +672,7 @@ void Server::Impl::generate(Endpoint endpoint, const httplib::Request& req, http
   }
 }
 
-void Server::Impl::stream(std::shared_ptr<const ParsedRequest> p, const httplib::Request& req,
+void Server::Impl::stream(std::shared_ptr<const ParsedRequest> p, std::shared_ptr<Watch> watch,
                           httplib::Response& res) {
   ++http_streams;
   // Throws RequestError before anything is sent: the caller answers 400.
@@ -231,11 +688,11 @@ void Server::Impl::stream(std::shared_ptr<const ParsedRequest> p, const httplib:
   st->open = gen->choices();
   const std::string id = new_response_id(p->endpoint);
   const int64_t created = unix_time();
-  auto conn = std::make_shared<ClientConnection>(req.remote_addr, req.remote_port, req.local_addr, req.local_port);
   res.set_header("Cache-Control", "no-cache");
+  // The provider holds the watch (and with it the admission) until the response is written.
   res.set_chunked_content_provider(
       "text/event-stream",
-      [p, gen, st, id, created, conn](size_t, httplib::DataSink& sink) {
+      [p, gen, st, id, created, watch](size_t, httplib::DataSink& sink) {
         auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
         auto chunk = [&](json choice) {
           json c = stream_chunk(*p, id, created, "", nullptr);
@@ -252,17 +709,28 @@ void Server::Impl::stream(std::shared_ptr<const ParsedRequest> p, const httplib:
         std::deque<Generation::Event> events;
         while (ok && events.empty()) {
           events = gen->wait(kConnectionPoll);
-          if (events.empty() && conn->closed()) ok = false;
+          if (events.empty()) {
+            watch->check(*gen);
+            if (watch->cut == Cut::ClientGone) ok = false;
+          }
         }
         for (Generation::Event& ev : events) {
           if (!ok) break;
           const RequestEvent& e = ev.event;
           if (ev.choice == 0) st->usage.prompt_tokens = e.prompt_tokens, st->usage.cached_tokens = e.cached_tokens;
           if (e.finished && (e.reason == FinishReason::Error || e.reason == FinishReason::Cancelled)) {
-            int status = e.reason == FinishReason::Error ? 500 : 503;
             gen->cancel();
-            ok = write(sse_event(error_body(status, std::string("generation ended: ") + finish_reason_name(e.reason) +
-                                                        (e.message.empty() ? "" : ": " + e.message))));
+            if (e.reason == FinishReason::Cancelled) watch->settle(e.reason);
+            if (e.reason == FinishReason::Cancelled && watch->cut != Cut::None) {
+              int64_t tokens = 0;
+              for (const ChoiceBuilder& c : st->choices) tokens += c.completion_tokens();
+              ok = write(sse_event(cut_error(watch->cut, watch->timeout, tokens).second));
+            } else {
+              int status = e.reason == FinishReason::Error ? 500 : 503;
+              ok = write(sse_event(error_body(status, std::string("generation ended: ") +
+                                                          finish_reason_name(e.reason) +
+                                                          (e.message.empty() ? "" : ": " + e.message))));
+            }
             if (ok) ok = write(kSseDone);
             if (ok) sink.done();
             return ok;
@@ -277,7 +745,7 @@ void Server::Impl::stream(std::shared_ptr<const ParsedRequest> p, const httplib:
           if (ok) sink.done();
           return ok;
         }
-        if (!ok) gen->cancel();  // the client went away
+        if (!ok) gen->cancel();  // the client went away (or never read): free the pages
         return ok;
       },
       [gen](bool success) {
@@ -285,18 +753,190 @@ void Server::Impl::stream(std::shared_ptr<const ParsedRequest> p, const httplib:
       });
 }
 
+// The listener: accepts, reads every connection's next request without blocking, hands whole
+// requests to a pool; during a shutdown it waits for the requests in flight, cutting them at
+// the deadline.
+void Server::Impl::run_listener() {
+  struct Pending {
+    int fd;
+    std::string buf;
+    Clock::time_point deadline;
+    bool continue_sent = false;
+    bool lingering = false;  // answered with an error: reading what is left until EOF, then closed
+  };
+  std::vector<Pending> pending;
+  const size_t read_cap = opt.max_header_bytes + opt.max_body_bytes + 1;
+  Clock::time_point cut_time{};
+  auto reject = [&](Pending& c, int status, const std::string& message) {
+    write_small_response(c.fd, status, message);
+    ::shutdown(c.fd, SHUT_WR);
+    c.lingering = true;
+    c.buf.clear();
+    c.deadline = Clock::now() + std::chrono::seconds(1);
+  };
+  // Complete -> handed to a pool (false: stays pending or lingering).
+  auto advance = [&](Pending& c) -> bool {
+    if (c.lingering) return false;
+    Head h = examine(c.buf, opt.max_header_bytes, opt.max_body_bytes, c.continue_sent);
+    if (h.send_continue) {
+      static const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
+      (void)!::send(c.fd, kContinue, sizeof kContinue - 1, MSG_NOSIGNAL);
+      c.continue_sent = true;
+    }
+    if (h.kind == Head::Reject) {
+      ++http_errors;
+      reject(c, h.status, h.message);
+      return false;
+    }
+    if (h.kind != Head::Complete) return false;
+    Pool& pool = h.liveness ? *liveness_pool : *work_pool;
+    pool.post([this, fd = c.fd, bytes = std::move(c.buf)]() mutable { serve_connection(fd, std::move(bytes)); });
+    return true;
+  };
+
+  while (true) {
+    const auto now = Clock::now();
+    if (stopping) {
+      if (in_flight == 0) break;
+      if (stop_hard || now.time_since_epoch().count() >= drain_deadline_ns) {
+        if (!cut_sent) {
+          cut_all();
+          cut_time = now;
+        } else if (now - cut_time > std::chrono::seconds(10)) {
+          break;  // a request that does not end when cut: stop waiting for it
+        }
+      }
+    }
+    {
+      std::vector<std::pair<int, std::string>> back;
+      {
+        std::lock_guard lk(returned_mu);
+        back.swap(returned);
+      }
+      for (auto& [fd, rest] : back) {
+        if (stopping) {
+          close_connection(fd);
+          continue;
+        }
+        pending.push_back({fd, std::move(rest), now + seconds(opt.read_timeout)});
+        if (!pending.back().buf.empty() && advance(pending.back())) pending.pop_back();
+      }
+    }
+    std::vector<pollfd> fds;
+    fds.push_back({wake_fd, POLLIN, 0});
+    fds.push_back({listen_fd, POLLIN, 0});
+    for (const Pending& c : pending) fds.push_back({c.fd, POLLIN, 0});
+    Clock::time_point next = now + std::chrono::milliseconds(100);
+    for (const Pending& c : pending) next = std::min(next, c.deadline);
+    const int r = ::poll(fds.data(), nfds_t(fds.size()), std::max(1, millis_until(next)));
+    if (r < 0 && errno != EINTR) break;
+    if (fds[0].revents & POLLIN) {
+      uint64_t v;
+      (void)!::read(wake_fd, &v, sizeof v);
+    }
+    if (fds[1].revents & POLLIN) {
+      while (true) {
+        const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;
+        ++open_connections;
+        const int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        Pending c{fd, {}, Clock::now() + seconds(opt.read_timeout)};
+        if (open_connections > opt.max_connections) {
+          ++rejected_connections;
+          reject(c, 503, "the server has its limit of " + std::to_string(opt.max_connections) +
+                             " connections open; retry later");
+        }
+        pending.push_back(std::move(c));
+      }
+    }
+    // Read what came; hand on whole requests. (New connections have no revents yet.)
+    std::vector<Pending> still;
+    still.reserve(pending.size());
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& c = pending[i];
+      const short rev = i + 2 < fds.size() && fds[i + 2].fd == c.fd ? fds[i + 2].revents : 0;
+      bool gone = false;
+      if (rev & (POLLIN | POLLHUP | POLLERR)) {
+        char chunk[16384];
+        while (true) {
+          const ssize_t n = ::recv(c.fd, chunk, sizeof chunk, 0);
+          if (n > 0) {
+            if (!c.lingering) c.buf.append(chunk, size_t(n));
+            if (c.buf.size() > read_cap) break;
+            continue;
+          }
+          if (n == 0 || (errno != EAGAIN && errno != EINTR)) gone = true;
+          if (n < 0 && errno == EINTR) continue;
+          break;
+        }
+        if (!gone && advance(c)) continue;  // handed on
+      }
+      if (gone) {
+        close_connection(c.fd);
+        continue;
+      }
+      if (Clock::now() >= c.deadline) {
+        if (c.lingering || c.buf.empty()) {
+          close_connection(c.fd);  // done lingering, or idle: closed quietly
+          continue;
+        }
+        ++read_timeouts;
+        ++http_errors;
+        reject(c, 408,
+               "the request did not arrive within " + std::to_string(int64_t(opt.read_timeout)) +
+                   " s (the server's read timeout)");
+      }
+      still.push_back(std::move(c));
+    }
+    pending.swap(still);
+  }
+  for (Pending& c : pending) close_connection(c.fd);
+  ::close(listen_fd);
+  listen_fd = -1;
+  // The threads end once their requests are answered (cut ones included).
+  work_pool->shutdown();
+  liveness_pool->shutdown();
+  std::vector<std::pair<int, std::string>> back;
+  {
+    std::lock_guard lk(returned_mu);
+    back.swap(returned);
+  }
+  for (auto& [fd, rest] : back) close_connection(fd);
+  http.set_listen_socket(-1);
+}
+
+// The /metrics text (Prometheus' text format), all of it written here: a new counter is one
+// more line() (or a labelled family).
 std::string Server::Impl::metrics() const {
   EngineStats s = engine.stats();
   std::ostringstream o;
   auto line = [&](const char* name, const char* help, const char* type, int64_t v) {
     o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n" << name << " " << v << "\n";
   };
-  o << "# HELP mla_http_requests_total HTTP requests to the generation endpoints\n"
-    << "# TYPE mla_http_requests_total counter\n"
-    << "mla_http_requests_total{endpoint=\"completions\"} " << http_completions.load() << "\n"
-    << "mla_http_requests_total{endpoint=\"chat_completions\"} " << http_chat.load() << "\n";
+  // A family with one label: {label="value"} v per entry.
+  auto family = [&](const char* name, const char* help, const char* type, const char* label,
+                    std::initializer_list<std::pair<const char*, int64_t>> values) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+    for (const auto& [value, v] : values) o << name << "{" << label << "=\"" << value << "\"} " << v << "\n";
+  };
+  family("mla_http_requests_total", "HTTP requests to the generation endpoints", "counter", "endpoint",
+         {{"completions", http_completions.load()}, {"chat_completions", http_chat.load()}});
   line("mla_http_streams_total", "streamed (server-sent events) responses", "counter", http_streams.load());
   line("mla_http_errors_total", "responses with an error status", "counter", http_errors.load());
+  line("mla_http_liveness_requests_total", "requests to /health, /metrics and /v1/models", "counter",
+       liveness_requests.load());
+  family("mla_http_rejected_total", "generation requests refused at once", "counter", "reason",
+         {{"queue_full", rejected_queue_full.load()},
+          {"draining", rejected_draining.load()},
+          {"connections", rejected_connections.load()}});
+  family("mla_http_cut_total", "requests the server ended before the engine did", "counter", "reason",
+         {{"client_gone", client_gone.load()}, {"timeout", request_timeouts.load()}, {"shutdown", shutdown_cuts.load()}});
+  line("mla_http_read_timeouts_total", "requests that did not arrive within the read timeout (408)", "counter",
+       read_timeouts.load());
+  line("mla_http_requests_in_flight", "generation requests admitted and not yet answered", "gauge", in_flight.load());
+  line("mla_http_requests_limit", "generation requests admitted at most (running + queued)", "gauge", admit_limit);
+  line("mla_http_connections_open", "open client connections", "gauge", open_connections.load());
   line("mla_requests_submitted_total", "requests given to the engine", "counter", s.requests_submitted);
   line("mla_requests_finished_total", "requests ended (any reason)", "counter", s.requests_finished);
   line("mla_requests_cancelled_total", "requests cancelled (client gone, shutdown)", "counter", s.requests_cancelled);
@@ -314,13 +954,14 @@ std::string Server::Impl::metrics() const {
   line("mla_kv_pages_used", "pages in use (sequences and prefix cache)", "gauge", s.kv_pages_total - s.kv_pages_free);
   line("mla_kv_pages_free", "free pages", "gauge", s.kv_pages_free);
   line("mla_kv_pages_prefix_cache", "pages only the prefix cache holds", "gauge", s.kv_pages_prefix_cache);
+  line("mla_kv_pages_held_by_requests",
+       "pages neither free nor held by the prefix cache alone (0 when no request runs: none leaked)", "gauge",
+       s.kv_pages_total - s.kv_pages_free - s.kv_pages_prefix_cache);
   line("mla_kv_page_size_tokens", "tokens per page", "gauge", s.kv_page_size);
   line("mla_kv_bytes_per_token", "latent cache bytes per token, all layers", "gauge", s.kv_bytes_per_token);
   line("mla_prefix_cache_entries", "entries of the prefix cache", "gauge", s.prefix_cache_entries);
-  o << "# HELP mla_batches_total forward passes by attention path\n# TYPE mla_batches_total counter\n"
-    << "mla_batches_total{path=\"expand\"} " << s.paths.expand << "\n"
-    << "mla_batches_total{path=\"absorb\"} " << s.paths.absorb << "\n"
-    << "mla_batches_total{path=\"chunked\"} " << s.paths.chunked << "\n";
+  family("mla_batches_total", "forward passes by attention path", "counter", "path",
+         {{"expand", s.paths.expand}, {"absorb", s.paths.absorb}, {"chunked", s.paths.chunked}});
   return o.str();
 }
 
@@ -328,39 +969,78 @@ Server::Server(Engine& engine, const Tokenizer& tokenizer, const GenerationConfi
                const ModelConfig& model, ServerOptions opt)
     : impl_(std::make_unique<Impl>(engine, tokenizer, generation, model, std::move(opt))) {}
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop_now();
+  impl_->work_pool->shutdown();
+  impl_->liveness_pool->shutdown();
+}
 
 int Server::bind() {
   Impl& m = *impl_;
   if (m.opt.port < 0 || m.opt.port > 65535)
     throw std::runtime_error("server: port " + std::to_string(m.opt.port) + " is out of range");
-  if (m.opt.port == 0) {
-    m.port = m.http.bind_to_any_port(m.opt.host);
-    if (m.port < 0) throw std::runtime_error("server: cannot bind " + m.opt.host + " on any port");
-  } else {
-    if (!m.http.bind_to_port(m.opt.host, m.opt.port))
-      throw std::runtime_error("server: cannot bind " + m.opt.host + ":" + std::to_string(m.opt.port) +
-                               " (in use, or not an address of this machine)");
-    m.port = m.opt.port;
+  if (m.listen_fd >= 0) return m.port;
+  addrinfo hints{}, *ai = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  const std::string service = std::to_string(m.opt.port);
+  if (getaddrinfo(m.opt.host.c_str(), service.c_str(), &hints, &ai) != 0 || !ai)
+    throw std::runtime_error("server: cannot resolve the address " + m.opt.host);
+  int fd = -1;
+  for (addrinfo* a = ai; a && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 512) != 0) {
+      ::close(fd);
+      fd = -1;
+    }
   }
-  return m.port;
+  freeaddrinfo(ai);
+  if (fd < 0)
+    throw std::runtime_error("server: cannot bind " + m.opt.host + ":" + std::to_string(m.opt.port) +
+                             " (in use, or not an address of this machine)");
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  std::string ip;
+  int port = 0;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0 || !numeric_address(a, len, ip, port)) {
+    ::close(fd);
+    throw std::runtime_error("server: cannot read the bound port");
+  }
+  m.listen_fd = fd;
+  m.port = port;
+  m.http.set_listen_socket(fd);
+  return port;
 }
 
 void Server::listen() {
   Impl& m = *impl_;
-  if (m.port < 0) throw std::logic_error("server: listen() before bind()");
-  m.in_listen = true;
-  if (!m.stopping) m.http.listen_after_bind();
-  m.in_listen = false;
+  if (m.listen_fd < 0) throw std::logic_error("server: listen() before bind()");
+  m.run_listener();
 }
 
 void Server::stop() {
   Impl& m = *impl_;
-  m.stopping = true;
-  // listen() may be between its check and the accept loop: wait until it runs, then stop it.
-  while (m.in_listen && !m.http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (m.http.is_running() && !m.stop_sent.exchange(true)) m.http.stop();
+  if (!m.stop_called.exchange(true)) {  // the deadline first: the listener reads it once stopping
+    const auto deadline = Clock::now() + seconds(m.opt.shutdown_timeout);
+    m.drain_deadline_ns = deadline.time_since_epoch().count();
+    m.stopping = true;
+  }
+  m.wake();
 }
+
+void Server::stop_now() {
+  Impl& m = *impl_;
+  m.stop_hard = true;
+  stop();
+  m.cut_all();
+  m.wake();
+}
+
+bool Server::draining() const { return impl_->stopping; }
 
 int Server::port() const { return impl_->port; }
 

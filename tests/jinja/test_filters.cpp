@@ -43,6 +43,10 @@ TEST(JinjaFilters, PythonMethods) {
   EXPECT_EQ(render("{{ 'a,b,c'.split(',', 1) }}"), "['a', 'b,c']");
   EXPECT_EQ(render("{{ 'a,b,c'.rsplit(',', 1) }}"), "['a,b', 'c']");
   EXPECT_EQ(render("{{ '{}-{x}'.format(1, x=2) }}"), "1-2");
+  EXPECT_EQ(render("{{ '{1}{0}'.format('a', 'b') }}"), "ba");
+  // An index past any argument list is the renderer's Error (std::stoul threw out_of_range).
+  EXPECT_THROW(render("{{ '{99999999999999999999999}'.format(1) }}"), Error);
+  EXPECT_THROW(render("{{ '{7}'.format(1) }}"), Error);
   EXPECT_EQ(render("{{ '-'.join(['a', 'b']) }}"), "a-b");
   EXPECT_EQ(render("{% set d = {'a': 1} %}{{ d.get('b', 5) }} {{ d.items() | list }}"), "5 [['a', 1]]");
   EXPECT_EQ(render("{% set l = [1] %}{{ l.append(2) }}{{ l }}"), "None[1, 2]");

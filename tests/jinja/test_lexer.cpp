@@ -50,4 +50,25 @@ TEST(JinjaLexer, ErrorsNameLineAndColumn) {
   EXPECT_THROW(lex("{# never closed"), Error);
 }
 
+// A \u or \x escape takes exactly its hex digits: anything else is the lexer's Error, not
+// std::stoul's std::invalid_argument (or a sign stoul would have read).
+TEST(JinjaLexer, HexEscapesNeedHexDigits) {
+  std::vector<Segment> s = lex(R"({{ '\u0041\x42' }})");
+  ASSERT_EQ(s.size(), 1u);
+  ASSERT_GE(s[0].tokens.size(), 1u);
+  EXPECT_EQ(s[0].tokens[0].text, "AB");
+  for (const char* bad : {R"({{ '\uZZZZ' }})", R"({{ '\u+041' }})", R"({{ '\x-1' }})", R"({{ '\xg0' }})",
+                          R"({{ '\u 041' }})"}) {
+    SCOPED_TRACE(bad);
+    try {
+      lex(bad);
+      ADD_FAILURE() << "lexed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("hex digits"), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not the lexer's Error: " << e.what();
+    }
+  }
+}
+
 }  // namespace
