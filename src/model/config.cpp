@@ -53,6 +53,74 @@ struct Reader {
   }
 };
 
+// RoPE as either form of config.json: the older top-level `rope_theta` with an optional
+// `rope_scaling` object ({"type" or "rope_type": "yarn", factor, ...}), or transformers 5's
+// `rope_parameters` object holding rope_theta, rope_type and the scaling fields together. Where
+// both forms are present they must agree. A rope type other than default / yarn is an error,
+// and so is a non-empty scaling object that names no type.
+void parse_rope(const json& j, const std::string& src, ModelConfig& c) {
+  Reader r{j, src};
+  const bool has_params = r.has("rope_parameters"), has_scaling = r.has("rope_scaling");
+  if (has_params && !j["rope_parameters"].is_object())
+    format_error(src, "", "key 'rope_parameters' must be an object, got " + j["rope_parameters"].dump());
+  if (has_scaling && !j["rope_scaling"].is_object())
+    format_error(src, "", "key 'rope_scaling' must be an object, got " + j["rope_scaling"].dump());
+  auto read_scaling = [&](const json& rs, const std::string& key, RopeScaling& out) {
+    std::string type;
+    for (const char* k : {"rope_type", "type"})
+      if (rs.contains(k) && !rs[k].is_null()) {
+        if (!rs[k].is_string()) format_error(src, "", "key '" + key + "." + k + "' must be a string");
+        if (!type.empty() && type != rs[k].get<std::string>())
+          format_error(src, "", "key '" + key + "' names two rope types, '" + type + "' and '" +
+                                    rs[k].get<std::string>() + "'");
+        type = rs[k].get<std::string>();
+      }
+    bool fields = false;
+    for (auto& [k, v] : rs.items())
+      if (k != "rope_theta" && k != "rope_type" && k != "type" && k != "partial_rotary_factor" && !v.is_null()) fields = true;
+    if (type.empty() && fields)
+      format_error(src, "", "key '" + key + "' has scaling fields but no rope_type");
+    if (type == "yarn") {
+      Reader y{rs, src};
+      out.yarn = true;
+      out.factor = y.d("factor", 1.0);
+      out.original_max_position_embeddings = y.i("original_max_position_embeddings");
+      out.beta_fast = y.d("beta_fast", 32);
+      out.beta_slow = y.d("beta_slow", 1);
+      out.mscale = y.d("mscale", 1);
+      out.mscale_all_dim = y.d("mscale_all_dim", 0);
+    } else if (type != "default" && !type.empty()) {
+      format_error(src, "", key + " rope type '" + type + "' is not supported (default, yarn)");
+    }
+  };
+  RopeScaling legacy;
+  if (has_scaling) read_scaling(j["rope_scaling"], "rope_scaling", legacy);
+  if (!has_params) {
+    c.rope_theta = r.d("rope_theta", 10000.0);
+    c.rope_scaling = legacy;
+    return;
+  }
+  const json& rp = j["rope_parameters"];
+  for (auto& [k, v] : rp.items())
+    if (v.is_object())
+      format_error(src, "", "key 'rope_parameters." + k + "' is a per-layer-type rope table, which is not supported");
+  Reader pr{rp, src};
+  if (!pr.has("rope_theta")) format_error(src, "", "key 'rope_parameters' has no rope_theta");
+  c.rope_theta = pr.d("rope_theta", 10000.0);
+  read_scaling(rp, "rope_parameters", c.rope_scaling);
+  if (pr.has("partial_rotary_factor") && pr.d("partial_rotary_factor", 1.0) != 1.0)
+    format_error(src, "", "rope_parameters.partial_rotary_factor != 1 is not supported");
+  if (r.has("rope_theta") && r.d("rope_theta", 0) != c.rope_theta)
+    format_error(src, "", "keys 'rope_theta' and 'rope_parameters.rope_theta' disagree");
+  if (has_scaling) {
+    const RopeScaling& a = legacy;
+    const RopeScaling& b = c.rope_scaling;
+    if (a.yarn != b.yarn || a.factor != b.factor || a.original_max_position_embeddings != b.original_max_position_embeddings ||
+        a.beta_fast != b.beta_fast || a.beta_slow != b.beta_slow || a.mscale != b.mscale || a.mscale_all_dim != b.mscale_all_dim)
+      format_error(src, "", "keys 'rope_scaling' and 'rope_parameters' disagree");
+  }
+}
+
 void parse_quantization(const json& q, const std::string& src, ModelConfig& c) {
   std::string method = q.value("quant_method", "");
   if (method == "fp8") {
@@ -188,7 +256,6 @@ ModelConfig parse_config(const json& root, const std::string& src) {
   c.norm_topk_prob = r.b("norm_topk_prob", false);
   c.routed_scaling_factor = r.d("routed_scaling_factor", 1.0);
   c.rms_norm_eps = r.d("rms_norm_eps", 1e-6);
-  c.rope_theta = r.d("rope_theta", 10000.0);
   c.tie_word_embeddings = r.b("tie_word_embeddings", false);
   c.max_position_embeddings = r.i("max_position_embeddings", 4096);
   c.bos_token_id = r.i("bos_token_id", -1);
@@ -221,22 +288,7 @@ ModelConfig parse_config(const json& root, const std::string& src) {
   if (r.d("partial_rotary_factor", 1.0) != 1.0) format_error(src, "", "partial_rotary_factor != 1 is not supported");
   if (c.moe_layer_freq != 1) format_error(src, "", "moe_layer_freq " + std::to_string(c.moe_layer_freq) + " is not supported (only 1)");
 
-  if (r.has("rope_scaling")) {
-    auto& rs = j["rope_scaling"];
-    std::string type = rs.value("type", rs.value("rope_type", ""));
-    if (type == "yarn") {
-      Reader y{rs, src};
-      c.rope_scaling.yarn = true;
-      c.rope_scaling.factor = y.d("factor", 1.0);
-      c.rope_scaling.original_max_position_embeddings = y.i("original_max_position_embeddings");
-      c.rope_scaling.beta_fast = y.d("beta_fast", 32);
-      c.rope_scaling.beta_slow = y.d("beta_slow", 1);
-      c.rope_scaling.mscale = y.d("mscale", 1);
-      c.rope_scaling.mscale_all_dim = y.d("mscale_all_dim", 0);
-    } else if (type != "default" && !type.empty()) {
-      format_error(src, "", "rope_scaling type '" + type + "' is not supported (yarn)");
-    }
-  }
+  parse_rope(j, src, c);
 
   auto positive = [&](const char* name, int64_t v) {
     if (v <= 0) format_error(src, "", std::string(name) + " must be positive, got " + std::to_string(v));
