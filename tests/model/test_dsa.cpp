@@ -17,6 +17,8 @@
 #include "model/config.h"
 #include "model/indexer.h"
 #include "model/model.h"
+#include "model/presets.h"
+#include "tools/analyze.h"
 #include "tools/run_modes.h"
 #include "test_util.h"
 
@@ -309,6 +311,32 @@ TEST(DsaConfig, Ue8m0ScalesMustBePowersOfTwo) {
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("power of two"), std::string::npos) << e.what();
   }
+}
+
+// mla analyze on DeepSeek-V3.2's shape (DeepSeek-V3's config plus its indexer: 64 heads of 128,
+// top-2048): the indexer key's bytes beside the latent, its FLOPs, and attention over the top-k
+// at 64K of context more than 8x cheaper than dense absorb in FLOPs.
+TEST(DsaAnalyze, CountsTheIndexer) {
+  nlohmann::json j = find_preset("deepseek-v3").config;
+  j["model_type"] = "deepseek_v32";
+  j["index_n_heads"] = 64;
+  j["index_head_dim"] = 128;
+  j["index_topk"] = 2048;
+  const ModelConfig c = ModelConfig::from_json(j);
+  const nlohmann::json a = analyze_json(c, {{1, 65536}, {1, 1024}}, std::nullopt);
+  ASSERT_TRUE(a.contains("dsa"));
+  const auto& d = a["dsa"];
+  EXPECT_EQ(d["key_bytes_per_token_bf16"].get<double>(), 61.0 * 256);
+  EXPECT_EQ(d["key_bytes_per_token_fp8"].get<double>(), 61.0 * 132);
+  EXPECT_EQ(d["indexer_score_per_pair"].get<double>(), 2.0 * 64 * 128 + 2 * 64);
+  EXPECT_EQ(d["indexer_proj_per_new_token"].get<double>(), 2.0 * 1536 * 64 * 128 + 2.0 * 7168 * 128 + 2.0 * 7168 * 64);
+  const auto& far = d["cases"][0];
+  EXPECT_GT(far["dense_absorb"].get<double>(), 8 * far["sparse_absorb"].get<double>());
+  const auto& near = d["cases"][1];  // below index_topk: the same attention
+  EXPECT_EQ(near["dense_absorb"].get<double>(), near["sparse_absorb"].get<double>());
+  const std::string report = analyze_report(c, "deepseek-v3.2", {{1, 65536}}, std::nullopt);
+  EXPECT_NE(report.find("lightning indexer"), std::string::npos) << report;
+  EXPECT_FALSE(analyze_json(preset_config("deepseek-v3"), {}, std::nullopt).contains("dsa"));
 }
 
 TEST(DsaIndexer, HadamardIsOrthogonal) {
