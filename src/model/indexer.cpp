@@ -95,7 +95,14 @@ void Indexer::select(const cpu::Context& ctx, const SeqKeys& kk, const float* q,
                      int64_t* count) {
   const int64_t Hi = Hi_, D = D_, S = kk.cached + kk.n, K = topk_;
   keys_.resize(size_t(S * D));
-  kk.pool->gather_index(kk.layer, *kk.seq, 0, S, keys_.data());
+  // The keys decoded to float32 a block of pages at a time across the threads (the pool's reads
+  // are safe from several threads).
+  const int64_t gblock = 1024;
+  float* const kd = keys_.data();
+  cpu::parallel_for(ctx, (S + gblock - 1) / gblock, S >= 2 * gblock, [&](int64_t g) {
+    const int64_t s0 = g * gblock;
+    kk.pool->gather_index(kk.layer, *kk.seq, s0, std::min(gblock, S - s0), kd + s0 * D);
+  });
   // Queries in blocks whose per-head dots [block * Hi, S] stay within ~16 MB.
   const int64_t block = std::clamp<int64_t>((int64_t(1) << 22) / std::max<int64_t>(1, Hi * S), 1, 16);
   scores_.resize(size_t(S));
@@ -116,12 +123,16 @@ void Indexer::select(const cpu::Context& ctx, const SeqKeys& kk, const float* q,
       float* sc = scores_.data();
       const float* wi = w + i * Hi;
       const float* dots = qk_.data() + (i - i0) * Hi * S;
-      std::fill(sc, sc + visible, 0.0f);
-      for (int64_t h = 0; h < Hi; ++h) {
-        const float wh = wi[h];
-        const float* d = dots + h * S;
-        for (int64_t s = 0; s < visible; ++s) sc[s] += wh * std::max(d[s], 0.0f);
-      }
+      const int64_t sblock = 4096;
+      cpu::parallel_for(ctx, (visible + sblock - 1) / sblock, visible >= 2 * sblock, [&](int64_t g) {
+        const int64_t s0 = g * sblock, s1 = std::min(visible, s0 + sblock);
+        std::fill(sc + s0, sc + s1, 0.0f);
+        for (int64_t h = 0; h < Hi; ++h) {
+          const float wh = wi[h];
+          const float* d = dots + h * S;
+          for (int64_t s = s0; s < s1; ++s) sc[s] += wh * std::max(d[s], 0.0f);
+        }
+      });
       int32_t* ord = order_.data();
       std::iota(ord, ord + visible, 0);
       std::nth_element(ord, ord + K, ord + visible, [sc](int32_t a, int32_t b) {
