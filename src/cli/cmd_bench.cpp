@@ -33,7 +33,23 @@ int run(int argc, char** argv) {
   app.add_option("--huge-pages", o.huge_pages,
                  "auto | on | off: copy the weights onto transparent huge pages at load (auto: when they take "
                  "under half the available memory)");
+  std::vector<int64_t> dsa_contexts;
+  app.add_option("--dsa", dsa_contexts,
+                 "instead: DeepSeek Sparse Attention against dense attention per decoded token at these contexts "
+                 "(e.g. 4096,16384,65536), one layer of DeepSeek-V3.2's attention")
+      ->delimiter(',');
+  std::string dsa_kv = "bf16";
+  app.add_option("--dsa-kv-dtype", dsa_kv, "the --dsa run's cache: bf16 | fp8 | f32");
   CLI11_PARSE(app, argc, argv);
+  if (!dsa_contexts.empty()) {
+    mla::bench::DsaOptions d;
+    d.contexts = dsa_contexts;
+    d.threads = o.threads;
+    d.runs = o.runs;
+    d.kv_dtype = dsa_kv;
+    std::fputs(mla::bench::format_dsa_report(mla::bench::run_dsa(d)).c_str(), stdout);
+    return 0;
+  }
   std::erase(o.batches, 0);
   auto rep = mla::bench::run(o);
   std::fputs(mla::bench::format_report(rep).c_str(), stdout);

@@ -17,7 +17,7 @@ int64_t kv_cache_pages(const ModelConfig& c, double budget_bytes, int64_t page_s
   if (budget_bytes < 0) throw std::invalid_argument("the KV cache budget must not be negative");
   if (budget_bytes > 0) {
     const int64_t pages = LatentPool::pages_for_budget(budget_bytes, c.num_hidden_layers, c.kv_lora_rank,
-                                                       c.qk_rope_head_dim, page_size, dtype);
+                                                       c.qk_rope_head_dim, page_size, dtype, c.index_cache_dim());
     if (pages < 1)
       throw std::invalid_argument(
           "a budget of " + std::to_string(int64_t(budget_bytes)) + " bytes is too small for one page of the KV cache (" +
@@ -27,7 +27,7 @@ int64_t kv_cache_pages(const ModelConfig& c, double budget_bytes, int64_t page_s
   }
   const int64_t context = c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096;
   const int64_t cap = LatentPool::pages_for_budget(double(1ull << 30), c.num_hidden_layers, c.kv_lora_rank,
-                                                   c.qk_rope_head_dim, page_size, dtype);
+                                                   c.qk_rope_head_dim, page_size, dtype, c.index_cache_dim());
   return std::min(pages_for_tokens(context, page_size) * std::max<int64_t>(sequences, 1), std::max<int64_t>(cap, 1));
 }
 

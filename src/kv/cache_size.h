@@ -47,6 +47,21 @@ constexpr int64_t latent_bytes_per_page(const CacheShape& s, KvDType dtype, int6
   return latent_bytes_per_token(s, dtype) * page_size;
 }
 
+// ---- the indexer keys of DeepSeek Sparse Attention (index_head_dim values per token and layer,
+// beside the latent row under the same page table): 4 or 2 bytes a value in f32 / bf16; in fp8
+// one e4m3 byte a value and one float32 scale per 128 of them (DeepSeek-V3.2's k_cache and
+// k_scale_cache: 128 -> 132 bytes).
+
+constexpr int64_t index_row_bytes(int64_t index_dim, KvDType dtype) {
+  if (index_dim <= 0) return 0;
+  switch (dtype) {
+    case KvDType::F32: return index_dim * 4;
+    case KvDType::BF16: return index_dim * 2;
+    case KvDType::FP8: return index_dim + (index_dim + 127) / 128 * 4;
+  }
+  return 0;
+}
+
 // Pages of page_size tokens that hold `tokens` tokens.
 constexpr int64_t pages_for_tokens(int64_t tokens, int64_t page_size) { return (tokens + page_size - 1) / page_size; }
 

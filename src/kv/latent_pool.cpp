@@ -26,17 +26,23 @@ KvDType parse_kv_dtype(const std::string& s) {
 }
 
 int64_t LatentPool::pages_for_budget(double bytes, int64_t num_layers, int64_t kvr, int64_t rope, int64_t page_size,
-                                     KvDType dtype) {
-  double per_page = double(latent_row_bytes(kvr, rope, dtype)) * double(page_size) * double(num_layers);
+                                     KvDType dtype, int64_t index_dim) {
+  double per_page = double(latent_row_bytes(kvr, rope, dtype) + index_row_bytes(index_dim, dtype)) * double(page_size) *
+                    double(num_layers);
   return std::max<int64_t>(0, int64_t(bytes / per_page));
 }
 
 LatentPool::LatentPool(int64_t num_layers, int64_t kvr, int64_t rope, int64_t num_pages, int64_t page_size,
-                       KvDType dtype)
+                       KvDType dtype, int64_t index_dim)
     : num_layers_(num_layers), kv_lora_rank_(kvr), rope_dim_(rope), num_pages_(num_pages), page_size_(page_size),
-      dtype_(dtype), row_bytes_(latent_row_bytes(kvr, rope, dtype)) {
-  if (num_layers <= 0 || kvr <= 0 || rope < 0 || num_pages < 0 || page_size <= 0)
+      dtype_(dtype), row_bytes_(latent_row_bytes(kvr, rope, dtype)), index_dim_(index_dim),
+      index_row_bytes_(index_row_bytes(index_dim, dtype)) {
+  if (num_layers <= 0 || kvr <= 0 || rope < 0 || num_pages < 0 || page_size <= 0 || index_dim < 0)
     throw std::invalid_argument("LatentPool: bad geometry");
+  if (index_dim > 0) {
+    index_layers_.resize(size_t(num_layers));
+    for (auto& l : index_layers_) l.assign(size_t(num_pages * page_size * index_row_bytes_), 0);
+  }
   if (num_pages > INT32_MAX) throw std::invalid_argument("LatentPool: too many pages");
   layers_.resize(size_t(num_layers));
   for (auto& l : layers_) l.assign(size_t(num_pages * page_size * row_bytes_), 0);
@@ -96,6 +102,8 @@ bool LatentPool::fork(const PageTable& src, int64_t prefix, PageTable* out) {
     int32_t from = src.pages[size_t(full)];
     for (int64_t l = 0; l < num_layers_; ++l)
       std::memcpy(row_ptr(l, p, 0), row_ptr(l, from, 0), size_t(rest * row_bytes_));
+    for (int64_t l = 0; l < int64_t(index_layers_.size()); ++l)
+      std::memcpy(index_ptr(l, p, 0), index_ptr(l, from, 0), size_t(rest * index_row_bytes_));
     t.pages.push_back(p);
   }
   t.length = prefix;
@@ -108,6 +116,13 @@ uint8_t* LatentPool::row_ptr(int64_t layer, int32_t page, int64_t slot) {
 }
 const uint8_t* LatentPool::row_ptr(int64_t layer, int32_t page, int64_t slot) const {
   return layers_[size_t(layer)].data() + (int64_t(page) * page_size_ + slot) * row_bytes_;
+}
+
+uint8_t* LatentPool::index_ptr(int64_t layer, int32_t page, int64_t slot) {
+  return index_layers_[size_t(layer)].data() + (int64_t(page) * page_size_ + slot) * index_row_bytes_;
+}
+const uint8_t* LatentPool::index_ptr(int64_t layer, int32_t page, int64_t slot) const {
+  return index_layers_[size_t(layer)].data() + (int64_t(page) * page_size_ + slot) * index_row_bytes_;
 }
 
 void LatentPool::check_position(const PageTable& seq, int64_t pos, const char* what) const {
@@ -184,6 +199,101 @@ void LatentPool::gather(int64_t layer, const PageTable& seq, int64_t s0, int64_t
           uint16_t h;
           std::memcpy(&h, pe + 2 * i, 2);
           o[kv_lora_rank_ + i] = bf16_to_f32(h);
+        }
+        break;
+      }
+    }
+  }
+}
+
+void LatentPool::decode_row(const uint8_t* row, float* o) const {
+  const int64_t dim = row_dim();
+  switch (dtype_) {
+    case KvDType::F32: std::memcpy(o, row, size_t(dim) * 4); break;
+    case KvDType::BF16: {
+      const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
+      for (int64_t i = 0; i < dim; ++i) o[i] = bf16_to_f32(r[i]);
+      break;
+    }
+    case KvDType::FP8: {
+      int64_t nblocks = (kv_lora_rank_ + 127) / 128;
+      const uint8_t* sc = row + kv_lora_rank_;
+      for (int64_t i = 0; i < kv_lora_rank_; ++i) {
+        float scale;
+        std::memcpy(&scale, sc + (i / 128) * 4, 4);
+        o[i] = fp8e4m3_to_f32(row[i]) * scale;
+      }
+      const uint8_t* pe = row + kv_lora_rank_ + nblocks * 4;
+      for (int64_t i = 0; i < rope_dim_; ++i) {
+        uint16_t h;
+        std::memcpy(&h, pe + 2 * i, 2);
+        o[kv_lora_rank_ + i] = bf16_to_f32(h);
+      }
+      break;
+    }
+  }
+}
+
+void LatentPool::gather_at(int64_t layer, const PageTable& seq, const int32_t* positions, int64_t n, float* out) const {
+  const int64_t dim = row_dim();
+  for (int64_t i = 0; i < n; ++i) check_position(seq, positions[i], "gather_at");
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = positions[i];
+    decode_row(row_ptr(layer, seq.pages[size_t(s / page_size_)], s % page_size_), out + i * dim);
+  }
+}
+
+void LatentPool::write_index(int64_t layer, const PageTable& seq, int64_t pos, const float* k) {
+  if (index_dim_ == 0) throw std::logic_error("LatentPool::write_index: the pool holds no indexer keys");
+  check_position(seq, pos, "write_index");
+  int32_t page = seq.pages[size_t(pos / page_size_)];
+  if (refs_[size_t(page)] > 1) throw std::logic_error("LatentPool::write_index: page is shared with another sequence");
+  uint8_t* row = index_ptr(layer, page, pos % page_size_);
+  const int64_t d = index_dim_;
+  switch (dtype_) {
+    case KvDType::F32: std::memcpy(row, k, size_t(d) * 4); break;
+    case KvDType::BF16: {
+      uint16_t* r = reinterpret_cast<uint16_t*>(row);
+      for (int64_t i = 0; i < d; ++i) r[i] = f32_to_bf16(k[i]);
+      break;
+    }
+    case KvDType::FP8: {  // one scale per 128 values, as DeepSeek-V3.2's act_quant of the key
+      float* scales = reinterpret_cast<float*>(row + d);
+      for (int64_t b = 0; b < (d + 127) / 128; ++b) {
+        int64_t i0 = b * 128, i1 = std::min(d, i0 + 128);
+        float amax = 0;
+        for (int64_t i = i0; i < i1; ++i) amax = std::max(amax, std::fabs(k[i]));
+        float scale = amax > 0 ? amax / 448.0f : 1.0f, inv = 1.0f / scale;
+        std::memcpy(&scales[b], &scale, 4);
+        for (int64_t i = i0; i < i1; ++i) row[i] = f32_to_fp8e4m3(k[i] * inv);
+      }
+      break;
+    }
+  }
+}
+
+void LatentPool::gather_index(int64_t layer, const PageTable& seq, int64_t s0, int64_t n, float* out) const {
+  if (index_dim_ == 0) throw std::logic_error("LatentPool::gather_index: the pool holds no indexer keys");
+  if (n <= 0) return;
+  check_position(seq, s0, "gather_index");
+  check_position(seq, s0 + n - 1, "gather_index");
+  const int64_t d = index_dim_;
+  for (int64_t s = s0; s < s0 + n; ++s) {
+    const uint8_t* row = index_ptr(layer, seq.pages[size_t(s / page_size_)], s % page_size_);
+    float* o = out + (s - s0) * d;
+    switch (dtype_) {
+      case KvDType::F32: std::memcpy(o, row, size_t(d) * 4); break;
+      case KvDType::BF16: {
+        const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
+        for (int64_t i = 0; i < d; ++i) o[i] = bf16_to_f32(r[i]);
+        break;
+      }
+      case KvDType::FP8: {
+        const uint8_t* sc = row + d;
+        for (int64_t i = 0; i < d; ++i) {
+          float scale;
+          std::memcpy(&scale, sc + (i / 128) * 4, 4);
+          o[i] = fp8e4m3_to_f32(row[i]) * scale;
         }
         break;
       }

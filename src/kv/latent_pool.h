@@ -2,6 +2,9 @@
 // c_KV (kv_lora_rank values) and the rotated k_pe (qk_rope_head_dim values). One buffer per
 // layer, [num_pages, page_size, row]; pages come from a free list with reference counts, so a
 // sequence can share another's full prefix pages (fork). Exhaustion is reported, never fatal.
+// For DeepSeek Sparse Attention models (index_dim > 0) each token and layer also holds its
+// indexer key (index_dim values) in a second buffer per layer under the same page table, so
+// prefix sharing, forks, truncation and preemption carry it with the latent.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -22,10 +25,10 @@ struct PageTable {
 class LatentPool {
  public:
   LatentPool(int64_t num_layers, int64_t kv_lora_rank, int64_t rope_dim, int64_t num_pages, int64_t page_size = 64,
-             KvDType dtype = KvDType::BF16);
+             KvDType dtype = KvDType::BF16, int64_t index_dim = 0);
   // Pages that fit in a budget of bytes (all layers).
   static int64_t pages_for_budget(double bytes, int64_t num_layers, int64_t kv_lora_rank, int64_t rope_dim,
-                                  int64_t page_size, KvDType dtype);
+                                  int64_t page_size, KvDType dtype, int64_t index_dim = 0);
 
   int64_t num_layers() const { return num_layers_; }
   int64_t page_size() const { return page_size_; }
@@ -33,8 +36,9 @@ class LatentPool {
   int64_t free_pages() const { return int64_t(free_.size()); }
   KvDType dtype() const { return dtype_; }
   int64_t row_dim() const { return kv_lora_rank_ + rope_dim_; }
-  int64_t bytes_per_token() const { return row_bytes_ * num_layers_; }  // all layers
-  int64_t bytes_per_page() const { return row_bytes_ * page_size_ * num_layers_; }
+  int64_t index_dim() const { return index_dim_; }
+  int64_t bytes_per_token() const { return (row_bytes_ + index_row_bytes_) * num_layers_; }  // all layers
+  int64_t bytes_per_page() const { return (row_bytes_ + index_row_bytes_) * page_size_ * num_layers_; }
   int64_t total_bytes() const { return bytes_per_page() * num_pages_; }
   int refcount(int32_t page) const { return refs_.at(size_t(page)); }
 
@@ -54,16 +58,28 @@ class LatentPool {
   void write(int64_t layer, const PageTable& seq, int64_t pos, const float* c, const float* k_pe);
   // Rows [s0, s0+n) as float32, out[n, kv_lora_rank + rope_dim].
   void gather(int64_t layer, const PageTable& seq, int64_t s0, int64_t n, float* out) const;
+  // Rows at the n listed positions, out[n, kv_lora_rank + rope_dim] (sparse attention's gather).
+  void gather_at(int64_t layer, const PageTable& seq, const int32_t* positions, int64_t n, float* out) const;
+
+  // The indexer key of one token (index_dim floats; index_dim() > 0 only), and rows [s0, s0+n)
+  // of them as float32, out[n, index_dim].
+  void write_index(int64_t layer, const PageTable& seq, int64_t pos, const float* k);
+  void gather_index(int64_t layer, const PageTable& seq, int64_t s0, int64_t n, float* out) const;
 
  private:
   uint8_t* row_ptr(int64_t layer, int32_t page, int64_t slot);
   const uint8_t* row_ptr(int64_t layer, int32_t page, int64_t slot) const;
   void check_position(const PageTable& seq, int64_t pos, const char* what) const;
+  void decode_row(const uint8_t* row, float* out) const;
+  uint8_t* index_ptr(int64_t layer, int32_t page, int64_t slot);
+  const uint8_t* index_ptr(int64_t layer, int32_t page, int64_t slot) const;
 
   int64_t num_layers_, kv_lora_rank_, rope_dim_, num_pages_, page_size_;
   KvDType dtype_;
   int64_t row_bytes_;
   std::vector<std::vector<uint8_t>> layers_;
+  int64_t index_dim_ = 0, index_row_bytes_ = 0;
+  std::vector<std::vector<uint8_t>> index_layers_;  // [num_pages, page_size, index row] per layer
   std::vector<int32_t> free_;
   std::vector<int> refs_;
 };

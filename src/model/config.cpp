@@ -53,6 +53,121 @@ struct Reader {
   }
 };
 
+// RoPE as either form of config.json: the older top-level `rope_theta` with an optional
+// `rope_scaling` object ({"type" or "rope_type": "yarn", factor, ...}), or transformers 5's
+// `rope_parameters` object holding rope_theta, rope_type and the scaling fields together. Where
+// both forms are present they must agree. A rope type other than default / yarn is an error,
+// and so is a non-empty scaling object that names no type.
+void parse_rope(const json& j, const std::string& src, ModelConfig& c) {
+  Reader r{j, src};
+  const bool has_params = r.has("rope_parameters"), has_scaling = r.has("rope_scaling");
+  if (has_params && !j["rope_parameters"].is_object())
+    format_error(src, "", "key 'rope_parameters' must be an object, got " + j["rope_parameters"].dump());
+  if (has_scaling && !j["rope_scaling"].is_object())
+    format_error(src, "", "key 'rope_scaling' must be an object, got " + j["rope_scaling"].dump());
+  auto read_scaling = [&](const json& rs, const std::string& key, RopeScaling& out) {
+    std::string type;
+    for (const char* k : {"rope_type", "type"})
+      if (rs.contains(k) && !rs[k].is_null()) {
+        if (!rs[k].is_string()) format_error(src, "", "key '" + key + "." + k + "' must be a string");
+        if (!type.empty() && type != rs[k].get<std::string>())
+          format_error(src, "", "key '" + key + "' names two rope types, '" + type + "' and '" +
+                                    rs[k].get<std::string>() + "'");
+        type = rs[k].get<std::string>();
+      }
+    bool fields = false;
+    for (auto& [k, v] : rs.items())
+      if (k != "rope_theta" && k != "rope_type" && k != "type" && k != "partial_rotary_factor" && !v.is_null()) fields = true;
+    if (type.empty() && fields)
+      format_error(src, "", "key '" + key + "' has scaling fields but no rope_type");
+    if (type == "yarn") {
+      Reader y{rs, src};
+      out.yarn = true;
+      out.factor = y.d("factor", 1.0);
+      out.original_max_position_embeddings = y.i("original_max_position_embeddings");
+      out.beta_fast = y.d("beta_fast", 32);
+      out.beta_slow = y.d("beta_slow", 1);
+      out.mscale = y.d("mscale", 1);
+      out.mscale_all_dim = y.d("mscale_all_dim", 0);
+    } else if (type != "default" && !type.empty()) {
+      format_error(src, "", key + " type '" + type + "' is not supported (default, yarn)");
+    }
+  };
+  RopeScaling legacy;
+  if (has_scaling) read_scaling(j["rope_scaling"], "rope_scaling", legacy);
+  if (!has_params) {
+    c.rope_theta = r.d("rope_theta", 10000.0);
+    c.rope_scaling = legacy;
+    return;
+  }
+  const json& rp = j["rope_parameters"];
+  for (auto& [k, v] : rp.items())
+    if (v.is_object())
+      format_error(src, "", "key 'rope_parameters." + k + "' is a per-layer-type rope table, which is not supported");
+  Reader pr{rp, src};
+  if (!pr.has("rope_theta")) format_error(src, "", "key 'rope_parameters' has no rope_theta");
+  c.rope_theta = pr.d("rope_theta", 10000.0);
+  read_scaling(rp, "rope_parameters", c.rope_scaling);
+  if (pr.has("partial_rotary_factor") && pr.d("partial_rotary_factor", 1.0) != 1.0)
+    format_error(src, "", "rope_parameters.partial_rotary_factor != 1 is not supported");
+  if (r.has("rope_theta") && r.d("rope_theta", 0) != c.rope_theta)
+    format_error(src, "", "keys 'rope_theta' and 'rope_parameters.rope_theta' disagree");
+  if (has_scaling) {
+    const RopeScaling& a = legacy;
+    const RopeScaling& b = c.rope_scaling;
+    if (a.yarn != b.yarn || a.factor != b.factor || a.original_max_position_embeddings != b.original_max_position_embeddings ||
+        a.beta_fast != b.beta_fast || a.beta_slow != b.beta_slow || a.mscale != b.mscale || a.mscale_all_dim != b.mscale_all_dim)
+      format_error(src, "", "keys 'rope_scaling' and 'rope_parameters' disagree");
+  }
+}
+
+// The lightning indexer of DeepSeek Sparse Attention. Which layers run it: indexer_types
+// ("full" / "shared") as transformers writes it, else index_topk_pattern ("F"/"S" per layer), else
+// transformers' schedule from index_topk_freq and index_skip_topk_offset (every layer by default).
+void parse_indexer(const json& j, const std::string& src, ModelConfig& c) {
+  Reader r{j, src};
+  c.index_n_heads = r.i("index_n_heads");
+  c.index_head_dim = r.i("index_head_dim");
+  c.index_topk = r.i("index_topk");
+  c.indexer_rope_interleave = r.b("indexer_rope_interleave", false);
+  const int64_t L = c.num_hidden_layers;
+  std::vector<std::string> types;
+  if (r.has("indexer_types")) {
+    if (!j["indexer_types"].is_array()) format_error(src, "", "key 'indexer_types' must be a list");
+    for (auto& t : j["indexer_types"]) {
+      if (!t.is_string()) format_error(src, "", "key 'indexer_types' must be a list of strings");
+      types.push_back(t.get<std::string>());
+    }
+  } else if (r.has("index_topk_pattern")) {
+    for (char ch : r.s("index_topk_pattern", "")) {
+      if (ch != 'F' && ch != 'S') format_error(src, "", "key 'index_topk_pattern' may hold only F and S");
+      types.push_back(ch == 'F' ? "full" : "shared");
+    }
+  } else {
+    const int64_t freq = std::max<int64_t>(r.i("index_topk_freq", 1), 1), offset = r.i("index_skip_topk_offset", 2);
+    for (int64_t l = 0; l < L; ++l) types.push_back(std::max<int64_t>(l - offset + 1, 0) % freq == 0 ? "full" : "shared");
+  }
+  if (int64_t(types.size()) < L)
+    format_error(src, "", "the indexer types list " + std::to_string(types.size()) + " layers, num_hidden_layers is " +
+                              std::to_string(L));
+  c.indexer_shared.clear();
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string& t = types[size_t(l)];
+    if (t != "full" && t != "shared") format_error(src, "", "indexer type '" + t + "' is not supported (full, shared)");
+    if (l == 0 && t == "shared") format_error(src, "", "layer 0's indexer type is 'shared': no layer before it to share with");
+    c.indexer_shared.push_back(t == "shared");
+  }
+  auto bad = [&](const char* key, const std::string& want) {
+    format_error(src, "", std::string("key '") + key + "' must be " + want);
+  };
+  if (c.index_n_heads < 1 || c.index_n_heads > 1024) bad("index_n_heads", "in [1, 1024]");
+  const int64_t d = c.index_head_dim;
+  if (d < 2 || d > 4096 || (d & (d - 1))) bad("index_head_dim", "a power of two in [2, 4096] (the Hadamard rotation)");
+  if (d <= c.qk_rope_head_dim) bad("index_head_dim", "larger than qk_rope_head_dim (RoPE covers its first values)");
+  if (c.index_topk < 1 || c.index_topk > (int64_t(1) << 24)) bad("index_topk", "in [1, 2^24]");
+  if (c.q_lora_rank <= 0) bad("q_lora_rank", "positive: the indexer's queries come from the q LoRA");
+}
+
 void parse_quantization(const json& q, const std::string& src, ModelConfig& c) {
   std::string method = q.value("quant_method", "");
   if (method == "fp8") {
@@ -62,6 +177,11 @@ void parse_quantization(const json& q, const std::string& src, ModelConfig& c) {
       format_error(src, "", "quantization_config.weight_block_size " + q["weight_block_size"].dump() +
                                 " is not supported (only [128, 128])");
     c.fp8_block_weights = true;
+    if (q.contains("scale_fmt") && !q["scale_fmt"].is_null()) {
+      std::string sf = q["scale_fmt"].is_string() ? q["scale_fmt"].get<std::string>() : q["scale_fmt"].dump();
+      if (sf != "ue8m0") format_error(src, "", "quantization_config.scale_fmt '" + sf + "' is not supported (only ue8m0)");
+      c.ue8m0_scales = true;
+    }
   } else if (method == "compressed-tensors") {
     std::string format = q.value("format", "");
     if (format != "pack-quantized")
@@ -162,10 +282,11 @@ ModelConfig parse_config(const json& root, const std::string& src) {
   }
   const json& j = *jp;
   std::string family = c.model_type == "kimi_k25" ? Reader{j, src}.s("model_type", "kimi_k2") : c.model_type;
-  static const char* known[] = {"deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe_lite"};
+  static const char* known[] = {"deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe_lite", "deepseek_v32", "glm_moe_dsa"};
   if (std::find(std::begin(known), std::end(known), family) == std::end(known))
     format_error(src, "", "unknown model_type '" + family +
-                              "' (supported: deepseek_v2, deepseek_v3, kimi_k2, kimi_k25, glm4_moe_lite)");
+                              "' (supported: deepseek_v2, deepseek_v3, kimi_k2, kimi_k25, glm4_moe_lite, deepseek_v32, "
+                              "glm_moe_dsa)");
   Reader r{j, src};
   c.vocab_size = r.i("vocab_size");
   c.hidden_size = r.i("hidden_size");
@@ -188,7 +309,6 @@ ModelConfig parse_config(const json& root, const std::string& src) {
   c.norm_topk_prob = r.b("norm_topk_prob", false);
   c.routed_scaling_factor = r.d("routed_scaling_factor", 1.0);
   c.rms_norm_eps = r.d("rms_norm_eps", 1e-6);
-  c.rope_theta = r.d("rope_theta", 10000.0);
   c.tie_word_embeddings = r.b("tie_word_embeddings", false);
   c.max_position_embeddings = r.i("max_position_embeddings", 4096);
   c.bos_token_id = r.i("bos_token_id", -1);
@@ -221,22 +341,10 @@ ModelConfig parse_config(const json& root, const std::string& src) {
   if (r.d("partial_rotary_factor", 1.0) != 1.0) format_error(src, "", "partial_rotary_factor != 1 is not supported");
   if (c.moe_layer_freq != 1) format_error(src, "", "moe_layer_freq " + std::to_string(c.moe_layer_freq) + " is not supported (only 1)");
 
-  if (r.has("rope_scaling")) {
-    auto& rs = j["rope_scaling"];
-    std::string type = rs.value("type", rs.value("rope_type", ""));
-    if (type == "yarn") {
-      Reader y{rs, src};
-      c.rope_scaling.yarn = true;
-      c.rope_scaling.factor = y.d("factor", 1.0);
-      c.rope_scaling.original_max_position_embeddings = y.i("original_max_position_embeddings");
-      c.rope_scaling.beta_fast = y.d("beta_fast", 32);
-      c.rope_scaling.beta_slow = y.d("beta_slow", 1);
-      c.rope_scaling.mscale = y.d("mscale", 1);
-      c.rope_scaling.mscale_all_dim = y.d("mscale_all_dim", 0);
-    } else if (type != "default" && !type.empty()) {
-      format_error(src, "", "rope_scaling type '" + type + "' is not supported (yarn)");
-    }
-  }
+  parse_rope(j, src, c);
+  if (r.has("rope_interleave") && !r.b("rope_interleave", true))
+    format_error(src, "", "rope_interleave false (halves pairing in MLA) is not supported");
+  if (family == "deepseek_v32" || family == "glm_moe_dsa") parse_indexer(j, src, c);
 
   auto positive = [&](const char* name, int64_t v) {
     if (v <= 0) format_error(src, "", std::string(name) + " must be positive, got " + std::to_string(v));

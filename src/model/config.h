@@ -1,9 +1,11 @@
 // The model configuration of an MLA checkpoint, read from config.json for every family:
 // deepseek_v2, deepseek_v3, kimi_k2, kimi_k25 (a wrapper whose language model is under
-// text_config and whose weights carry the "language_model." prefix) and glm4_moe_lite.
+// text_config and whose weights carry the "language_model." prefix), glm4_moe_lite, and the
+// DeepSeek Sparse Attention families deepseek_v32 and glm_moe_dsa (MLA plus a lightning indexer).
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace mla {
 
@@ -46,9 +48,19 @@ struct ModelConfig {
   int64_t bos_token_id = -1;
   bool fp8_block_weights = false;  // quantization_config quant_method fp8, 128x128 blocks
   Int4Quant int4;
+  bool ue8m0_scales = false;  // quantization_config scale_fmt "ue8m0": block scales are powers of two
+
+  // DeepSeek Sparse Attention (deepseek_v32, glm_moe_dsa; model/indexer.h): the lightning
+  // indexer's sizes. index_topk 0: dense MLA (every other family).
+  int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 0;
+  bool indexer_rope_interleave = false;  // (even, odd) RoPE pairs in the indexer; false: halves (NeoX)
+  std::vector<bool> indexer_shared;      // per layer: runs no indexer, reuses the previous layer's top-k
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   int64_t latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }
+  bool dsa() const { return index_topk > 0; }
+  // Indexer key values cached per token and layer beside the latent (0 for dense MLA).
+  int64_t index_cache_dim() const { return dsa() ? index_head_dim : 0; }
   bool is_moe_layer(int64_t l) const {
     return n_routed_experts > 0 && l >= first_k_dense_replace && l % moe_layer_freq == 0;
   }

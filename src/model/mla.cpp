@@ -123,7 +123,8 @@ void MlaAttention::absorb(const cpu::Context& ctx, const LayerWeights& W, const 
   cpu::matmul_batch(ctx, jobs);
 }
 
-void MlaAttention::expand_ranges(const cpu::Context& ctx, const LayerWeights& W, const SeqKeys& k, int64_t chunk, const float* q, float* out) {
+void MlaAttention::expand_ranges(const cpu::Context& ctx, const LayerWeights& W, const SeqKeys& k, int64_t chunk, const float* q, float* out,
+                                 const cpu::KeySelection* sel) {
   const int64_t H = H_, nope = nope_, vd = v_, kvr = kv_lora_, dim = kv_lora_ + rope_dim_, n = k.n, cached = k.cached,
                 S = cached + n;
   z_.c_kv.resize(size_t(S * dim));
@@ -151,9 +152,11 @@ void MlaAttention::expand_ranges(const cpu::Context& ctx, const LayerWeights& W,
     const cpu::ExpandArgs a{q, z_.kvx.data(), c_kv + k0 * dim + kvr, dim, n, nk, H, nope, rope_dim_, vd, cached, k0,
                             scale_};
     if (ranges.size() == 1) {
-      cpu::attention_expand(ctx, a, out, lse);
+      if (sel) cpu::attention_expand_sparse(ctx, a, *sel, out, lse);
+      else cpu::attention_expand(ctx, a, out, lse);
     } else {
-      cpu::attention_expand(ctx, a, z_.part.data(), z_.part_lse.data());
+      if (sel) cpu::attention_expand_sparse(ctx, a, *sel, z_.part.data(), z_.part_lse.data());
+      else cpu::attention_expand(ctx, a, z_.part.data(), z_.part_lse.data());
       cpu::merge_partial(out, lse, z_.part.data(), z_.part_lse.data(), n * H, vd);
     }
   }
@@ -171,6 +174,61 @@ void MlaAttention::reference(const LayerWeights& W, const SeqKeys& k, const floa
 
 void MlaAttention::o_proj(const cpu::Context& ctx, const LayerWeights& W, const float* attn, int64_t T, float* out) const {
   cpu::matmul(ctx, attn, T, W.o, out);
+}
+
+void MlaAttention::attend_sparse(const cpu::Context& ctx, const LayerWeights& W, const LatentPool& pool, int64_t layer,
+                                 std::span<const SeqSlice> batch, const int64_t* first, MlaForm form, int64_t prefix_chunk,
+                                 std::span<const cpu::KeySelection> sel, const float* q, float* out) {
+  const int64_t qk = nope_ + rope_dim_;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const int64_t n = first[b + 1] - first[b];
+    if (n == 0) continue;
+    if (!sel[b].pos) {
+      attend(ctx, W, pool, layer, batch.subspan(b, 1), first + b, form, prefix_chunk, q, out);
+      continue;
+    }
+    const SeqKeys k{&pool, layer, batch[b].seq, batch[b].seq->length, n};
+    const float* qb = q + first[b] * H_ * qk;
+    float* ob = out + first[b] * H_ * v_;
+    switch (form) {
+      case MlaForm::Expand: expand_ranges(ctx, W, k, 0, qb, ob, &sel[b]); break;
+      case MlaForm::Chunked: expand_ranges(ctx, W, k, std::max<int64_t>(1, prefix_chunk), qb, ob, &sel[b]); break;
+      case MlaForm::Absorb: absorb_sparse(ctx, W, k, sel[b], qb, ob); break;
+      case MlaForm::Reference: reference_sparse(W, k, sel[b], qb, ob); break;
+    }
+  }
+}
+
+void MlaAttention::absorb_sparse(const cpu::Context& ctx, const LayerWeights& W, const SeqKeys& k,
+                                 const cpu::KeySelection& sel, const float* q, float* out) {
+  const int64_t H = H_, nope = nope_, qk = nope_ + rope_dim_, kvr = kv_lora_, vd = v_, n = k.n;
+  auto& jobs = z_.jobs;
+  z_.lse.resize(size_t(n * H));
+  z_.q_lat.resize(size_t(n * H * kvr));
+  z_.o_lat.resize(size_t(n * H * kvr));
+  float* const q_lat = z_.q_lat.data();
+  float* const o_lat = z_.o_lat.data();
+  jobs.clear();
+  for (int64_t h = 0; h < H; ++h) jobs.push_back({q + h * qk, n, H * qk, W.w_uk_t[size_t(h)], q_lat + h * kvr, H * kvr});
+  cpu::matmul_batch(ctx, jobs);
+  cpu::SparseAbsorbArgs a{q_lat, q + nope, H * qk, qk, n, H, kvr, rope_dim_, scale_, sel, nullptr};
+  const SeqKeys* from = &k;
+  a.gather = [from](const int32_t* pos, int64_t cnt, float* rows) { from->pool->gather_at(from->layer, *from->seq, pos, cnt, rows); };
+  cpu::attention_absorb_sparse(ctx, a, o_lat, z_.lse.data());
+  jobs.clear();
+  for (int64_t h = 0; h < H; ++h) jobs.push_back({o_lat + h * kvr, n, H * kvr, W.w_uv[size_t(h)], out + h * vd, H * vd});
+  cpu::matmul_batch(ctx, jobs);
+}
+
+void MlaAttention::reference_sparse(const LayerWeights& W, const SeqKeys& k, const cpu::KeySelection& sel, const float* q,
+                                    float* out) {
+  const int64_t rows = H_ * (nope_ + v_), n = k.n;
+  z_.kv_b.resize(size_t(rows * kv_lora_));
+  for (int64_t r = 0; r < rows; ++r) W.kv_b.dequant_row(r, z_.kv_b.data() + r * kv_lora_);
+  z_.lse.resize(size_t(n * H_));
+  const cpu::ref::MlaProblem p{q, z_.kv_b.data(), n, k.cached + n, H_, nope_, rope_dim_, v_, kv_lora_, k.cached, 0,
+                               scale_};
+  cpu::ref::mla_naive_sparse(p, cpu::ref::LatentRows(*k.pool, k.layer, *k.seq), sel, out, z_.lse.data());
 }
 
 }  // namespace mla

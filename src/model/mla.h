@@ -30,6 +30,7 @@
 
 #include "backend/cpu/context.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/sparse_attention.h"
 #include "kv/latent_pool.h"
 #include "model/config.h"
 #include "model/path_policy.h"
@@ -60,6 +61,9 @@ class MlaAttention {
   explicit MlaAttention(const ModelConfig& c);
 
   const Rope& rope() const { return rope_; }
+  // The normed q LoRA of the last project() call, [T, q_lora] (empty without q LoRA): the
+  // DeepSeek Sparse Attention indexer's query input (model/indexer.h).
+  const float* q_a() const { return z_.q_a.data(); }
 
   // Every product runs in ctx (precision, threads). The layer's queries and latents from its normed input x [T, hidden], token t at position
   // pos[t]: q [T, H, nope + rope] (q_nope, then q_pe rotated) and kv [T, kv_lora + rope] (c_KV
@@ -85,13 +89,25 @@ class MlaAttention {
   void absorb(const cpu::Context& ctx, const LayerWeights& W, const SeqKeys& k, const float* q, float* out);
   void reference(const LayerWeights& W, const SeqKeys& k, const float* q, float* out);
 
+  // DeepSeek Sparse Attention: attend() with sequence b's queries seeing only the positions of
+  // sel[b] (the indexer's top-k; sel[b].pos null: every position, attend()'s dense forms), on
+  // the same form: absorb gathers each query's rows, expand and chunked mask the expanded keys.
+  void attend_sparse(const cpu::Context& ctx, const LayerWeights& W, const LatentPool& pool, int64_t layer,
+                     std::span<const SeqSlice> batch, const int64_t* first, MlaForm form, int64_t prefix_chunk,
+                     std::span<const cpu::KeySelection> sel, const float* q, float* out);
+  void absorb_sparse(const cpu::Context& ctx, const LayerWeights& W, const SeqKeys& k, const cpu::KeySelection& sel,
+                     const float* q, float* out);
+  void reference_sparse(const LayerWeights& W, const SeqKeys& k, const cpu::KeySelection& sel, const float* q, float* out);
+
   // out [T, hidden] = W_O attn, attn [T, H, v].
   void o_proj(const cpu::Context& ctx, const LayerWeights& W, const float* attn, int64_t T, float* out) const;
 
  private:
   // Expand over the key ranges: one range of every key (chunk 0), or the cached prefix chunk
   // keys at a time and then the new tokens; the partial results merged by log-sum-exp.
-  void expand_ranges(const cpu::Context& ctx, const LayerWeights& W, const SeqKeys& k, int64_t chunk, const float* q, float* out);
+  // With sel, each query sees only its listed positions within each range.
+  void expand_ranges(const cpu::Context& ctx, const LayerWeights& W, const SeqKeys& k, int64_t chunk, const float* q, float* out,
+                     const cpu::KeySelection* sel = nullptr);
 
   int64_t H_, nope_, rope_dim_, v_, kv_lora_, q_lora_, hidden_;
   float scale_, eps_;

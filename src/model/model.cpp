@@ -88,12 +88,14 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
   }
   m->mla_ = std::make_unique<MlaAttention>(m->cfg_);
   m->moe_ = std::make_unique<MoeLayer>(m->cfg_);
+  if (m->cfg_.dsa()) m->indexer_ = std::make_unique<Indexer>(m->cfg_);
   m->costs_ = MlaCosts::of(m->cfg_);
   return m;
 }
 
 LatentPool Model::make_pool(int64_t num_pages, int64_t page_size, KvDType dtype) const {
-  return LatentPool(cfg_.num_hidden_layers, cfg_.kv_lora_rank, cfg_.qk_rope_head_dim, num_pages, page_size, dtype);
+  return LatentPool(cfg_.num_hidden_layers, cfg_.kv_lora_rank, cfg_.qk_rope_head_dim, num_pages, page_size, dtype,
+                    cfg_.index_cache_dim());
 }
 
 void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOptions& opt, std::vector<float>& logits) {
@@ -102,7 +104,7 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
   const ModelConfig& c = cfg_;
   const int64_t D = c.hidden_size, H = c.num_attention_heads, qk = c.qk_head_dim(), vd = c.v_head_dim,
                 L = c.num_hidden_layers;
-  if (pool.num_layers() != L || pool.row_dim() != c.latent_dim())
+  if (pool.num_layers() != L || pool.row_dim() != c.latent_dim() || pool.index_dim() != c.index_cache_dim())
     throw std::invalid_argument("forward: the latent pool's geometry does not match the model");
 
   for (auto& s : batch)
@@ -162,6 +164,7 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
   cpu::parallel_for(cx, T, T >= 64, [&](int64_t t) { w_.embed.dequant_row(all_ids[size_t(t)], h.data() + t * D); });
   if (opt.hidden) opt.hidden->assign(1, h);
   if (opt.attn) opt.attn->clear();
+  if (capture_sel_) capture_sel_->clear();
   // h += delta over the batch's rows.
   auto add_residual = [&] {
     float* hp = h.data();
@@ -176,8 +179,14 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
     mla_->project(cx, W, x.data(), T, pos.data(), q.data(), kv.data());
     mla_->write_cache(pool, l, batch, first.data(), kv.data());
     part.emplace(profile_, ForwardProfile::Attention);
-    mla_->attend(cx, W, pool, l, batch, first.data(), opt.reference_attention ? MlaForm::Reference : mla_form(path),
-                 opt.policy.prefix_chunk, q.data(), attn.data());
+    const MlaForm form = opt.reference_attention ? MlaForm::Reference : mla_form(path);
+    if (c.dsa()) {
+      if (W.indexer.present) index_layer(W, pool, l, batch, first.data(), x.data(), T, pos.data());
+      mla_->attend_sparse(cx, W, pool, l, batch, first.data(), form, opt.policy.prefix_chunk, dsa_.views, q.data(), attn.data());
+      if (capture_sel_) capture_sel_->push_back(dsa_.sel);
+    } else {
+      mla_->attend(cx, W, pool, l, batch, first.data(), form, opt.policy.prefix_chunk, q.data(), attn.data());
+    }
     part.emplace(profile_, ForwardProfile::OProj);
     mla_->o_proj(cx, W, attn.data(), T, delta.data());
     if (opt.attn) opt.attn->push_back(delta);
@@ -223,6 +232,39 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
     // `whole` adds the pass's full time to Other at scope end: take the parts' share back out.
     profile_->seconds[ForwardProfile::Other] -= sum_parts(*profile_) - parts_before;
     profile_->passes++;
+  }
+}
+
+void Model::index_layer(const LayerWeights& W, LatentPool& pool, int64_t layer, std::span<SeqSlice> batch,
+                        const int64_t* first, const float* x, int64_t T, const int64_t* pos) {
+  const cpu::Context& cx = ctx();
+  Indexer& ix = *indexer_;
+  const int64_t Hi = ix.n_heads(), D = ix.head_dim(), K = ix.topk();
+  dsa_.q.resize(size_t(T * Hi * D));
+  dsa_.w.resize(size_t(T * Hi));
+  dsa_.k.resize(size_t(T * D));
+  // Every new token's key is cached (later queries score it); queries only where a sequence's
+  // context exceeds index_topk.
+  ix.project(cx, W.indexer, x, mla_->q_a(), T, pos, dsa_.q.data(), dsa_.w.data(), dsa_.k.data());
+  ix.write_cache(pool, layer, batch, first, dsa_.k.data());
+  dsa_.sel.resize(batch.size());
+  dsa_.views.resize(batch.size());
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const int64_t n = first[b + 1] - first[b], cached = batch[b].seq->length;
+    Selection& s = dsa_.sel[b];
+    if (n == 0 || !ix.needed(cached, n)) {
+      s.pos.clear();
+      s.count.clear();
+      dsa_.views[b] = {nullptr, 0, nullptr};
+      if (n > 0) dsa_counters_.dense_skips++;
+      continue;
+    }
+    s.pos.resize(size_t(n * K));
+    s.count.resize(size_t(n));
+    const SeqKeys keys{&pool, layer, batch[b].seq, cached, n};
+    ix.select(cx, keys, dsa_.q.data() + first[b] * Hi * D, dsa_.w.data() + first[b] * Hi, s.pos.data(), s.count.data());
+    dsa_.views[b] = {s.pos.data(), K, s.count.data()};
+    dsa_counters_.selections++;
   }
 }
 

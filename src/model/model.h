@@ -14,6 +14,7 @@
 #include "format/safetensors.h"
 #include "kv/latent_pool.h"
 #include "model/config.h"
+#include "model/indexer.h"
 #include "model/mla.h"
 #include "model/moe.h"
 #include "model/path_policy.h"
@@ -58,6 +59,12 @@ struct PathCounters {
   int64_t expand = 0, absorb = 0, chunked = 0;
 };
 
+// DeepSeek Sparse Attention's work, summed over passes: indexer layer passes per sequence that
+// selected a top-k, and those skipped because the context was at most index_topk (dense).
+struct DsaCounters {
+  int64_t selections = 0, dense_skips = 0;
+};
+
 class Model {
  public:
   // Loads a checkpoint folder. The model keeps ctx and runs every kernel of its forward passes
@@ -71,6 +78,15 @@ class Model {
   const cpu::Context& context() const { return ctx_; }
   const ModelWeights& weights() const { return w_; }
   const PathCounters& path_counters() const { return counters_; }
+  const DsaCounters& dsa_counters() const { return dsa_counters_; }
+  // The positions each query of the last pass's sequences attended in `layer` (DeepSeek Sparse
+  // Attention models; set by set_capture_selection): per sequence, [n, index_topk] rows with
+  // their counts; empty rows where the context was dense.
+  struct Selection {
+    std::vector<int32_t> pos;
+    std::vector<int64_t> count;
+  };
+  void set_capture_selection(std::vector<std::vector<Selection>>* out) { capture_sel_ = out; }
   AttnPath last_path() const { return last_path_; }
   // Which schedule the MoE layers' experts ran on (layer calls, summed over passes).
   const MoeCounters& moe_counters() const { return moe_->counters(); }
@@ -89,6 +105,10 @@ class Model {
   // The context of the pass running now (ForwardOptions::context, else the model's).
   const cpu::Context& ctx() const { return *pass_ctx_; }
   void mlp(const Mlp& m, const float* x, int64_t T, float* out, bool accumulate, const float* row_weights = nullptr);
+  // DeepSeek Sparse Attention: the layer's indexer keys cached and each sequence's selection
+  // computed into dsa_ (a shared layer keeps the previous layer's).
+  void index_layer(const LayerWeights& W, LatentPool& pool, int64_t layer, std::span<SeqSlice> batch, const int64_t* first,
+                   const float* x, int64_t T, const int64_t* pos);
 
   ModelConfig cfg_;
   cpu::Context ctx_;
@@ -97,6 +117,15 @@ class Model {
   ModelWeights w_;
   std::unique_ptr<MlaAttention> mla_;  // the attention of every layer, with its working buffers
   std::unique_ptr<MoeLayer> moe_;      // the MoE of every MoE layer, likewise
+  std::unique_ptr<Indexer> indexer_;   // DeepSeek Sparse Attention models: the lightning indexer
+  DsaCounters dsa_counters_;
+  std::vector<std::vector<Selection>>* capture_sel_ = nullptr;
+  // The indexer's activations and each sequence's selection (kept for a following shared layer).
+  struct DsaScratch {
+    std::vector<float> q, w, k;
+    std::vector<Selection> sel;
+    std::vector<cpu::KeySelection> views;
+  } dsa_;
   MlaCosts costs_{};
   PathCounters counters_;
   AttnPath last_path_ = AttnPath::Auto;

@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <regex>
@@ -44,6 +45,16 @@ class Loader {
       L.kv_b = matrix(a + "kv_b_proj", H * (nope + vd), kvr);
       L.o = matrix(a + "o_proj", c.hidden_size, H * vd);
       absorb(L);
+      if (c.dsa() && !c.indexer_shared[size_t(l)]) {
+        const std::string ip = a + "indexer.";
+        IndexerWeights& I = L.indexer;
+        I.present = true;
+        I.wq_b = matrix(ip + "wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
+        I.wk = matrix(ip + "wk", c.index_head_dim, c.hidden_size);
+        I.weights_proj = matrix(ip + "weights_proj", c.index_n_heads, c.hidden_size);
+        I.k_norm = vec(ip + "k_norm.weight", c.index_head_dim);
+        I.k_norm_bias = vec(ip + "k_norm.bias", c.index_head_dim);
+      }
       L.moe = c.is_moe_layer(l);
       if (L.moe) {
         L.router = matrix(lp + "mlp.gate", c.n_routed_experts, c.hidden_size, /*linear=*/false);
@@ -159,6 +170,18 @@ class Loader {
     w_.owned.push_back(std::move(buf));
   }
 
+  // scale_fmt ue8m0: every block scale is a power of two (an 8-bit exponent stored as float32).
+  void check_ue8m0(const TensorInfo& s) const {
+    for (int64_t i = 0; i < s.numel(); ++i) {
+      float f;
+      std::memcpy(&f, s.data + 4 * i, 4);
+      int e = 0;
+      if (!(f > 0) || std::frexp(f, &e) != 0.5f)
+        format_error(s.file, s.name, "scale " + std::to_string(f) + " at " + std::to_string(i) +
+                                         " is not a power of two (quantization_config scale_fmt ue8m0)");
+    }
+  }
+
   void count(const std::string& fmt, size_t n) { w_.bytes_by_format[fmt] += n; }
 
   void expect_shape(const TensorInfo& t, std::vector<int64_t> want) {
@@ -236,6 +259,7 @@ class Loader {
         if (s.dtype != DType::F32) format_error(s.file, s.name, std::string("dtype ") + dtype_name(s.dtype) + " must be F32");
         expect_shape(s, {(rows + 127) / 128, (cols + 127) / 128});
         m.format = WeightFormat::FP8_BLOCK128;
+        if (cfg_.ue8m0_scales) check_ue8m0(s);
         m.scales = s.data;
         m.scale_cols = (cols + 127) / 128;
         count("fp8-block128", s.nbytes);

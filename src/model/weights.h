@@ -22,6 +22,15 @@ struct Mlp {  // SiLU-gated: down(silu(gate x) * up x)
   MatrixView gate, up, down;
 };
 
+// DeepSeek Sparse Attention's lightning indexer of one layer (self_attn.indexer.*; model/indexer.h).
+struct IndexerWeights {
+  bool present = false;          // false: dense MLA, or a layer that shares the previous layer's top-k
+  MatrixView wq_b;               // [index_n_heads * index_head_dim, q_lora_rank]
+  MatrixView wk;                 // [index_head_dim, hidden]
+  MatrixView weights_proj;       // [index_n_heads, hidden]
+  std::vector<float> k_norm, k_norm_bias;  // LayerNorm [index_head_dim]
+};
+
 struct LayerWeights {
   std::vector<float> input_norm, post_attention_norm;
   // attention
@@ -34,6 +43,7 @@ struct LayerWeights {
   // w_uv[h] is W_UV [v, kv_lora] (rows of kv_b, no copy).
   std::vector<MatrixView> w_uk_t, w_uv;
   MatrixView o;
+  IndexerWeights indexer;
   // feed-forward
   bool moe = false;
   Mlp dense;                 // dense layers

@@ -62,6 +62,35 @@ Figures figures(const ModelConfig& c) {
   return f;
 }
 
+// DeepSeek Sparse Attention's lightning indexer, per layer: the key it caches per token, its
+// projections per new token, its score per (query, key) pair, and the attention pairs left
+// after the top-k (per query min(index_topk, visible keys) instead of every visible key).
+struct DsaFigures {
+  double key_bytes_bf16 = 0, key_bytes_fp8 = 0;
+  double proj_per_new_token = 0, score_per_pair = 0;
+};
+
+DsaFigures dsa_figures(const ModelConfig& c) {
+  DsaFigures d;
+  const double Hi = double(c.index_n_heads), D = double(c.index_head_dim);
+  d.key_bytes_bf16 = double(index_row_bytes(c.index_head_dim, KvDType::BF16));
+  d.key_bytes_fp8 = double(index_row_bytes(c.index_head_dim, KvDType::FP8));
+  d.proj_per_new_token = 2 * double(c.q_lora_rank) * Hi * D + 2 * double(c.hidden_size) * D + 2 * double(c.hidden_size) * Hi;
+  d.score_per_pair = 2 * Hi * D + 2 * Hi;  // the per-head dots, then the weighted ReLU sum
+  return d;
+}
+
+// (query, key) pairs of T new tokens at total length S: every visible key, and the top-k's.
+std::pair<double, double> dsa_pairs(int64_t T, int64_t S, int64_t k) {
+  double all = 0, kept = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const double vis = double(S - T + t + 1);
+    all += vis;
+    kept += std::min(vis, double(k));
+  }
+  return {all, kept};
+}
+
 const char* bound(double intensity, double ridge) { return intensity < ridge ? "memory" : "compute"; }
 
 std::string num(double v, int prec = 1) {
@@ -156,7 +185,29 @@ json analyze_json(const ModelConfig& c, const std::vector<AnalyzeCase>& cases, c
     di["bf16_bound"] = bound(f.intensity_bf16, ridge);
     di["fp8_bound"] = bound(f.intensity_fp8, ridge);
   }
-  return {{"kv", kv}, {"flops", flops}, {"decode_intensity", di}};
+  json out = {{"kv", kv}, {"flops", flops}, {"decode_intensity", di}};
+  if (c.dsa()) {
+    const DsaFigures d = dsa_figures(c);
+    json dc = json::array();
+    for (auto& k : cases) {
+      auto [all, kept] = dsa_pairs(k.new_tokens, k.total_tokens, c.index_topk);
+      const double indexer = d.proj_per_new_token * double(k.new_tokens) + d.score_per_pair * all;
+      dc.push_back({{"new_tokens", k.new_tokens},
+                    {"total_tokens", k.total_tokens},
+                    {"indexer", indexer},
+                    {"sparse_absorb", f.costs.absorb_per_new_token * double(k.new_tokens) + f.costs.pair_absorb * kept},
+                    {"dense_absorb", f.costs.absorb(double(k.new_tokens), double(k.total_tokens))}});
+    }
+    out["dsa"] = {{"index_n_heads", c.index_n_heads},
+                  {"index_head_dim", c.index_head_dim},
+                  {"index_topk", c.index_topk},
+                  {"key_bytes_per_token_bf16", d.key_bytes_bf16 * double(c.num_hidden_layers)},
+                  {"key_bytes_per_token_fp8", d.key_bytes_fp8 * double(c.num_hidden_layers)},
+                  {"indexer_proj_per_new_token", d.proj_per_new_token},
+                  {"indexer_score_per_pair", d.score_per_pair},
+                  {"cases", dc}};
+  }
+  return out;
 }
 
 std::string analyze_report(const ModelConfig& c, const std::string& name, const std::vector<AnalyzeCase>& cases,
@@ -223,6 +274,34 @@ std::string analyze_report(const ModelConfig& c, const std::string& name, const 
       std::snprintf(line, sizeof line, "  %10lld %10lld %14.4f %14.4f %9.3f  %s\n", (long long)k.new_tokens,
                     (long long)k.total_tokens, e / 1e9, a / 1e9, a / e, e < a ? "expand" : "absorb");
       o << line;
+    }
+  }
+  if (c.dsa()) {
+    const DsaFigures d = dsa_figures(c);
+    o << "\nDeepSeek Sparse Attention: the lightning indexer, per layer\n";
+    std::snprintf(line, sizeof line, "  %lld heads of %lld, top-k %lld; key cached per token: %s (bf16), %s (fp8 + scale)\n",
+                  (long long)c.index_n_heads, (long long)c.index_head_dim, (long long)c.index_topk,
+                  bytes_str(d.key_bytes_bf16).c_str(), bytes_str(d.key_bytes_fp8).c_str());
+    o << line;
+    std::snprintf(line, sizeof line, "  all %lld layers: latent + key %s (bf16) per token\n", (long long)L,
+                  bytes_str(double(f.latent_bf16) + d.key_bytes_bf16 * double(L)).c_str());
+    o << line;
+    std::snprintf(line, sizeof line, "  projections per new token %s; score per (query, key) pair %s\n",
+                  num(d.proj_per_new_token, 0).c_str(), num(d.score_per_pair, 0).c_str());
+    o << line;
+    if (!cases.empty()) {
+      std::snprintf(line, sizeof line, "  %10s %10s %14s %14s %14s\n", "new T", "total S", "indexer GFLOP",
+                    "sparse GFLOP", "dense GFLOP");
+      o << line;
+      for (auto& k : cases) {
+        auto [all, kept] = dsa_pairs(k.new_tokens, k.total_tokens, c.index_topk);
+        const double ix = d.proj_per_new_token * double(k.new_tokens) + d.score_per_pair * all;
+        const double sp = f.costs.absorb_per_new_token * double(k.new_tokens) + f.costs.pair_absorb * kept;
+        std::snprintf(line, sizeof line, "  %10lld %10lld %14.4f %14.4f %14.4f   (absorb form)\n", (long long)k.new_tokens,
+                      (long long)k.total_tokens, ix / 1e9, sp / 1e9,
+                      f.costs.absorb(double(k.new_tokens), double(k.total_tokens)) / 1e9);
+        o << line;
+      }
     }
   }
   o << "\nAbsorbed decode: FLOP per byte of latent cache read\n";

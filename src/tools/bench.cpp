@@ -25,6 +25,8 @@
 #include "engine/engine.h"
 #include "tools/checkpoint_writer.h"
 #include "model/model.h"
+#include "kv/latent_pool.h"
+#include "model/indexer.h"
 #include "model/presets.h"
 
 namespace mla::bench {
@@ -617,6 +619,118 @@ std::string format_report(const Report& r) {
     }
     o << "\n";
   }
+  return o.str();
+}
+
+DsaReport run_dsa(const DsaOptions& opt) {
+  cpu::Context ctx;
+  ctx.threads = opt.threads;
+  nlohmann::json j = find_preset("deepseek-v3").config;
+  j["model_type"] = "deepseek_v32";
+  j["num_hidden_layers"] = 1;
+  j["first_k_dense_replace"] = 1;
+  j["index_n_heads"] = 64;
+  j["index_head_dim"] = 128;
+  j["index_topk"] = 2048;
+  const ModelConfig c = ModelConfig::from_json(j, "the DSA benchmark's config");
+  const int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vd = c.v_head_dim,
+                kvr = c.kv_lora_rank, qk = nope + rope, Hi = c.index_n_heads, D = c.index_head_dim, K = c.index_topk;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto randn = [&](size_t n, float sd) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = sd * nd(rng);
+    return v;
+  };
+  // W_UK^T and W_UV per head as float32 views: all the absorbed attention reads of the layer.
+  std::vector<float> uk = randn(size_t(H * kvr * nope), 0.05f), uv = randn(size_t(H * vd * kvr), 0.05f);
+  LayerWeights W;
+  for (int64_t h = 0; h < H; ++h) {
+    MatrixView a, b;
+    a.format = b.format = WeightFormat::F32;
+    a.rows = kvr, a.cols = nope, a.data = reinterpret_cast<const uint8_t*>(uk.data() + h * kvr * nope);
+    b.rows = vd, b.cols = kvr, b.data = reinterpret_cast<const uint8_t*>(uv.data() + h * vd * kvr);
+    W.w_uk_t.push_back(a);
+    W.w_uv.push_back(b);
+  }
+  MlaAttention mla(c);
+  Indexer ix(c);
+  DsaReport rep;
+  rep.threads = ctx.num_threads();
+  rep.kv_dtype = opt.kv_dtype;
+  const KvDType dt = parse_kv_dtype(opt.kv_dtype);
+  {
+    ReadLoop loop(size_t(512) << 20, opt.threads);
+    rep.bandwidth_gbps = loop.measure(3);
+  }
+  for (int64_t S : opt.contexts) {
+    const int64_t page = 64;
+    LatentPool pool(1, kvr, rope, pages_for_tokens(S, page), page, dt, D);
+    PageTable seq;
+    pool.reserve(seq, S);
+    {
+      std::vector<float> row = randn(size_t(kvr + rope), 1.0f), key = randn(size_t(D), 1.0f);
+      for (int64_t p = 0; p < S; ++p) {
+        row[size_t(p % (kvr + rope))] = nd(rng);  // rows differ without drawing 576 values each
+        key[size_t(p % D)] = nd(rng);
+        pool.write(0, seq, p, row.data(), row.data() + kvr);
+        pool.write_index(0, seq, p, key.data());
+      }
+    }
+    seq.length = S - 1;  // the decoded token is the last row
+    const SeqKeys keys{&pool, 0, &seq, S - 1, 1};
+    std::vector<float> q = randn(size_t(H * qk), 0.1f), out(size_t(H * vd));
+    std::vector<float> qi = randn(size_t(Hi * D), 0.1f), wi = randn(size_t(Hi), 0.1f);
+    std::vector<int32_t> sel(static_cast<size_t>(K));
+    std::vector<int64_t> count(1);
+    DsaRow row;
+    row.context = S;
+    row.index_read_bytes = double(S) * double(index_row_bytes(D, dt));
+    row.pool_bytes = double(pool.total_bytes());
+    std::vector<double> dense, sparse, index;
+    for (int r = 0; r <= opt.runs; ++r) {
+      auto t0 = Clock::now();
+      mla.absorb(ctx, W, keys, q.data(), out.data());
+      const double td = seconds_since(t0);
+      t0 = Clock::now();
+      ix.select(ctx, keys, qi.data(), wi.data(), sel.data(), count.data());
+      const double ti = seconds_since(t0);
+      const cpu::KeySelection ks{sel.data(), K, count.data()};
+      mla.absorb_sparse(ctx, W, keys, ks, q.data(), out.data());
+      const double ts = seconds_since(t0);
+      if (r == 0) continue;  // warm-up
+      dense.push_back(td * 1e3);
+      sparse.push_back(ts * 1e3);
+      index.push_back(ti * 1e3);
+    }
+    row.dense_ms = summarize(dense);
+    row.sparse_ms = summarize(sparse);
+    row.indexer_ms = summarize(index);
+    rep.rows.push_back(row);
+  }
+  return rep;
+}
+
+std::string format_dsa_report(const DsaReport& r) {
+  std::ostringstream o;
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "DeepSeek Sparse Attention, one layer of DeepSeek-V3.2's attention (128 heads, indexer 64 x 128, "
+                "top-2048), %s cache, %d threads; read loop %.1f GB/s\n",
+                r.kv_dtype.c_str(), r.threads, r.bandwidth_gbps);
+  o << line;
+  std::snprintf(line, sizeof line, "  %8s %12s %12s %12s %9s %12s %10s %10s\n", "context", "dense ms", "dsa ms",
+                "indexer ms", "dense/dsa", "indexer GB/s", "vs loop", "cache MB");
+  o << line;
+  for (const DsaRow& x : r.rows) {
+    const double gbps = x.index_read_bytes / (x.indexer_ms.median * 1e-3) / 1e9;
+    std::snprintf(line, sizeof line, "  %8lld %12.3f %12.3f %12.3f %8.2fx %12.1f %9.2fx %10.1f\n", (long long)x.context,
+                  x.dense_ms.median, x.sparse_ms.median, x.indexer_ms.median, x.dense_ms.median / x.sparse_ms.median,
+                  gbps, gbps / r.bandwidth_gbps, x.pool_bytes / 1e6);
+    o << line;
+  }
+  o << "  (medians per decoded token; dsa = the indexer's pass plus absorbed attention over the top-k; a shared\n"
+       "   machine's timings: read the ratios, measured in one run)\n";
   return o.str();
 }
 

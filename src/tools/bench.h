@@ -147,4 +147,31 @@ struct Report {
 Report run(const Options& opt);
 std::string format_report(const Report& r);
 
+// DeepSeek Sparse Attention at DeepSeek-V3.2's attention shape (128 heads, kv_lora 512, rope 64,
+// indexer 64 heads of 128, top-2048), one layer of random weights and a pool of `context` random
+// cached tokens: per decoded token the dense absorbed attention over every cached token against
+// the indexer's pass (scores over every cached key, top-k) plus absorbed attention over the
+// top-k, timed in the same run; and the indexer pass's read of its key cache in GB/s against the
+// machine's read loop.
+struct DsaOptions {
+  std::vector<int64_t> contexts = {4096, 16384, 65536};
+  int threads = 0;
+  int runs = 5;  // timed decode steps per figure, after one warm-up step
+  std::string kv_dtype = "bf16";
+};
+struct DsaRow {
+  int64_t context = 0;
+  Summary dense_ms, sparse_ms, indexer_ms;  // per token: dense attention; indexer + sparse; the indexer alone
+  double index_read_bytes = 0;              // the indexer cache one pass reads
+  double pool_bytes = 0;                    // the whole cache of the layer at this context
+};
+struct DsaReport {
+  int threads = 0;
+  std::string kv_dtype;
+  double bandwidth_gbps = 0;
+  std::vector<DsaRow> rows;
+};
+DsaReport run_dsa(const DsaOptions& opt);
+std::string format_dsa_report(const DsaReport& r);
+
 }  // namespace mla::bench

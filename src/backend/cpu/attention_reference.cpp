@@ -160,4 +160,39 @@ void mla_absorb(const MlaProblem& p, const LatentRows& keys, float* out, float* 
     }
 }
 
+void mla_naive_sparse(const MlaProblem& p, const LatentRows& keys, const KeySelection& sel, float* out, float* lse) {
+  const int64_t qk = p.nope + p.rope, kvr = p.kv_lora, dim = kvr + p.rope, hd = p.nope + p.v;
+  const std::vector<double> c = latents(keys, p.S);
+  std::vector<double> k(static_cast<size_t>(p.S * qk)), v(static_cast<size_t>(p.S * p.v)), qd(static_cast<size_t>(qk)), s;
+  std::vector<double> ks, vs;
+  for (int64_t h = 0; h < p.H; ++h) {
+    for (int64_t j = 0; j < p.S; ++j) {
+      const double* cj = c.data() + j * dim;
+      for (int64_t r = 0; r < hd; ++r) {
+        const float* w = p.kv_b + (h * hd + r) * kvr;
+        double d = 0;
+        for (int64_t i = 0; i < kvr; ++i) d += double(w[i]) * cj[i];
+        if (r < p.nope) k[size_t(j * qk + r)] = d;
+        else v[size_t(j * p.v + r - p.nope)] = d;
+      }
+      for (int64_t i = 0; i < p.rope; ++i) k[size_t(j * qk + p.nope + i)] = cj[kvr + i];
+    }
+    for (int64_t t = 0; t < p.T; ++t) {
+      // The query's keys and values, in its list's order.
+      ks.clear();
+      vs.clear();
+      for (int64_t j = 0; j < sel.count[t]; ++j) {
+        const int64_t key = sel.pos[t * sel.ld + j] - p.k_pos0;
+        if (key < 0 || key >= p.S) continue;
+        ks.insert(ks.end(), k.begin() + key * qk, k.begin() + (key + 1) * qk);
+        vs.insert(vs.end(), v.begin() + key * p.v, v.begin() + (key + 1) * p.v);
+      }
+      const float* q = p.q + (t * p.H + h) * qk;
+      for (int64_t i = 0; i < qk; ++i) qd[size_t(i)] = q[i];
+      lse[t * p.H + h] = attend_row(qd.data(), qk, ks.data(), qk, vs.data(), p.v, p.v, int64_t(ks.size()) / qk, p.scale, s,
+                                    out + (t * p.H + h) * p.v);
+    }
+  }
+}
+
 }  // namespace mla::cpu::ref

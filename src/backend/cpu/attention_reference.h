@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "backend/cpu/attention.h"
+#include "backend/cpu/sparse_attention.h"
 #include "kv/latent_pool.h"
 
 namespace mla::cpu::ref {
@@ -60,5 +61,9 @@ void mla_naive(const MlaProblem& p, const LatentRows& keys, float* out, float* l
 // (q_nope~ . c_KV + q_pe . k_pe); out[t, h] = W_UV[h] sum_j p c_KV[j]. Equal to mla_naive up to
 // double rounding.
 void mla_absorb(const MlaProblem& p, const LatentRows& keys, float* out, float* lse);
+// mla_naive over each query's listed positions only (DeepSeek Sparse Attention's top-k:
+// sparse_attention.h's KeySelection, positions in [k_pos0, k_pos0 + S)); the causal rule is the
+// selection's.
+void mla_naive_sparse(const MlaProblem& p, const LatentRows& keys, const KeySelection& sel, float* out, float* lse);
 
 }  // namespace mla::cpu::ref
