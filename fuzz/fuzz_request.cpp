@@ -31,6 +31,7 @@ struct Context {
     ctx.vocab_size = int64_t(tokenizer.vocab_size());
     ctx.tool_parser = "deepseek_v3";
     ctx.reasoning_parser = "deepseek_r1";
+    ctx.chat_format = mla::chat_format_for("deepseek_v3", tokenizer.chat_template());
     structured = std::make_unique<mla::server::StructuredOutputs>(tokenizer, ctx.vocab_size);
     ctx.structured = structured.get();
   }

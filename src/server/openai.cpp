@@ -145,18 +145,9 @@ std::string chat_prompt(const json& body, const ServingContext& ctx, const Agent
     }
     messages.push_back(std::move(out));
   }
-  const std::string& tmpl = ctx.tokenizer->chat_template();
-  if (tmpl.empty()) bad("messages", "the model has no chat template: use /v1/completions");
-  // The template's variables as transformers passes them: chat_template_kwargs, tools, the
-  // special tokens.
-  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
-  for (auto kv = agent.template_kwargs.begin(); kv != agent.template_kwargs.end(); ++kv)
-    extra[kv.key()] = nlohmann::ordered_json(*kv);
-  if (agent.has_tools()) extra["tools"] = agent.tools;
-  extra["bos_token"] = ctx.tokenizer->bos_token();
-  extra["eos_token"] = ctx.tokenizer->eos_token();
+  if (ctx.chat_format.empty()) bad("messages", "the model has no chat template: use /v1/completions");
   try {
-    return render_chat_template(tmpl, nlohmann::ordered_json(messages), true, extra);
+    return render_chat_prompt(ctx.chat_format, nlohmann::ordered_json(messages), agent, *ctx.tokenizer);
   } catch (const std::exception& e) {
     bad("messages", std::string("the chat template failed on these messages: ") + e.what());
   }

@@ -14,6 +14,7 @@
 #include "engine/generation_config.h"
 #include "engine/request.h"
 #include "server/chat_request.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace mla::grammar {
@@ -49,6 +50,7 @@ struct ServingContext {
   // the chat template, or from --tool-call-parser / --reasoning-parser) and the template
   // variables every chat request starts from (--chat-template-kwargs).
   std::string tool_parser, reasoning_parser;
+  ChatFormat chat_format;  // how chat messages become a prompt (the template, or a built-in encoder)
   nlohmann::json chat_template_kwargs = nlohmann::json::object();
   StructuredOutputs* structured = nullptr;  // grammars of constrained outputs (null: refused)
 };

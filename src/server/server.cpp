@@ -376,6 +376,7 @@ struct Server::Impl {
     ctx.tool_parser = parsers.tool;
     ctx.reasoning_parser = parsers.reasoning;
     ctx.chat_template_kwargs = opt.chat_template_kwargs;
+    ctx.chat_format = chat_format_for(model.model_type, tokenizer.chat_template());
     structured = std::make_unique<StructuredOutputs>(tokenizer, model.vocab_size);
     ctx.structured = structured.get();
     if (opt.max_queued_requests < 0) throw std::invalid_argument("server: max_queued_requests must not be negative");

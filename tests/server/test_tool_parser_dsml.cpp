@@ -32,8 +32,12 @@ ToolParseResult feed(const std::vector<std::string>& pieces, const Json& tools) 
       EXPECT_FALSE(d.text.empty());
       EXPECT_TRUE(test::valid_utf8(d.text)) << "content delta cut inside a character";
     }
-    if (d.kind == ToolCallDelta::Kind::CallStart) EXPECT_EQ(d.index, started++);
-    if (d.kind == ToolCallDelta::Kind::Arguments) EXPECT_EQ(d.index, started - 1);
+    if (d.kind == ToolCallDelta::Kind::CallStart) {
+      EXPECT_EQ(d.index, started++);
+    }
+    if (d.kind == ToolCallDelta::Kind::Arguments) {
+      EXPECT_EQ(d.index, started - 1);
+    }
     r.apply(d);
   }
   EXPECT_EQ(p->calls(), int(r.tool_calls.size()));
