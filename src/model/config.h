@@ -46,6 +46,9 @@ struct ModelConfig {
   int64_t bos_token_id = -1;
   bool fp8_block_weights = false;  // quantization_config quant_method fp8, 128x128 blocks
   Int4Quant int4;
+  // Multi-token prediction modules after the decoder layers (DeepSeek-V3, GLM-4.7-Flash: 1),
+  // layers num_hidden_layers .. + num_nextn_predict_layers - 1 of the checkpoint.
+  int64_t num_nextn_predict_layers = 0;
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   int64_t latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }
