@@ -321,6 +321,15 @@ std::string Server::Impl::metrics() const {
     << "mla_batches_total{path=\"expand\"} " << s.paths.expand << "\n"
     << "mla_batches_total{path=\"absorb\"} " << s.paths.absorb << "\n"
     << "mla_batches_total{path=\"chunked\"} " << s.paths.chunked << "\n";
+  // Speculative decoding (engine/speculative.h): drafts verified and accepted, and what a
+  // verify step yields.
+  line("mla_spec_draft_tokens_total", "draft tokens verified", "counter", s.spec_draft_tokens);
+  line("mla_spec_accepted_tokens_total", "draft tokens accepted", "counter", s.spec_accepted_tokens);
+  line("mla_spec_verify_steps_total", "sequence-steps that verified drafts", "counter", s.spec_steps);
+  o << "# HELP mla_spec_acceptance_rate accepted / drafted\n# TYPE mla_spec_acceptance_rate gauge\n"
+    << "mla_spec_acceptance_rate " << s.spec_acceptance_rate() << "\n"
+    << "# HELP mla_spec_tokens_per_step tokens a verify step yields\n# TYPE mla_spec_tokens_per_step gauge\n"
+    << "mla_spec_tokens_per_step " << s.spec_tokens_per_step() << "\n";
   return o.str();
 }
 
