@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <random>
 
@@ -456,6 +457,32 @@ TEST(Speculative, GateSwitchesOffWhenPlainIsFaster) {
     EXPECT_TRUE(off.speculate_next());
     off.record(true, 1, 10.0);
   }
+}
+
+// `mla run --speculative mtp`: the same text as without it (greedy, fast precision), and the
+// acceptance and tokens per step on stderr; a checkpoint without the module is refused.
+TEST(Speculative, RunCommandFlags) {
+  test::TempDir dir("spec-cli");
+  const std::string fx = test::fixture("deepseek-v3-tiny");
+  std::filesystem::copy_file(fx + "/config.json", dir / "config.json");
+  std::filesystem::copy_file(fx + "/model.safetensors", dir / "model.safetensors");
+  Tokenizer::write_byte_level_tokenizer(dir.str(), 512);
+  const std::string base = "run -m '" + dir.str() + "' -p 'speculate' -n 40 --temperature 0 --ignore-eos --threads 1";
+  const auto plain = test::run_mla(base + " 2>/dev/null", false);
+  ASSERT_EQ(plain.status, 0) << plain.output;
+  for (const char* k : {"1", "3"}) {
+    const auto out = test::run_mla(base + " --speculative mtp --draft-tokens " + std::string(k) + " 2>/dev/null", false);
+    ASSERT_EQ(out.status, 0);
+    EXPECT_EQ(out.output, plain.output) << "k=" << k;
+    const auto err = test::run_mla(base + " --speculative mtp --no-adaptive-speculation --draft-tokens " + std::string(k) + " 2>&1 >/dev/null", false);
+    EXPECT_NE(err.output.find("speculative"), std::string::npos) << err.output;
+    EXPECT_NE(err.output.find("acceptance"), std::string::npos) << err.output;
+    EXPECT_NE(err.output.find("tokens per step"), std::string::npos) << err.output;
+  }
+  const auto bad = test::run_mla(base + " --speculative mtp --draft-tokens 0", true);
+  EXPECT_NE(bad.status, 0);
+  const auto none = test::run_mla("run -m '" + test::fixture("kimi-k2-tiny") + "' -p x -n 2 --speculative mtp", true);
+  EXPECT_NE(none.status, 0);
 }
 
 TEST(Speculative, RefusesAModelWithoutItsMtpModule) {
