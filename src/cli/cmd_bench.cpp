@@ -28,6 +28,10 @@ int run(int argc, char** argv) {
   app.add_option("--prompt-tokens", o.prompt_tokens, "tokens of the prompt-processing run (0: skip)");
   app.add_option("--batches", o.batches, "batch sizes of the batched decode (0: skip)")->delimiter(',');
   app.add_option("--batch-steps", o.batch_steps, "decode steps per batched run");
+  app.add_option("--spec-tokens", o.spec_tokens,
+                 "tokens per run of the speculative-decoding comparison (injected drafts at acceptance 1, 0.8, 0.5, 0 "
+                 "and the MTP module's own; 0: skip)");
+  app.add_option("--draft-tokens", o.draft_tokens, "draft tokens per verify pass in that comparison");
   app.add_option("--precision", o.precision,
                  "fast (bf16 AMX GEMMs for prompt-sized products) | precise (float32 everywhere)");
   app.add_option("--huge-pages", o.huge_pages,

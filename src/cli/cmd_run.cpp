@@ -35,6 +35,7 @@ struct RunOptions {
   std::vector<std::string> stop;
   double kv_cache_gb = 0;
   mla::cli::CpuOptions cpu{.precision = "fast"};
+  mla::cli::SpeculativeCliOptions spec;
   bool chat = false, ignore_eos = false, quiet = false;
   // Options given on the command line (they override generation_config.json).
   std::map<std::string, CLI::Option*> given;
@@ -67,6 +68,7 @@ void add_options(CLI::App& app, RunOptions& o, bool chat_command) {
   mla::cli::add_cpu_options(app, o.cpu,
                             "fast (bf16 activations in the matrix products, AMX for prompts; `mla verify` reports its error) | "
                             "precise (float32 throughout, the precision of `mla logits`)");
+  mla::cli::add_speculative_options(app, o.spec);
   app.add_flag("-q,--quiet", o.quiet, "no statistics on stderr");
 }
 
@@ -85,7 +87,12 @@ Session open_session(RunOptions& o) {
   Session s;
   const mla::KvDType kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
   s.kv_dtype = o.kv_dtype;
-  s.model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO) && !o.quiet);  // progress on a terminal
+  const mla::SpeculativeOptions spec = o.spec.options();
+  s.model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO) && !o.quiet,  // progress on a terminal
+                             /*with_mtp=*/spec.enabled);
+  if (spec.enabled && !s.model->has_mtp())
+    throw std::invalid_argument("--speculative mtp: " + o.model_dir + " has no MTP module (num_nextn_predict_layers and layer " +
+                                std::to_string(s.model->config().num_hidden_layers) + "'s eh_proj)");
   s.tokenizer = std::make_unique<mla::Tokenizer>(mla::Tokenizer::load(o.model_dir));
   auto gc = mla::GenerationConfig::load(o.model_dir, s.model->config());
 
@@ -117,6 +124,7 @@ Session open_session(RunOptions& o) {
   eo.max_running = 1;
   // One sequence: its whole prompt in one forward pass, as far as the cache holds it.
   eo.max_batch_tokens = eo.kv_pages * eo.page_size;
+  eo.speculative = spec;
   s.engine = std::make_unique<mla::Engine>(*s.model, s.tokenizer.get(), eo);
   return s;
 }
@@ -170,6 +178,12 @@ void print_stats(const Session& s, const mla::RequestResult& r, uint64_t seed) {
                (long long)s.engine->pool().bytes_per_token(), s.kv_dtype.c_str(), (long long)c.num_hidden_layers,
                (long long)c.kv_lora_rank, (long long)c.qk_rope_head_dim, (unsigned long long)seed);
   std::fprintf(stderr, "weights    %s\n", mla::weight_bytes_summary(s.model->weights()).c_str());
+  const mla::EngineStats st = s.engine->stats();
+  if (s.engine->options().speculative.enabled)
+    std::fprintf(stderr, "speculative %lld verify steps, acceptance %.3f (%lld of %lld drafts), %.2f tokens per step, "
+                 "drafting %.3f s\n",
+                 (long long)st.spec_steps, st.spec_acceptance_rate(), (long long)st.spec_accepted_tokens,
+                 (long long)st.spec_draft_tokens, st.spec_tokens_per_step(), st.spec_draft_seconds);
 }
 
 int run_cmd(int argc, char** argv) {

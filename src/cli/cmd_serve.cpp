@@ -32,6 +32,7 @@ struct ServeOptions {
   int64_t max_batch_tokens = 512, max_num_seqs = 64, page_size = 64;
   mla::cli::CpuOptions cpu{.threads = 0, .precision = "fast"};
   bool no_prefix_cache = false;
+  mla::cli::SpeculativeCliOptions spec;
   std::string tool_call_parser, reasoning_parser, chat_template_kwargs, api_key;
   int64_t max_queued_requests = 128;
   double shutdown_timeout = 30, read_timeout = 10;
@@ -58,6 +59,7 @@ int serve_cmd(int argc, char** argv) {
   app.add_option("--max-batch-tokens", o.max_batch_tokens, "new tokens per forward pass: decode tokens + prefill chunks");
   app.add_option("--max-num-seqs", o.max_num_seqs, "sequences running at once");
   app.add_option("--page-size", o.page_size, "tokens per KV cache page");
+  mla::cli::add_speculative_options(app, o.spec);
   mla::cli::add_cpu_options(app, o.cpu,
                             "fast (bf16 activations in the matrix products, AMX for prompts) | precise (float32 throughout)");
   app.add_option("--served-model-name", o.served_model_name, "the model name of the API (default: the folder's name)");
@@ -110,7 +112,8 @@ int serve_cmd(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO));
+  const mla::SpeculativeOptions spec = o.spec.options();
+  auto model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO), /*with_mtp=*/spec.enabled);
   auto tokenizer = mla::Tokenizer::load(o.model_dir);
   auto generation = mla::GenerationConfig::load(o.model_dir, model->config());
   const mla::ModelConfig& c = model->config();
@@ -122,6 +125,7 @@ int serve_cmd(int argc, char** argv) {
   eo.max_batch_tokens = o.max_batch_tokens;
   eo.max_running = o.max_num_seqs;
   eo.prefix_cache = !o.no_prefix_cache;
+  eo.speculative = spec;
   mla::Engine engine(*model, &tokenizer, eo);
   const int64_t pages = eo.kv_pages;
 

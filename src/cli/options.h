@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/cpu/context.h"
+#include "engine/speculative.h"
 
 namespace mla::cli {
 
@@ -41,6 +42,36 @@ struct CpuOptions {
 inline void add_cpu_options(CLI::App& app, CpuOptions& o, const std::string& precision_help = "") {
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
   if (!precision_help.empty()) app.add_option("--precision", o.precision, precision_help);
+}
+
+// --speculative and --draft-tokens (mla run, chat, serve): speculative decoding with the
+// checkpoint's MTP module; options() checks them (the model is then loaded with its MTP).
+struct SpeculativeCliOptions {
+  std::string method = "none";
+  int64_t draft_tokens = 1;
+  bool fixed = false;  // --no-adaptive-speculation
+  SpeculativeOptions options() const {
+    SpeculativeOptions o;
+    try {
+      o.enabled = parse_speculative_method(method);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--speculative: ") + e.what());
+    }
+    if (o.enabled && (draft_tokens < 1 || draft_tokens > 16))
+      throw std::invalid_argument("--draft-tokens must be in [1, 16], got " + std::to_string(draft_tokens));
+    o.draft_tokens = draft_tokens;
+    o.adaptive = !fixed;
+    return o;
+  }
+};
+
+inline void add_speculative_options(CLI::App& app, SpeculativeCliOptions& o) {
+  app.add_option("--speculative", o.method,
+                 "speculative decoding: mtp (the checkpoint's multi-token prediction layer drafts, the model verifies; "
+                 "greedy output unchanged) | none");
+  app.add_option("--draft-tokens", o.draft_tokens, "draft tokens per verify pass with --speculative (default 1)");
+  app.add_flag("--no-adaptive-speculation", o.fixed,
+               "speculate on every step (default: only while it is faster than plain decoding)");
 }
 
 }  // namespace mla::cli

@@ -2,6 +2,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -47,7 +48,18 @@ Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& op
       opt_(opt),
       pool_(make_pool(model, opt)),
       cache_(opt.prefix_cache ? std::make_unique<PrefixCache>(pool_, opt.prefix_cache_entries) : nullptr),
-      scheduler_(pool_, cache_.get(), SchedulerOptions{opt.max_batch_tokens, opt.max_running}) {
+      scheduler_(pool_, cache_.get(), SchedulerOptions{opt.max_batch_tokens, opt.max_running}),
+      gate_(opt.speculative.adaptive),
+      one_token_ctx_(model.context()) {
+  one_token_ctx_.one_token_kernels = true;
+  if (opt_.speculative.enabled) {
+    if (opt_.speculative.draft_tokens < 1)
+      throw std::invalid_argument("speculative decoding needs at least one draft token, got " +
+                                  std::to_string(opt_.speculative.draft_tokens));
+    if (opt_.draft_source) draft_ = opt_.draft_source;
+    else if (model_.has_mtp()) draft_ = std::make_shared<MtpDrafts>(model_, pool_.num_pages(), pool_.page_size(), pool_.dtype());
+    else throw std::invalid_argument("speculative decoding with MTP: the model has no MTP module loaded (the checkpoint has none, or it was loaded without it)");
+  }
   if (tokenizer_) {
     const int64_t vocab = model_.config().vocab_size, tokens = int64_t(tokenizer_->vocab_size());
     for (int64_t id = 0; id < vocab; ++id) {
@@ -180,6 +192,9 @@ void Engine::finish(Sequence& s, FinishReason reason, std::string message, int32
   }
   ++counters_.requests_finished;
   if (reason == FinishReason::Cancelled) ++counters_.requests_cancelled;
+  if (draft_) draft_->forget(s);
+  s.draft.clear();
+  s.draft_probs.clear();
   scheduler_.remove(&s);  // its pages back (full ones to the prefix cache)
   RequestEvent e;
   e.token = token;
@@ -192,27 +207,38 @@ void Engine::finish(Sequence& s, FinishReason reason, std::string message, int32
 
 // ---- sampling: one sequence, its logits row ----
 
-void Engine::sample(Sequence& s, std::span<float> logits) {
+void Engine::process_row(Sequence& s, std::span<float> logits) {
   const auto mask_gap = [&] {
     for (int32_t id : no_token_ids_) logits[size_t(id)] = -std::numeric_limits<float>::infinity();
   };
   // Log-probabilities of the model's own distribution over its tokens, before the processor
   // (the raw row is kept when a processor may change it).
-  std::optional<RowLogprobs> row;
-  std::vector<std::pair<int32_t, float>> top;
+  row_lp_.reset();
+  row_top_.clear();
   if (s.req.logprobs >= 0) {
     mask_gap();
-    row = row_logprobs(logits);
-    top = top_logprobs(logits, *row, s.req.logprobs);
+    row_lp_ = row_logprobs(logits);
+    row_top_ = top_logprobs(logits, *row_lp_, s.req.logprobs);
     if (s.req.logits_processor) raw_logits_.assign(logits.begin(), logits.end());
   }
   if (s.req.logits_processor) s.req.logits_processor(logits, s.tokens);
   mask_gap();  // after the processor too: whatever it did, no id without a token is sampled
+}
+
+void Engine::note_logprob(Sequence& s, std::span<const float> logits, int32_t id) {
+  if (!row_lp_) return;
+  s.logprob = row_lp_->of(s.req.logits_processor ? raw_logits_[size_t(id)] : logits[size_t(id)]);
+  s.top_logprobs = std::move(row_top_);
+}
+
+void Engine::sample(Sequence& s, std::span<float> logits) {
+  process_row(s, logits);
   const int32_t id = s.sampler->sample(logits);
-  if (row) {
-    s.logprob = row->of(s.req.logits_processor ? raw_logits_[size_t(id)] : logits[size_t(id)]);
-    s.top_logprobs = std::move(top);
-  }
+  note_logprob(s, logits, id);
+  take(s, id);
+}
+
+bool Engine::take(Sequence& s, int32_t id) {
   s.sampler->add_output_token(id);
   s.tokens.push_back(id);
   ++s.generated;
@@ -220,27 +246,96 @@ void Engine::sample(Sequence& s, std::span<float> logits) {
   const auto& eos = s.req.eos_token_ids;
   if (std::find(eos.begin(), eos.end(), int64_t(id)) != eos.end()) {
     finish(s, FinishReason::Eos, {}, id);
-    return;
+    return false;
   }
   std::string text = s.output.push(id);
   if (s.output.stopped()) {
     finish(s, FinishReason::StopString, {}, id, std::move(text));
-    return;
+    return false;
   }
   if (s.req.max_new_tokens >= 0 && s.generated >= s.req.max_new_tokens) {
     finish(s, FinishReason::MaxTokens, {}, id, std::move(text));
-    return;
+    return false;
   }
   const int64_t context = model_.config().max_position_embeddings;
   if (context > 0 && int64_t(s.tokens.size()) > context) {  // the next pass would put id at position context
     finish(s, FinishReason::ContextLength, "reached the model's context of " + std::to_string(context) + " tokens",
            id, std::move(text));
-    return;
+    return false;
   }
   RequestEvent e;
   e.token = id;
   e.text = std::move(text);
   emit(s, std::move(e));
+  return true;
+}
+
+// ---- speculative verification ----
+
+int64_t Engine::verify(Sequence& s, float* rows, int64_t k) {
+  const size_t vocab = size_t(model_.config().vocab_size);
+  std::vector<int32_t> draft = std::move(s.draft);
+  std::vector<std::vector<float>> q = std::move(s.draft_probs);
+  s.draft.clear();
+  s.draft_probs.clear();
+  // The pass wrote the rows of the last token and of the k drafts; only the last token's is
+  // kept so far, each accepted draft's joins it.
+  const int64_t base = s.table.length - (k + 1);
+  s.table.length = base + 1;
+  ++counters_.spec_steps;
+  counters_.spec_draft_tokens += k;
+  const bool greedy = s.sampler->params().greedy();
+  int64_t accepted = 0;
+  for (int64_t j = 0; j <= k; ++j) {
+    std::span<float> row(rows + size_t(j) * vocab, vocab);
+    process_row(s, row);
+    int32_t id;
+    bool ok = false;
+    if (j == k) {
+      id = s.sampler->sample(row);  // every draft accepted: the bonus token
+    } else if (greedy) {
+      id = s.sampler->sample(row);
+      ok = id == draft[size_t(j)];
+    } else {
+      const std::vector<float> p = s.sampler->probabilities(row);
+      const std::span<const float> qj = size_t(j) < q.size() ? std::span<const float>(q[size_t(j)]) : std::span<const float>();
+      ok = accept_draft(p, qj, draft[size_t(j)], s.sampler->draw());
+      id = ok ? draft[size_t(j)] : s.sampler->sample_from(residual_distribution(p, qj, draft[size_t(j)]));
+    }
+    note_logprob(s, row, id);
+    if (ok) {
+      ++s.table.length;  // the draft's row is the sequence's now
+      ++accepted;
+    }
+    ++counters_.spec_emitted_tokens;
+    if (!take(s, id) || !ok) break;  // a stop condition, or the target's own token: the end
+  }
+  counters_.spec_accepted_tokens += accepted;
+  if (!s.done) pool_.truncate(s.table, s.table.length);  // rejected rows out, pages past them freed
+  return 1 + accepted;
+}
+
+void Engine::draft_next() {
+  if (!draft_) return;
+  // Sequences that lost their pages (preempted) keep no draft state.
+  for (auto& [id, s] : sequences_)
+    if (s->table.pages.empty() && !s->done) {
+      draft_->forget(*s);
+      s->draft.clear();
+      s->draft_probs.clear();
+    }
+  std::vector<Sequence*> decoding;
+  for (Sequence* s : scheduler_.running())
+    if (!s->done && s->pending() == 1) decoding.push_back(s);
+  const int64_t k = opt_.speculative.draft_tokens;
+  const bool fits = int64_t(decoding.size()) * (k + 1) <= opt_.speculative.max_verify_rows;
+  if (decoding.empty() || !fits || !gate_.speculate_next()) {
+    for (Sequence* s : decoding) s->draft.clear(), s->draft_probs.clear();
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  draft_->propose(decoding, k);
+  counters_.spec_draft_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // ---- the step ----
@@ -255,15 +350,49 @@ bool Engine::step_inner() {
   }
   if (!batch.parts.empty()) {
     worked = true;
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool spec = opt_.speculative.enabled;
     std::vector<SeqSlice> slices;
     slices.reserve(batch.parts.size());
-    for (const BatchPart& p : batch.parts)
-      slices.push_back({&p.seq->table, std::span<const int32_t>(p.seq->tokens.data() + p.seq->table.length,
-                                                                size_t(p.n))});
+    // Per part: its drafts (new tokens past the pending one) and whether it reads its prompt.
+    std::vector<int64_t> drafts(batch.parts.size(), 0);
+    bool prefill_rows = false, any_drafts = false;
+    int64_t rows = 0;
+    verify_ids_.resize(batch.parts.size());
+    for (size_t b = 0; b < batch.parts.size(); ++b) {
+      const BatchPart& p = batch.parts[b];
+      Sequence& s = *p.seq;
+      const int64_t pending = s.pending();
+      rows += p.n;
+      if (pending == 1 && p.n > 1) {
+        drafts[b] = p.n - 1;
+        any_drafts = true;
+        auto& ids = verify_ids_[b];
+        ids.assign(1, s.tokens.back());
+        ids.insert(ids.end(), s.draft.begin(), s.draft.begin() + drafts[b]);
+        slices.push_back({&s.table, std::span<const int32_t>(ids)});
+        continue;
+      }
+      if (pending > 1) prefill_rows = true;
+      slices.push_back({&s.table, std::span<const int32_t>(s.tokens.data() + s.table.length, size_t(p.n))});
+    }
     ForwardOptions fo;
     fo.path = opt_.path;
     fo.policy = opt_.policy;
     fo.last_logits_only = true;
+    if (spec) {
+      logits_last_.resize(batch.parts.size());
+      for (size_t b = 0; b < batch.parts.size(); ++b) logits_last_[b] = 1 + drafts[b];
+      fo.logits_last = logits_last_;
+      // Decoding sequences only: every row as a one-token decode step computes it.
+      if (!prefill_rows && rows <= opt_.speculative.max_verify_rows) {
+        fo.context = &one_token_ctx_;
+        if (fo.path == AttnPath::Auto) fo.path = AttnPath::Absorb;
+      }
+      if (draft_->wants_hidden()) fo.final_hidden = &hidden_;
+    }
+    std::vector<int64_t> pos0(batch.parts.size());
+    for (size_t b = 0; b < batch.parts.size(); ++b) pos0[b] = batch.parts[b].seq->table.length;
     bool ok = true;
     try {
       model_.forward(slices, pool_, fo, logits_);
@@ -277,15 +406,35 @@ bool Engine::step_inner() {
       ++counters_.steps;
       scheduler_.postprocess(batch);
       const size_t vocab = size_t(model_.config().vocab_size);
+      const int64_t D = model_.config().hidden_size;
+      const int64_t tokens_before = counters_.generation_tokens;
+      size_t row = 0;      // the part's first logits row
+      int64_t first = 0;   // the part's first new token of the pass
       for (size_t b = 0; b < batch.parts.size(); ++b) {
         Sequence& s = *batch.parts[b].seq;
-        counters_.computed_tokens += batch.parts[b].n;
-        if (s.pending() > 0 || s.done) continue;  // a prefill chunk short of the end: no token yet
+        const int64_t n = batch.parts[b].n;
+        float* lg = logits_.data() + row * vocab;
+        row += size_t(spec ? 1 + drafts[b] : 1);
+        const int64_t f0 = first;
+        first += n;
+        counters_.computed_tokens += n;
+        if (s.done) continue;
+        int64_t kept = n;
         try {
-          sample(s, std::span<float>(logits_.data() + b * vocab, vocab));
+          if (drafts[b] > 0) kept = verify(s, lg, drafts[b]);
+          else if (s.pending() == 0) sample(s, std::span<float>(lg, vocab));
+          // else: a prefill chunk short of the end, no token yet
         } catch (const std::exception& e) {
           finish(s, FinishReason::Error, std::string("sampling failed: ") + e.what());
         }
+        if (draft_ && !s.done)
+          draft_->observe(s, pos0[b], n, kept, fo.final_hidden ? hidden_.data() + f0 * D : nullptr);
+      }
+      if (spec) {
+        draft_next();
+        if (!prefill_rows)
+          gate_.record(any_drafts, counters_.generation_tokens - tokens_before,
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
     }
   }

@@ -23,13 +23,16 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "engine/logprobs.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "engine/speculative.h"
 #include "kv/latent_pool.h"
 #include "kv/prefix_cache.h"
 #include "model/model.h"
@@ -54,6 +57,13 @@ struct EngineOptions {
   int64_t prefix_cache_entries = 64;
   AttnPath path = AttnPath::Auto;
   PathPolicy policy;
+  // Speculative decoding (engine/speculative.h). With speculation on, every pass of decoding
+  // sequences only (drafts included, at most max_verify_rows rows) runs each row as a one-token
+  // decode step would (cpu::Context::one_token_kernels, absorbed attention), so greedy output is
+  // the same with and without it. draft_source: where drafts come from; null: the model's MTP
+  // module (MtpDrafts; the model must be loaded with it).
+  SpeculativeOptions speculative;
+  std::shared_ptr<DraftSource> draft_source;
 };
 
 struct EngineStats {
@@ -69,6 +79,13 @@ struct EngineStats {
   int64_t kv_page_size = 0, kv_bytes_per_token = 0;
   int64_t prefix_cache_entries = 0;
   PathCounters paths;
+  // Speculative decoding: sequence-steps that verified drafts, their draft tokens, the drafts
+  // accepted, the tokens those steps produced (accepted drafts plus the target's own token),
+  // and the seconds spent drafting.
+  int64_t spec_steps = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_emitted_tokens = 0;
+  double spec_draft_seconds = 0;
+  double spec_acceptance_rate() const { return spec_draft_tokens ? double(spec_accepted_tokens) / double(spec_draft_tokens) : 0; }
+  double spec_tokens_per_step() const { return spec_steps ? double(spec_emitted_tokens) / double(spec_steps) : 0; }
 };
 
 class Engine {
@@ -121,6 +138,18 @@ class Engine {
   // Samples the sequence's next token from its logits row and handles it (text, stop
   // conditions, event). Throws for an error of this sequence alone.
   void sample(Sequence& s, std::span<float> logits);
+  // The row as the sequence's sampler sees it: the raw row's logprobs kept when asked, then its
+  // logits processor and the vocabulary mask. note_logprob: the kept figures for the token.
+  void process_row(Sequence& s, std::span<float> logits);
+  void note_logprob(Sequence& s, std::span<const float> logits, int32_t id);
+  // Handles a token of the sequence (history, text, stop conditions, event); false when the
+  // sequence ended with it.
+  bool take(Sequence& s, int32_t id);
+  // Speculative verification of s's k drafts from its k + 1 logits rows: the accepted prefix
+  // and the target's own token taken, the rejected rows out of the cache. Returns the rows kept.
+  int64_t verify(Sequence& s, float* rows, int64_t k);
+  // After a step: the drafts of the next pass (or none), timed.
+  void draft_next();
   void emit(Sequence& s, RequestEvent e);
   void update_stats();
   void engine_loop();
@@ -137,6 +166,15 @@ class Engine {
   std::unordered_map<int64_t, std::unique_ptr<Sequence>> sequences_;
   std::vector<float> logits_;
   std::vector<float> raw_logits_;  // a row before its logits processor, for logprobs
+  std::optional<RowLogprobs> row_lp_;  // process_row's figures for note_logprob
+  std::vector<std::pair<int32_t, float>> row_top_;
+  // Speculative decoding.
+  std::shared_ptr<DraftSource> draft_;
+  SpecGate gate_;
+  cpu::Context one_token_ctx_;
+  std::vector<float> hidden_;
+  std::vector<int64_t> logits_last_;
+  std::vector<std::vector<int32_t>> verify_ids_;
   EngineStats counters_;  // cumulative counters kept by the engine
   std::vector<std::pair<Callback, RequestEvent>> events_;  // of the current step, delivered at its end
 

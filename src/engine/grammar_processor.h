@@ -8,7 +8,9 @@
 // activate_after: the mask starts once the output's text ends with it (e.g. "</think>": a
 // reasoning model thinks freely, then answers under the grammar); empty: from the first token.
 // Recompute after preemption does not call the processor again, so each sampled token is
-// accepted once. A token the grammar refuses (impossible unless the engine sampled outside the
+// accepted once. The processor follows the token list it is given: tokens that are gone from
+// it since the last call (speculative drafts it saw and the engine rejected) are rolled back
+// from the matcher (Matcher::rollback) before the new ones are accepted. A token the grammar refuses (impossible unless the engine sampled outside the
 // mask) throws: the sequence ends with an error.
 #pragma once
 #include <memory>

@@ -170,4 +170,18 @@ int32_t Sampler::sample(std::span<const float> logits) {
   return c.back().first;  // u within rounding of 1
 }
 
+int32_t Sampler::sample_from(std::span<const float> probs) {
+  if (probs.empty()) throw std::invalid_argument("sampler: empty distribution");
+  double u = uniform(), acc = 0;
+  int32_t last = -1;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    if (!(probs[i] > 0)) continue;
+    acc += probs[i];
+    last = int32_t(i);
+    if (u < acc) return last;
+  }
+  if (last < 0) throw std::runtime_error("sampler: the distribution has no mass");
+  return last;  // u within rounding of the total
+}
+
 }  // namespace mla

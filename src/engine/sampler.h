@@ -56,6 +56,12 @@ class Sampler {
   // kept set, summing to 1 (greedy: one-hot at the argmax). For tests and inspection.
   std::vector<float> probabilities(std::span<const float> logits) const;
 
+  // A draw from a distribution over the vocabulary (probabilities summing to 1) with the
+  // sampler's RNG; and one uniform number in [0, 1) from it. Speculative decoding's rejection
+  // sampling draws through these, so a seed still reproduces a run.
+  int32_t sample_from(std::span<const float> probs);
+  double draw() { return uniform(); }
+
   // The logits after the penalties (the first step of sample()).
   std::vector<float> penalized(std::span<const float> logits) const;
 

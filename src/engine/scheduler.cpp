@@ -35,9 +35,21 @@ bool Scheduler::free_pages_for(int64_t need) {
   return true;
 }
 
+bool Scheduler::drop_drafts() {
+  bool any = false;
+  for (Sequence* s : running_) {
+    any = any || !s->draft.empty();
+    s->draft.clear();
+    s->draft_probs.clear();
+  }
+  return any;
+}
+
 void Scheduler::preempt_newest() {
   Sequence* s = running_.back();
   running_.pop_back();
+  s->draft.clear();
+  s->draft_probs.clear();
   pool_.release(s->table);  // its tokens and sampler stay: it recomputes from the start
   ++preemptions_;
   waiting_.push_front(s);
@@ -73,8 +85,9 @@ Batch Scheduler::schedule() {
   // the newest sequence; a sequence alone that still cannot grow has filled the cache.
   while (!running_.empty()) {
     int64_t need = 0;
-    for (Sequence* s : running_) need += pool_.pages_needed(s->table, int64_t(s->tokens.size()));
+    for (Sequence* s : running_) need += pool_.pages_needed(s->table, int64_t(s->tokens.size() + s->draft.size()));
     if (need <= pool_.free_pages()) break;
+    if (drop_drafts()) continue;  // speculative drafts give way before anything else
     if (cache_ && cache_->evict_one()) continue;
     if (running_.size() > 1) {
       preempt_newest();
@@ -90,7 +103,14 @@ Batch Scheduler::schedule() {
   // Decode tokens (oldest first), prefill chunks, then new admissions.
   int64_t budget = opt_.max_batch_tokens;
   for (Sequence* s : running_)
-    if (s->pending() == 1 && budget > 0) batch.parts.push_back({s, 1}), --budget;
+    if (s->pending() == 1 && budget > 0) {
+      // A decoding sequence's drafts ride along (engine/speculative.h), as far as the budget goes.
+      const int64_t n = std::min<int64_t>(1 + int64_t(s->draft.size()), budget);
+      s->draft.resize(size_t(n - 1));
+      if (s->draft_probs.size() > s->draft.size()) s->draft_probs.resize(s->draft.size());
+      batch.parts.push_back({s, n});
+      budget -= n;
+    }
   for (Sequence* s : running_)
     if (s->pending() > 1 && budget > 0) {
       const int64_t n = std::min(s->pending(), budget);
@@ -101,7 +121,7 @@ Batch Scheduler::schedule() {
   // (admitted sequences reserve all of theirs on admission, so this stays the same while
   // admitting), and at least one page in hand for their next tokens.
   int64_t pending_pages = 0;
-  for (Sequence* s : running_) pending_pages += pool_.pages_needed(s->table, int64_t(s->tokens.size()));
+  for (Sequence* s : running_) pending_pages += pool_.pages_needed(s->table, int64_t(s->tokens.size() + s->draft.size()));
   while (!waiting_.empty() && budget > 0 && int64_t(running_.size()) < opt_.max_running) {
     Sequence* s = waiting_.front();
     const size_t dropped = batch.out_of_pages.size();

@@ -35,7 +35,9 @@ struct SchedulerOptions {
 
 struct BatchPart {
   Sequence* seq = nullptr;
-  int64_t n = 0;  // tokens from seq->tokens[seq->table.length]
+  // tokens from seq->tokens[seq->table.length]; for a decoding sequence with drafts, its last
+  // token and then n - 1 of seq->draft (speculative verification)
+  int64_t n = 0;
 };
 
 struct Batch {
@@ -71,6 +73,7 @@ class Scheduler {
  private:
   bool free_pages_for(int64_t need);  // evicts cache entries until need pages are free
   void preempt_newest();
+  bool drop_drafts();  // clears every running sequence's drafts; true when there were any
   // True when s leaves the queue (admitted, or out of pages for good).
   bool admit(Sequence& s, int64_t keep_free, Batch& batch);
   void leave(Sequence& s);  // to the prefix cache, pages back

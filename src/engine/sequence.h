@@ -31,6 +31,10 @@ struct Sequence {
   // The last sampled token's log-probability and top entries (Request::logprobs >= 0).
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top_logprobs;
+  // Speculative decoding (engine/speculative.h): draft tokens after `tokens` that the next pass
+  // verifies, and the distribution each was drawn from (empty: deterministic drafts).
+  std::vector<int32_t> draft;
+  std::vector<std::vector<float>> draft_probs;
 
   // Tokens still to run through the model.
   int64_t pending() const { return int64_t(tokens.size()) - table.length; }

@@ -312,6 +312,9 @@ ModelConfig parse_config(const json& root, const std::string& src) {
   c.tie_word_embeddings = r.b("tie_word_embeddings", false);
   c.max_position_embeddings = r.i("max_position_embeddings", 4096);
   c.bos_token_id = r.i("bos_token_id", -1);
+  c.num_nextn_predict_layers = r.i("num_nextn_predict_layers", 0);
+  if (c.num_nextn_predict_layers < 0 || c.num_nextn_predict_layers > 16)
+    format_error(src, "", "key 'num_nextn_predict_layers' must be in [0, 16], got " + std::to_string(c.num_nextn_predict_layers));
   if (j.contains("eos_token_id")) {
     auto& e = j["eos_token_id"];
     if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int64_t>());

@@ -56,6 +56,10 @@ struct ModelConfig {
   bool indexer_rope_interleave = false;  // (even, odd) RoPE pairs in the indexer; false: halves (NeoX)
   std::vector<bool> indexer_shared;      // per layer: runs no indexer, reuses the previous layer's top-k
 
+  // Multi-token prediction modules after the decoder layers (DeepSeek-V3, GLM-4.7-Flash: 1),
+  // layers num_hidden_layers .. + num_nextn_predict_layers - 1 of the checkpoint.
+  int64_t num_nextn_predict_layers = 0;
+
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   int64_t latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }
   bool dsa() const { return index_topk > 0; }

@@ -116,7 +116,20 @@ void MlaAttention::absorb(const cpu::Context& ctx, const LayerWeights& W, const 
   // One captured reference: the std::function holds it without allocating.
   const SeqKeys* from = &k;
   a.gather = [from](int64_t s0, int64_t cnt, float* rows) { from->pool->gather(from->layer, *from->seq, s0, cnt, rows); };
-  cpu::attention_absorb(ctx, a, o_lat, z_.lse.data());
+  if (ctx.one_token_kernels && n > 1) {
+    // Each query as a decode step would take it: its own keys, its own thread split.
+    for (int64_t t = 0; t < n; ++t) {
+      cpu::AbsorbArgs one = a;
+      one.q_lat = q_lat + t * H * kvr;
+      one.q_pe = q + t * H * qk + nope;
+      one.T = 1;
+      one.S = k.cached + t + 1;
+      one.q_pos0 = k.cached + t;
+      cpu::attention_absorb(ctx, one, o_lat + t * H * kvr, z_.lse.data() + t * H);
+    }
+  } else {
+    cpu::attention_absorb(ctx, a, o_lat, z_.lse.data());
+  }
   // out[t, h] = W_UV[h] o_lat[t, h].
   jobs.clear();
   for (int64_t h = 0; h < H; ++h) jobs.push_back({o_lat + h * kvr, n, H * kvr, W.w_uv[size_t(h)], out + h * vd, H * vd});

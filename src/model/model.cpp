@@ -43,13 +43,19 @@ class PartTimer {
 std::vector<MatrixView*> weight_views(ModelWeights& w) {
   std::vector<MatrixView*> v{&w.embed, &w.lm_head};
   auto mlp = [&](Mlp& m) { v.insert(v.end(), {&m.gate, &m.up, &m.down}); };
-  for (auto& L : w.layers) {
+  auto layer = [&](LayerWeights& L) {
     v.insert(v.end(), {&L.q_a, &L.q_b, &L.q, &L.kv_a, &L.kv_b, &L.o, &L.router});
     for (auto& m : L.w_uk_t) v.push_back(&m);
     for (auto& m : L.w_uv) v.push_back(&m);
     mlp(L.dense);
     mlp(L.shared);
     for (auto& e : L.experts) mlp(e);
+  };
+  for (auto& L : w.layers) layer(L);
+  for (auto& m : w.mtp) {
+    layer(m.layer);
+    v.push_back(&m.eh_proj);
+    if (m.head.data != w.lm_head.data) v.push_back(&m.head);  // else it is lm_head: set after the copy
   }
   return v;
 }
@@ -68,7 +74,7 @@ const char* ForwardProfile::name(int part) {
   return part >= 0 && part < kParts ? names[part] : "?";
 }
 
-std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& ctx, bool show_progress) {
+std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& ctx, bool show_progress, bool with_mtp) {
   std::unique_ptr<Model> m(new Model());
   m->ctx_ = ctx;
   m->cfg_ = ModelConfig::load(dir);
@@ -80,10 +86,14 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
       if (done == total) std::fprintf(stderr, "\n");
     });
   }
-  m->w_ = load_weights(*m->ckpt_, m->cfg_);
+  m->w_ = load_weights(*m->ckpt_, m->cfg_, with_mtp);
   if (cpu::should_copy_weights(ctx.weights, m->ckpt_->total_bytes())) {
+    std::vector<bool> head_is_lm_head;
+    for (auto& mtp : m->w_.mtp) head_is_lm_head.push_back(mtp.head.data == m->w_.lm_head.data);
     m->w_.arena = std::make_shared<cpu::WeightArena>();
     m->w_.arena->adopt(ctx, weight_views(m->w_));
+    for (size_t i = 0; i < m->w_.mtp.size(); ++i)
+      if (head_is_lm_head[i]) m->w_.mtp[i].head = m->w_.lm_head;
     m->ckpt_->release_pages();  // the copies are what runs now: RSS counts the weights once
   }
   m->mla_ = std::make_unique<MlaAttention>(m->cfg_);
@@ -207,12 +217,21 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
     add_residual();
     if (opt.hidden && l + 1 < L) opt.hidden->push_back(h);
   }
+  if (opt.final_hidden) {
+    opt.final_hidden->resize(size_t(T * D));
+    cpu::rmsnorm(cx, h.data(), T, D, D, w_.final_norm.data(), float(c.rms_norm_eps), opt.final_hidden->data(), D);
+  }
   for (auto& s : batch) s.seq->length += int64_t(s.ids.size());
 
   // Final norm and lm_head, on every new token or on each sequence's last one.
   std::vector<int64_t>& rows = f.rows;
   rows.clear();
-  if (opt.last_logits_only) {
+  if (!opt.logits_last.empty()) {
+    if (opt.logits_last.size() != batch.size()) throw std::invalid_argument("forward: logits_last needs one count per sequence");
+    for (size_t b = 0; b < batch.size(); ++b)
+      for (int64_t i = first[b + 1] - std::min(first[b + 1] - first[b], opt.logits_last[b]); i < first[b + 1]; ++i)
+        rows.push_back(i);
+  } else if (opt.last_logits_only) {
     for (size_t b = 0; b < batch.size(); ++b)
       if (first[b + 1] > first[b]) rows.push_back(first[b + 1] - 1);
   } else {

@@ -44,6 +44,12 @@ struct ForwardOptions {
   // `mla verify` runs one model in both precisions); null: the model's. Its weight placement
   // is not used (the weights were placed at load).
   const cpu::Context* context = nullptr;
+  // Every new token's final-norm output [T, hidden] (the input of lm_head): the h_i the MTP
+  // module reads (model/mtp.h).
+  std::vector<float>* final_hidden = nullptr;
+  // Per sequence of the batch: how many of its last new tokens get a logits row (at most its
+  // new tokens; speculative verification asks for all k + 1). Empty: by last_logits_only.
+  std::span<const int64_t> logits_last;
 };
 
 // Wall time of each part of the forward pass, summed over passes while a Model has one set
@@ -53,6 +59,15 @@ struct ForwardProfile {
   double seconds[kParts] = {};
   int64_t passes = 0;
   static const char* name(int part);
+};
+
+// One sequence's rows of an MTP pass (Model::mtp_forward): row t pairs token ids[t] = t_{i+1}
+// with hidden[t] = h_i, at position pos0 + t; the MTP's latent rows go to `seq` in the MTP pool.
+struct MtpSlice {
+  PageTable* seq;
+  std::span<const int32_t> ids;
+  const float* hidden;  // [ids.size(), hidden_size]
+  int64_t pos0;
 };
 
 struct PathCounters {
@@ -72,7 +87,9 @@ class Model {
   // whether the weights are copied onto huge pages. With show_progress, reads the weights in
   // once up front and draws a progress line on standard error (for terminals; multi-gigabyte
   // checkpoints).
-  static std::unique_ptr<Model> load(const std::string& dir, const cpu::Context& ctx = {}, bool show_progress = false);
+  // with_mtp: also loads the checkpoint's MTP module where it has one (has_mtp()).
+  static std::unique_ptr<Model> load(const std::string& dir, const cpu::Context& ctx = {}, bool show_progress = false,
+                                     bool with_mtp = false);
 
   const ModelConfig& config() const { return cfg_; }
   const cpu::Context& context() const { return ctx_; }
@@ -99,6 +116,18 @@ class Model {
   // Throws KvCacheExhausted when the pool cannot hold the new tokens, std::invalid_argument
   // for a token id outside the vocabulary.
   void forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOptions& opt, std::vector<float>& logits);
+
+  // ---- the MTP module (model/mtp.cpp; DeepSeek-V3 §2.2) ----
+  bool has_mtp() const { return !w_.mtp.empty(); }
+  // The MTP module's own latent cache: one layer of the model's latent geometry.
+  LatentPool make_mtp_pool(int64_t num_pages, int64_t page_size = 64, KvDType dtype = KvDType::BF16) const;
+  // Runs the MTP module over a ragged batch: per row h' = eh_proj([enorm(Emb(t_{i+1}));
+  // hnorm(h_i)]), its decoder layer (absorbed attention over the sequence's MTP cache, MoE),
+  // then shared_head's norm (into *out_hidden when given: [T, hidden], the h of a chained next
+  // draft) and its head: logits [rows, vocab], every row's or each sequence's last
+  // (last_only). Throws KvCacheExhausted when the MTP pool cannot hold the rows.
+  void mtp_forward(std::span<const MtpSlice> batch, LatentPool& pool, bool last_only, std::vector<float>& logits,
+                   std::vector<float>* out_hidden = nullptr, const cpu::Context* ctx = nullptr);
 
  private:
   Model() = default;
@@ -145,6 +174,8 @@ class Model {
     std::vector<SeqShape> shapes;
   } fwd_;
   std::vector<cpu::MatmulJob> mlp_jobs_;
+  ForwardScratch mtp_fwd_;  // the MTP pass's activations (model/mtp.cpp)
+  std::vector<SeqSlice> mtp_slices_;
 };
 
 }  // namespace mla

@@ -14,7 +14,8 @@ namespace {
 
 class Loader {
  public:
-  Loader(const Checkpoint& ckpt, const ModelConfig& cfg) : ckpt_(ckpt), cfg_(cfg) {}
+  Loader(const Checkpoint& ckpt, const ModelConfig& cfg, bool with_mtp = false)
+      : ckpt_(ckpt), cfg_(cfg), with_mtp_(with_mtp && has_mtp_module(ckpt, cfg)) {}
 
   ModelWeights load() {
     const auto& c = cfg_;
@@ -27,7 +28,8 @@ class Loader {
       w_.lm_head = w_.embed;
     check_layer_count();
     const int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim, kvr = c.kv_lora_rank;
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    // The MTP module's decoder layer (index num_hidden_layers) loads as the layers before it.
+    for (int64_t l = 0; l < c.num_hidden_layers + (with_mtp_ ? 1 : 0); ++l) {
       LayerWeights L;
       const std::string lp = p + "model.layers." + std::to_string(l) + ".";
       const std::string a = lp + "self_attn.";
@@ -73,10 +75,27 @@ class Loader {
       }
       w_.layers.push_back(std::move(L));
     }
+    if (with_mtp_) load_mtp();
     return std::move(w_);
   }
 
  private:
+  // The MTP module around the layer just loaded last (moved out of the decoder layers).
+  void load_mtp() {
+    const auto& c = cfg_;
+    const std::string lp = c.weight_prefix + "model.layers." + std::to_string(c.num_hidden_layers) + ".";
+    MtpWeights m;
+    m.layer = std::move(w_.layers.back());
+    w_.layers.pop_back();
+    m.enorm = vec(lp + "enorm.weight", c.hidden_size);
+    m.hnorm = vec(lp + "hnorm.weight", c.hidden_size);
+    m.eh_proj = matrix(lp + "eh_proj", c.hidden_size, 2 * c.hidden_size);
+    m.head_norm = vec(lp + "shared_head.norm.weight", c.hidden_size);
+    m.head = ckpt_.find(lp + "shared_head.head.weight") ? matrix(lp + "shared_head.head", c.vocab_size, c.hidden_size)
+                                                         : w_.lm_head;
+    w_.mtp.push_back(std::move(m));
+  }
+
   // A decoder layer at or past num_hidden_layers means config.json and the checkpoint disagree
   // (the model would silently run without it). MTP modules (DeepSeek-V3's layer 61: eh_proj,
   // enorm, hnorm) sit there by design and are skipped.
@@ -297,12 +316,20 @@ class Loader {
 
   const Checkpoint& ckpt_;
   const ModelConfig& cfg_;
+  bool with_mtp_ = false;
   ModelWeights w_;
 };
 
 }  // namespace
 
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg) { return Loader(ckpt, cfg).load(); }
+bool has_mtp_module(const Checkpoint& ckpt, const ModelConfig& cfg) {
+  return cfg.num_nextn_predict_layers > 0 &&
+         ckpt.find(cfg.weight_prefix + "model.layers." + std::to_string(cfg.num_hidden_layers) + ".eh_proj.weight");
+}
+
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, bool with_mtp) {
+  return Loader(ckpt, cfg, with_mtp).load();
+}
 
 std::string weight_bytes_summary(const ModelWeights& w) {
   std::vector<std::pair<size_t, std::string>> parts;

@@ -54,10 +54,22 @@ struct LayerWeights {
   bool has_shared = false;
 };
 
+// The multi-token prediction module of DeepSeek-V3 §2.2 (the checkpoint's layer
+// num_hidden_layers): h' = eh_proj([enorm(Emb(t_{i+1})); hnorm(h_i)]), one decoder layer (MLA
+// attention with its own latent cache, MoE), then shared_head: norm and the output head (the
+// main lm_head when the checkpoint has no shared_head.head). Embeddings are the main model's.
+struct MtpWeights {
+  std::vector<float> enorm, hnorm, head_norm;
+  MatrixView eh_proj;  // [hidden, 2 hidden]: columns [0, hidden) read the embedding
+  MatrixView head;     // [vocab, hidden]
+  LayerWeights layer;
+};
+
 struct ModelWeights {
   MatrixView embed, lm_head;
   std::vector<float> final_norm;
   std::vector<LayerWeights> layers;
+  std::vector<MtpWeights> mtp;  // loaded only when asked (load_weights' with_mtp) and present
   // Resident bytes by storage format (weights in memory, scales included).
   std::map<std::string, size_t> bytes_by_format;
   // Storage of the weights the loader derives (W_UK^T); the views above point into it.
@@ -71,6 +83,10 @@ struct ModelWeights {
 std::string weight_bytes_summary(const ModelWeights& w);
 
 // Loads and checks every weight the config calls for; throws FormatError naming the tensor.
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg);
+// with_mtp: also the first MTP module, where the checkpoint has one (config
+// num_nextn_predict_layers > 0 and layer num_hidden_layers' eh_proj present).
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, bool with_mtp = false);
+// Whether the checkpoint holds the first MTP module (model.layers.<num_hidden_layers>.eh_proj).
+bool has_mtp_module(const Checkpoint& ckpt, const ModelConfig& cfg);
 
 }  // namespace mla

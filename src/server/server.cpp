@@ -912,7 +912,7 @@ void Server::Impl::run_listener() {
 std::string Server::Impl::metrics() const {
   EngineStats s = engine.stats();
   std::ostringstream o;
-  auto line = [&](const char* name, const char* help, const char* type, int64_t v) {
+  auto line = [&](const char* name, const char* help, const char* type, auto v) {
     o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n" << name << " " << v << "\n";
   };
   // A family with one label: {label="value"} v per entry.
@@ -963,6 +963,13 @@ std::string Server::Impl::metrics() const {
   line("mla_prefix_cache_entries", "entries of the prefix cache", "gauge", s.prefix_cache_entries);
   family("mla_batches_total", "forward passes by attention path", "counter", "path",
          {{"expand", s.paths.expand}, {"absorb", s.paths.absorb}, {"chunked", s.paths.chunked}});
+  // Speculative decoding (engine/speculative.h): drafts verified and accepted, and what a
+  // verify step yields.
+  line("mla_spec_draft_tokens_total", "draft tokens verified", "counter", s.spec_draft_tokens);
+  line("mla_spec_accepted_tokens_total", "draft tokens accepted", "counter", s.spec_accepted_tokens);
+  line("mla_spec_verify_steps_total", "sequence-steps that verified drafts", "counter", s.spec_steps);
+  line("mla_spec_acceptance_rate", "accepted / drafted", "gauge", s.spec_acceptance_rate());
+  line("mla_spec_tokens_per_step", "tokens a verify step yields", "gauge", s.spec_tokens_per_step());
   return o.str();
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +24,7 @@
 #include "backend/cpu/precision.h"
 #include "backend/cpu/weight_memory.h"
 #include "engine/engine.h"
+#include "tensor/dtype.h"
 #include "tools/checkpoint_writer.h"
 #include "model/model.h"
 #include "kv/latent_pool.h"
@@ -150,6 +152,55 @@ void each_fixed_weight(const ModelWeights& w, F&& f) {
     }
   }
   visit("lm_head", w.lm_head);
+}
+
+// The MTP module beside the benchmark's checkpoint: the decoder layer `layers` of the same
+// config one layer longer (random, seed 2), eh_proj (random) and enorm / hnorm /
+// shared_head.norm (ones), written to mtp.safetensors and added to the index and to config.json
+// (num_nextn_predict_layers 1). The main layers' files are not touched. bf16 and fp8 weights
+// (the int4 checkpoint is a kimi_k25 wrapper, left without).
+void add_mtp_module(const std::string& dir, int64_t layers, RandomWeights kind) {
+  RandomCheckpointOptions ro;
+  ro.weights = kind;
+  ro.seed = 2;
+  const nlohmann::json cfg = bench_checkpoint_config(layers + 1);
+  const std::string pre = "model.layers." + std::to_string(layers) + ".";
+  std::vector<TensorSpec> mine;
+  for (auto& t : random_tensors(cfg, ro))
+    if (t.name.compare(0, pre.size(), pre) == 0) mine.push_back(std::move(t));
+  const int64_t D = cfg["hidden_size"].get<int64_t>();
+  auto ones = [](std::string name, int64_t n) {
+    return TensorSpec{std::move(name), DType::BF16, {n}, [n](uint8_t* out) {
+                        for (int64_t i = 0; i < n; ++i) {
+                          const uint16_t one = f32_to_bf16(1.0f);
+                          std::memcpy(out + 2 * i, &one, 2);
+                        }
+                      }};
+  };
+  for (const char* norm : {"enorm.weight", "hnorm.weight", "shared_head.norm.weight"}) mine.push_back(ones(pre + norm, D));
+  mine.push_back(TensorSpec{pre + "eh_proj.weight", DType::BF16, {D, 2 * D}, [D](uint8_t* out) {
+                              std::mt19937 rng(3);
+                              std::normal_distribution<float> nd(0.0f, 0.02f);
+                              for (int64_t i = 0; i < D * 2 * D; ++i) {
+                                const uint16_t v = f32_to_bf16(nd(rng));
+                                std::memcpy(out + 2 * i, &v, 2);
+                              }
+                            }});
+  std::sort(mine.begin(), mine.end(), [](const TensorSpec& a, const TensorSpec& b) { return a.name < b.name; });
+  std::vector<const TensorSpec*> ptrs;
+  for (auto& t : mine) ptrs.push_back(&t);
+  write_safetensors(dir + "/mtp.safetensors", ptrs);
+  const std::string index = dir + "/model.safetensors.index.json";
+  if (std::filesystem::exists(index)) {
+    nlohmann::json idx;
+    std::ifstream(index) >> idx;
+    for (auto& t : mine) idx["weight_map"][t.name] = "mtp.safetensors";
+    std::ofstream(index) << idx.dump(2) << "\n";
+  }
+  nlohmann::json c;
+  std::ifstream(dir + "/config.json") >> c;
+  c["num_nextn_predict_layers"] = 1;
+  std::ofstream(dir + "/config.json") << c.dump(2) << "\n";
 }
 
 }  // namespace
@@ -364,8 +415,13 @@ Report run(const Options& opt) {
     rep.write_seconds = seconds_since(t0);
   }
 
+  if (kind != RandomWeights::INT4_EXPERTS && !std::filesystem::exists(rep.dir + "/mtp.safetensors")) {
+    say("adding an MTP module (mtp.safetensors) ...");
+    add_mtp_module(rep.dir, opt.layers, kind);
+  }
+
   auto t0 = Clock::now();
-  auto model = Model::load(rep.dir, ctx);
+  auto model = Model::load(rep.dir, ctx, false, /*with_mtp=*/true);
   volatile uint64_t sink = touch_all(model->weights());
   (void)sink;
   rep.load_seconds = seconds_since(t0);
@@ -460,6 +516,80 @@ Report run(const Options& opt) {
     rep.engine_decode_tps = summarize(etps);
     rep.engine_ratio = summarize(eratios);
     say("  " + std::to_string(rep.engine_decode_tps.median) + " tokens/s");
+  }
+
+  // Speculative decoding, batch 1, greedy, through the engine: plain decode and decode with
+  // injected drafts right with probability a (a low-discrepancy pattern over the output
+  // positions, so a run's acceptance is a), in alternating runs; then the MTP module's drafts.
+  if (opt.spec_tokens > 0) {
+    say("speculative decoding (batch 1, greedy, " + std::to_string(opt.draft_tokens) + " draft tokens) ...");
+    rep.draft_tokens = opt.draft_tokens;
+    EngineOptions eo;
+    eo.kv_pages = pages_for_tokens(opt.context + opt.spec_tokens + opt.draft_tokens + 2, 64) + 1;
+    eo.max_running = 1;
+    eo.prefix_cache = false;
+    Engine plain(*model, nullptr, eo);
+    Request req;
+    req.prompt = ids(opt.context);
+    req.sampling.temperature = 0;
+    req.max_new_tokens = opt.spec_tokens + 1;  // the first token comes from the prompt's pass
+    const std::vector<int32_t> cont = plain.generate(req).tokens;
+    const size_t plen = req.prompt.size();
+    const int32_t V = int32_t(c.vocab_size);
+    auto measure = [&](SpecRow& row, EngineOptions so) {
+      Engine spec(*model, nullptr, so);
+      std::vector<double> ptps, stps, ratio;
+      for (int r = 0; r <= opt.runs; ++r) {
+        const RequestResult p = plain.generate(req), s = spec.generate(req);
+        row.identical = row.identical && s.tokens == p.tokens;
+        if (r == 0) continue;  // warm-up
+        ptps.push_back(p.generated_tokens_per_second());
+        stps.push_back(s.generated_tokens_per_second());
+        ratio.push_back(stps.back() / ptps.back());
+      }
+      const EngineStats st = spec.stats();
+      row.acceptance = st.spec_acceptance_rate();
+      row.tokens_per_step = st.spec_tokens_per_step();
+      row.plain_tps = summarize(ptps);
+      row.spec_tps = summarize(stps);
+      row.ratio = summarize(ratio);
+      return st;
+    };
+    for (auto [a, adaptive] : std::vector<std::pair<double, bool>>{{1.0, true}, {0.8, true}, {0.5, true}, {0.0, true}, {0.0, false}}) {
+      SpecRow row;
+      row.target_acceptance = a;
+      row.adaptive = adaptive;
+      EngineOptions so = eo;
+      so.speculative.enabled = true;
+      so.speculative.draft_tokens = opt.draft_tokens;
+      so.speculative.adaptive = adaptive;
+      so.draft_source = std::make_shared<InjectedDrafts>([&cont, plen, a, V](const Sequence& s, int64_t k) {
+        std::vector<int32_t> d;
+        for (int64_t j = 0; j < k; ++j) {
+          const size_t at = s.tokens.size() - plen + size_t(j);
+          if (at >= cont.size()) break;
+          const double u = std::fmod(double(at) * 0.6180339887498949, 1.0);
+          d.push_back(u < a ? cont[at] : (cont[at] + 1) % V);
+        }
+        return d;
+      });
+      measure(row, so);
+      rep.spec.push_back(row);
+      say("  acceptance " + std::to_string(a) + (adaptive ? "" : " (gate off)") + ": " + std::to_string(row.ratio.median) + "x plain");
+    }
+    if (model->has_mtp()) {
+      rep.have_mtp = true;
+      EngineOptions so = eo;
+      so.speculative.enabled = true;
+      so.speculative.draft_tokens = opt.draft_tokens;
+      so.speculative.adaptive = false;  // every step drafts: the draft's cost per step
+      const EngineStats st = measure(rep.mtp, so);
+      rep.mtp.adaptive = false;
+      rep.mtp_draft_ms = st.spec_steps ? 1e3 * st.spec_draft_seconds / double(st.spec_steps) : 0;
+      rep.mtp_cost_ratio = rep.mtp.plain_tps.median > 0 ? rep.mtp_draft_ms / (1e3 / rep.mtp.plain_tps.median) : 0;
+      rep.mtp_acceptance = st.spec_acceptance_rate();
+      say("  MTP drafts: " + std::to_string(rep.mtp_draft_ms) + " ms per step");
+    }
   }
 
   // Prompt processing: a fresh sequence of prompt_tokens per run, logits of the last token.
@@ -595,6 +725,35 @@ std::string format_report(const Report& r) {
                     "%.2f-%.2f), %.3f of the model's decode in alternating runs (range %.3f-%.3f)\n",
                     r.engine_decode_tps.median, r.engine_decode_tps.min, r.engine_decode_tps.max, r.engine_ratio.median,
                     r.engine_ratio.min, r.engine_ratio.max);
+      o << buf;
+    }
+  }
+  if (!r.spec.empty()) {
+    std::snprintf(buf, sizeof buf,
+                  "speculative decoding, batch 1, greedy, %lld draft token(s) per verify pass, through the engine "
+                  "(alternating runs with plain decode; the machine's other load moves both):\n",
+                  (long long)r.draft_tokens);
+    o << buf;
+    auto row_line = [&](const char* what, const SpecRow& s) {
+      std::snprintf(buf, sizeof buf,
+                    "  %-34s acceptance %.2f, %.2f tokens per verify step: %.2f tokens/s against %.2f plain, ratio %.2f "
+                    "(median, range %.2f-%.2f)%s\n",
+                    what, s.acceptance, s.tokens_per_step, s.spec_tps.median, s.plain_tps.median, s.ratio.median,
+                    s.ratio.min, s.ratio.max, s.identical ? "" : "  TOKENS DIFFER FROM PLAIN DECODE");
+      o << buf;
+    };
+    for (const SpecRow& s : r.spec) {
+      char what[64];
+      std::snprintf(what, sizeof what, "injected drafts right %.0f%%%s:", 100 * s.target_acceptance,
+                    s.adaptive ? "" : " (gate off)");
+      row_line(what, s);
+    }
+    if (r.have_mtp) {
+      row_line("the MTP module's drafts (gate off):", r.mtp);
+      std::snprintf(buf, sizeof buf,
+                    "  MTP draft cost: %.2f ms per verify step, %.2f of a plain decode step (acceptance on random "
+                    "weights %.2f)\n",
+                    r.mtp_draft_ms, r.mtp_cost_ratio, r.mtp_acceptance);
       o << buf;
     }
   }

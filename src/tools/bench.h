@@ -111,7 +111,21 @@ struct Options {
   std::string precision = "fast";
   std::string huge_pages = "auto";  // auto | on | off: weights copied onto huge pages at load
   size_t bandwidth_bytes = size_t(2) << 30;
+  // Speculative decoding (batch 1, greedy, through the engine): tokens per run (0: skip) and
+  // draft tokens per verify pass.
+  int64_t spec_tokens = 64;
+  int64_t draft_tokens = 1;
   bool quiet = false;
+};
+
+// One acceptance rate of the speculative-decoding comparison: injected drafts that are right
+// with that probability, against plain decode in alternating runs.
+struct SpecRow {
+  double target_acceptance = 0;
+  bool adaptive = true;
+  double acceptance = 0, tokens_per_step = 0;  // as measured (Engine::stats)
+  Summary plain_tps, spec_tps, ratio;          // ratio: per pair of runs
+  bool identical = true;                       // greedy tokens equal plain decode's
 };
 
 struct Report {
@@ -135,6 +149,13 @@ struct Report {
   Summary prompt_gemm_gflops, prompt_ratio;  // the GEMM probe before each prompt run; prompt GFLOPS over it
   size_t bandwidth_bytes = 0;
   std::vector<std::pair<int64_t, Summary>> batched_tps;  // batch size, tokens/s over all sequences
+  int64_t draft_tokens = 0;
+  std::vector<SpecRow> spec;
+  // The MTP module's own drafts (when the checkpoint has one): its cost per verify step against
+  // a plain decode step, its acceptance on these random weights, and the tokens/s ratio.
+  bool have_mtp = false;
+  double mtp_draft_ms = 0, mtp_cost_ratio = 0, mtp_acceptance = 0;
+  SpecRow mtp;
   double load_seconds = 0, write_seconds = 0;
   // Milliseconds per decoded token, and per prompt, in each part of the forward pass (timed runs).
   std::vector<std::pair<std::string, double>> decode_parts_ms, prompt_parts_ms;
@@ -143,7 +164,8 @@ struct Report {
 };
 
 // Writes the checkpoint if needed (mla::write_random_checkpoint of the preset table's
-// bench_checkpoint_config(layers)), loads it and measures. Progress lines go to stderr unless quiet.
+// bench_checkpoint_config(layers), and beside it an MTP module in mtp.safetensors: the main
+// layers' files are what they were without it), loads it and measures. Progress lines go to stderr unless quiet.
 Report run(const Options& opt);
 std::string format_report(const Report& r);
 

@@ -30,6 +30,13 @@ struct Context {
   // ~15-20% in L2; INT4: even); from 2 tokens on they are slower. Tests raise it to reach the
   // multi-token bf16 tiles.
   int64_t gemv_bf16_max_tokens = 1;
+  // Every product runs on the kernel a product of one token would (dispatch.h), whatever its
+  // token count, and the absorbed attention takes each query on its own: every row of a pass
+  // then computes exactly what a one-token decode step computes (the GEMV kernels treat each
+  // token alone). Speculative decoding verifies its drafts this way, so that greedy output is
+  // the same token for token with and without speculation. Slower than the usual choice past a
+  // few tokens.
+  bool one_token_kernels = false;
 
   // The thread count the kernels use: threads, or OpenMP's default when it is 0 (at least 1).
   int num_threads() const;

@@ -4,6 +4,8 @@
 #include "backend/cpu/amx.h"
 #include "backend/cpu/decode_avx512.h"
 
+#include <limits>
+
 namespace mla::cpu {
 
 namespace {
@@ -48,12 +50,14 @@ const char* kernel_name(Kernel k) {
 // FP8 on AMX tiles (amx.h) costs about the same for 2 or 16 tokens: the GEMV takes up to 16
 // (batch 16: 92.8 and 88.6 tokens/s against 85.5 and 86.6 with 12; batch 64 within the noise).
 int64_t gemv_max_tokens(const Context& ctx, const MatrixView& W, const CpuFeatures& f) {
+  if (ctx.one_token_kernels) return std::numeric_limits<int64_t>::max();
   if (!ctx.fast()) return 16;
   if (W.format == WeightFormat::FP8_BLOCK128 && f.amx) return kAmxGemvTokens;
   return W.format == WeightFormat::BF16 ? 4 : 12;
 }
 
 Kernel gemv_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f) {
+  if (ctx.one_token_kernels) T = 1;
   if (!fast_supported(W)) return Kernel::GemvReference;
   if (ctx.fast() && f.amx && T >= 2 && T <= kAmxGemvTokens && W.cols >= kStep &&
       W.format == WeightFormat::FP8_BLOCK128)

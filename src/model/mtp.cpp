@@ -1,0 +1,116 @@
+// The MTP module's forward pass over a ragged batch (see mtp.h).
+#include "model/mtp.h"
+
+#include <algorithm>
+#include <numeric>
+#include <stdexcept>
+
+#include "backend/cpu/ops.h"
+#include "backend/cpu/parallel.h"
+#include "model/model.h"
+
+namespace mla {
+
+void mtp_input(const cpu::Context& ctx, const MtpWeights& m, const float* emb, const float* hidden, int64_t T,
+               int64_t D, float eps, float* x) {
+  cpu::rmsnorm(ctx, emb, T, D, D, m.enorm.data(), eps, x, 2 * D);
+  cpu::rmsnorm(ctx, hidden, T, D, D, m.hnorm.data(), eps, x + D, 2 * D);
+}
+
+LatentPool Model::make_mtp_pool(int64_t num_pages, int64_t page_size, KvDType dtype) const {
+  return LatentPool(1, cfg_.kv_lora_rank, cfg_.qk_rope_head_dim, num_pages, page_size, dtype);
+}
+
+void Model::mtp_forward(std::span<const MtpSlice> batch, LatentPool& pool, bool last_only, std::vector<float>& logits,
+                        std::vector<float>* out_hidden, const cpu::Context* ctx) {
+  if (w_.mtp.empty()) throw std::logic_error("mtp_forward: the model has no MTP module loaded");
+  pass_ctx_ = ctx ? ctx : &ctx_;
+  const cpu::Context& cx = this->ctx();
+  const ModelConfig& c = cfg_;
+  const MtpWeights& M = w_.mtp[0];
+  const LayerWeights& W = M.layer;
+  const int64_t D = c.hidden_size, H = c.num_attention_heads, qk = c.qk_head_dim(), vd = c.v_head_dim;
+  const float eps = float(c.rms_norm_eps);
+  if (pool.num_layers() != 1 || pool.row_dim() != c.latent_dim())
+    throw std::invalid_argument("mtp_forward: the MTP pool's geometry does not match the model");
+  for (auto& s : batch)
+    for (int32_t id : s.ids)
+      if (id < 0 || id >= c.vocab_size) throw std::invalid_argument("mtp_forward: token id " + std::to_string(id) + " outside the vocabulary");
+  int64_t need = 0;
+  for (auto& s : batch) need += pool.pages_needed(*s.seq, s.seq->length + int64_t(s.ids.size()));
+  if (need > pool.free_pages())
+    throw KvCacheExhausted("MTP cache exhausted: the batch needs " + std::to_string(need) + " more pages, " +
+                           std::to_string(pool.free_pages()) + " are free");
+  for (auto& s : batch) pool.reserve(*s.seq, s.seq->length + int64_t(s.ids.size()));
+
+  ForwardScratch& f = mtp_fwd_;
+  f.first.assign(batch.size() + 1, 0);
+  for (size_t b = 0; b < batch.size(); ++b) f.first[b + 1] = f.first[b] + int64_t(batch[b].ids.size());
+  const int64_t T = f.first.back();
+  f.pos.resize(size_t(T));
+  auto& slices = mtp_slices_;
+  slices.clear();
+  for (size_t b = 0; b < batch.size(); ++b) {
+    for (int64_t i = 0; i < int64_t(batch[b].ids.size()); ++i) f.pos[size_t(f.first[b] + i)] = batch[b].pos0 + i;
+    slices.push_back({batch[b].seq, batch[b].ids});
+  }
+  // Embeddings and the main model's hidden states, side by side, through eh_proj.
+  f.x.resize(size_t(T * D));
+  f.xn.resize(size_t(T * 2 * D));
+  f.delta.resize(size_t(T * D));
+  for (size_t b = 0; b < batch.size(); ++b)
+    for (int64_t i = 0; i < int64_t(batch[b].ids.size()); ++i)
+      w_.embed.dequant_row(batch[b].ids[size_t(i)], f.x.data() + (f.first[b] + i) * D);
+  f.delta.resize(size_t(T * D));
+  for (size_t b = 0; b < batch.size(); ++b)
+    std::copy(batch[b].hidden, batch[b].hidden + int64_t(batch[b].ids.size()) * D, f.delta.data() + f.first[b] * D);
+  mtp_input(cx, M, f.x.data(), f.delta.data(), T, D, eps, f.xn.data());
+  f.h.resize(size_t(T * D));
+  cpu::matmul(cx, f.xn.data(), T, M.eh_proj, f.h.data());
+
+  // The decoder layer, as Model::forward runs one, on the absorbed path.
+  f.q.resize(size_t(T * H * qk));
+  f.kv.resize(size_t(T * c.latent_dim()));
+  f.attn.resize(size_t(T * H * vd));
+  float* h = f.h.data();
+  auto add_residual = [&] {
+    const float* dp = f.delta.data();
+    for (int64_t i = 0; i < T * D; ++i) h[i] += dp[i];
+  };
+  cpu::rmsnorm(cx, h, T, D, D, W.input_norm.data(), eps, f.x.data(), D);
+  mla_->project(cx, W, f.x.data(), T, f.pos.data(), f.q.data(), f.kv.data());
+  mla_->write_cache(pool, 0, slices, f.first.data(), f.kv.data());
+  mla_->attend(cx, W, pool, 0, slices, f.first.data(), MlaForm::Absorb, 0, f.q.data(), f.attn.data());
+  mla_->o_proj(cx, W, f.attn.data(), T, f.delta.data());
+  add_residual();
+  cpu::rmsnorm(cx, h, T, D, D, W.post_attention_norm.data(), eps, f.x.data(), D);
+  if (W.moe) {
+    moe_->route(cx, W, f.x.data(), T);
+    moe_->experts(cx, W, f.x.data(), T, f.delta.data(), mlp_scratch_);
+  } else {
+    mlp(W.dense, f.x.data(), T, f.delta.data(), false);
+  }
+  add_residual();
+  for (auto& s : batch) s.seq->length += int64_t(s.ids.size());
+
+  // shared_head: norm, then the head on the rows asked for.
+  f.xn.resize(size_t(T * D));
+  cpu::rmsnorm(cx, h, T, D, D, M.head_norm.data(), eps, f.xn.data(), D);
+  if (out_hidden) out_hidden->assign(f.xn.begin(), f.xn.begin() + T * D);
+  f.rows.clear();
+  if (last_only) {
+    for (size_t b = 0; b < batch.size(); ++b)
+      if (f.first[b + 1] > f.first[b]) f.rows.push_back(f.first[b + 1] - 1);
+  } else {
+    f.rows.resize(size_t(T));
+    std::iota(f.rows.begin(), f.rows.end(), 0);
+  }
+  f.x.resize(f.rows.size() * size_t(D));
+  for (size_t r = 0; r < f.rows.size(); ++r)
+    std::copy(f.xn.begin() + f.rows[r] * D, f.xn.begin() + (f.rows[r] + 1) * D, f.x.begin() + int64_t(r) * D);
+  logits.resize(f.rows.size() * size_t(c.vocab_size));
+  cpu::matmul(cx, f.x.data(), int64_t(f.rows.size()), M.head, logits.data());
+  pass_ctx_ = &ctx_;
+}
+
+}  // namespace mla
