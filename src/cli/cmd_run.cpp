@@ -35,6 +35,7 @@ struct RunOptions {
   std::vector<std::string> stop;
   double kv_cache_gb = 0;
   mla::cli::CpuOptions cpu{.precision = "fast"};
+  mla::cli::QuantizeOptions quantize;
   bool chat = false, ignore_eos = false, quiet = false;
   // Options given on the command line (they override generation_config.json).
   std::map<std::string, CLI::Option*> given;
@@ -68,6 +69,7 @@ void add_options(CLI::App& app, RunOptions& o, bool chat_command) {
                             "fast (bf16 activations in the matrix products, AMX for prompts; `mla verify` reports its error) | "
                             "precise (float32 throughout, the precision of `mla logits`)");
   app.add_flag("-q,--quiet", o.quiet, "no statistics on stderr");
+  mla::cli::add_quantize_options(app, o.quantize);
 }
 
 // Everything a run or a chat session needs, loaded from the model folder.
@@ -85,7 +87,8 @@ Session open_session(RunOptions& o) {
   Session s;
   const mla::KvDType kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
   s.kv_dtype = o.kv_dtype;
-  s.model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO) && !o.quiet);  // progress on a terminal
+  s.model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO) && !o.quiet,  // progress on a terminal
+                             o.quantize.parsed());
   s.tokenizer = std::make_unique<mla::Tokenizer>(mla::Tokenizer::load(o.model_dir));
   auto gc = mla::GenerationConfig::load(o.model_dir, s.model->config());
 

@@ -65,7 +65,10 @@ int serve_cmd(int argc, char** argv) {
   app.add_option("--chat-template-kwargs", o.chat_template_kwargs,
                  "JSON object of chat template variables for every request, e.g. '{\"thinking\": true}'");
   app.add_option("--api-key", o.api_key, "require Authorization: Bearer KEY on /v1/* (default: MLA_API_KEY)");
+  mla::cli::QuantizeOptions quantize;
+  mla::cli::add_quantize_options(app, quantize);
   CLI11_PARSE(app, argc, argv);
+  const mla::LoadQuantization load_quantization = quantize.parsed();
   if (o.kv_cache_gb < 0) throw std::invalid_argument("--kv-cache-gb must not be negative");
   if (o.page_size <= 0) throw std::invalid_argument("--page-size must be positive");
   if (o.port < 0 || o.port > 65535) throw std::invalid_argument("--port must be in [0, 65535]");
@@ -86,7 +89,7 @@ int serve_cmd(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO));
+  auto model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO), load_quantization);
   auto tokenizer = mla::Tokenizer::load(o.model_dir);
   auto generation = mla::GenerationConfig::load(o.model_dir, model->config());
   const mla::ModelConfig& c = model->config();

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/cpu/context.h"
+#include "model/weights.h"
 
 namespace mla::cli {
 
@@ -41,6 +42,19 @@ struct CpuOptions {
 inline void add_cpu_options(CLI::App& app, CpuOptions& o, const std::string& precision_help = "") {
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
   if (!precision_help.empty()) app.add_option("--precision", o.precision, precision_help);
+}
+
+// --quantize experts=int4,others=fp8[,embed=fp8]: convert the weights as they are loaded (the
+// formats of `mla quantize`: model/weights.h, LoadQuantization); parsed() checks the value.
+struct QuantizeOptions {
+  std::string spec;
+  LoadQuantization parsed() const { return spec.empty() ? LoadQuantization{} : LoadQuantization::parse(spec); }
+};
+
+inline void add_quantize_options(CLI::App& app, QuantizeOptions& o) {
+  app.add_option("--quantize", o.spec,
+                 "quantize at load: experts=int4|fp8|bf16,others=fp8|bf16[,embed=fp8|bf16] (the formats of mla "
+                 "quantize; classes left out stay as stored)");
 }
 
 }  // namespace mla::cli

@@ -13,6 +13,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/weight_memory.h"
+#include "format/progress.h"
 
 namespace mla {
 
@@ -69,22 +70,36 @@ const char* ForwardProfile::name(int part) {
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& ctx, bool show_progress) {
+  return load(dir, ctx, show_progress, LoadQuantization{});
+}
+
+std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& ctx, bool show_progress,
+                                   const LoadQuantization& quantize) {
   std::unique_ptr<Model> m(new Model());
   m->ctx_ = ctx;
   m->cfg_ = ModelConfig::load(dir);
   m->ckpt_ = std::make_unique<Checkpoint>(dir);
-  if (show_progress) {
+  if (show_progress && !quantize.any()) {
     m->ckpt_->prefault([](size_t done, size_t total) {
       std::fprintf(stderr, "\rloading weights: %5.1f%% of %.2f GB", total ? 100.0 * double(done) / double(total) : 100.0,
                    double(total) / 1e9);
       if (done == total) std::fprintf(stderr, "\n");
     });
   }
-  m->w_ = load_weights(*m->ckpt_, m->cfg_);
-  if (cpu::should_copy_weights(ctx.weights, m->ckpt_->total_bytes())) {
+  if (!quantize.any()) {
+    m->w_ = load_weights(*m->ckpt_, m->cfg_);
+  } else {
+    Progress bar("quantizing at load (" + quantize.str() + ")", show_progress);
+    m->w_ = load_weights(*m->ckpt_, m->cfg_, quantize, [&](size_t done, size_t total) { bar.update(done, total); });
+    bar.finish();
+  }
+  size_t resident = 0;  // quantized: the bytes kept, not the checkpoint's
+  for (auto& [fmt, n] : m->w_.bytes_by_format) resident += n;
+  if (cpu::should_copy_weights(ctx.weights, quantize.any() ? resident : m->ckpt_->total_bytes())) {
     m->w_.arena = std::make_shared<cpu::WeightArena>();
     m->w_.arena->adopt(ctx, weight_views(m->w_));
     m->ckpt_->release_pages();  // the copies are what runs now: RSS counts the weights once
+    if (quantize.any()) m->w_.owned.clear();  // every view points into the arena now
   }
   m->mla_ = std::make_unique<MlaAttention>(m->cfg_);
   m->moe_ = std::make_unique<MoeLayer>(m->cfg_);

@@ -66,6 +66,11 @@ class Model {
   // once up front and draws a progress line on standard error (for terminals; multi-gigabyte
   // checkpoints).
   static std::unique_ptr<Model> load(const std::string& dir, const cpu::Context& ctx = {}, bool show_progress = false);
+  // The same, quantizing weights as they are loaded (LoadQuantization, model/weights.h): the
+  // weights are read tensor by tensor from the mapping (no read-in of the whole checkpoint up
+  // front), and with show_progress a progress line shows the conversion.
+  static std::unique_ptr<Model> load(const std::string& dir, const cpu::Context& ctx, bool show_progress,
+                                     const LoadQuantization& quantize);
 
   const ModelConfig& config() const { return cfg_; }
   const cpu::Context& context() const { return ctx_; }

@@ -321,7 +321,8 @@ Report run(const Options& opt) {
   if (opt.weights == "bf16") kind = RandomWeights::BF16;
   else if (opt.weights == "fp8") kind = RandomWeights::FP8;
   else if (opt.weights == "int4") kind = RandomWeights::INT4_EXPERTS;
-  else throw std::invalid_argument("--weights: unknown '" + opt.weights + "' (bf16, fp8, int4)");
+  else if (opt.weights == "int4-fp8") kind = RandomWeights::INT4_FP8;
+  else throw std::invalid_argument("--weights: unknown '" + opt.weights + "' (bf16, fp8, int4, int4-fp8)");
   if (opt.layers < 2) throw std::invalid_argument("--layers must be at least 2 (a dense layer, then MoE)");
   if (opt.runs < 1) throw std::invalid_argument("--runs must be at least 1");
   auto say = [&](const std::string& s) {
@@ -357,13 +358,14 @@ Report run(const Options& opt) {
     ro.weights = kind;
     ro.seed = 1;
     ro.shards = 4;
+    ro.progress = !opt.quiet;
     write_random_checkpoint(rep.dir, bench_checkpoint_config(opt.layers), ro);
     std::ofstream(stamp) << want.dump() << "\n";
     rep.write_seconds = seconds_since(t0);
   }
 
   auto t0 = Clock::now();
-  auto model = Model::load(rep.dir, ctx);
+  auto model = Model::load(rep.dir, ctx, false, opt.quantize);
   volatile uint64_t sink = touch_all(model->weights());
   (void)sink;
   rep.load_seconds = seconds_since(t0);

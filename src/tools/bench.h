@@ -100,7 +100,7 @@ ActiveWeights active_weights(const ModelWeights& w, const ModelConfig& c);
 struct Options {
   std::string dir;                // checkpoint folder: written when it holds no config.json
   int64_t layers = 6;
-  std::string weights = "bf16";   // bf16 | fp8 | int4
+  std::string weights = "bf16";   // bf16 | fp8 | int4 | int4-fp8 (INT4 experts, FP8 projections)
   int threads = 0;                // 0: all
   int runs = 5;
   int64_t decode_tokens = 16;     // tokens per decode run
@@ -112,6 +112,7 @@ struct Options {
   std::string huge_pages = "auto";  // auto | on | off: weights copied onto huge pages at load
   size_t bandwidth_bytes = size_t(2) << 30;
   bool quiet = false;
+  LoadQuantization quantize;  // quantize at load (weights as stored when unset)
 };
 
 struct Report {
