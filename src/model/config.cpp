@@ -80,7 +80,7 @@ void parse_quantization(const json& q, const std::string& src, ModelConfig& c) {
       // A block-FP8 group (float-quantized: F8_E4M3 weights, float32 weight_scale per 128 x 128
       // block): the loader tells those tensors by their dtype.
       if (w.value("type", "") == "float") {
-        if (w.value("num_bits", 0) != 8) bad("num_bits", "8 for type float");
+        if (w.value("num_bits", 0) != 8) bad("type", "\"int\" with num_bits 4, or \"float\" with num_bits 8");
         if (w.value("strategy", "") != "block") bad("strategy", "\"block\" for type float");
         if (!w.contains("block_structure") || w["block_structure"] != json::array({128, 128}))
           bad("block_structure", "[128, 128]");

@@ -80,11 +80,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
   m->cfg_ = ModelConfig::load(dir);
   m->ckpt_ = std::make_unique<Checkpoint>(dir);
   if (show_progress && !quantize.any()) {
-    m->ckpt_->prefault([](size_t done, size_t total) {
-      std::fprintf(stderr, "\rloading weights: %5.1f%% of %.2f GB", total ? 100.0 * double(done) / double(total) : 100.0,
-                   double(total) / 1e9);
-      if (done == total) std::fprintf(stderr, "\n");
-    });
+    Progress bar("loading weights");
+    m->ckpt_->prefault([&](size_t done, size_t total) { bar.update(done, total); });
   }
   if (!quantize.any()) {
     m->w_ = load_weights(*m->ckpt_, m->cfg_);

@@ -527,6 +527,7 @@ Report run(const Options& opt) {
   rep.rss_bytes = status_bytes("VmRSS");
   rep.rss_anon_bytes = status_bytes("RssAnon");
   rep.rss_file_bytes = status_bytes("RssFile");
+  rep.peak_rss_bytes = status_bytes("VmHWM");
   if (model->weights().arena) {
     rep.arena_bytes = model->weights().arena->bytes();
     rep.arena_huge_bytes = model->weights().arena->huge_bytes();
@@ -554,6 +555,10 @@ std::string format_report(const Report& r) {
   std::snprintf(buf, sizeof buf, "resident memory: %.2f GiB RSS (%.2f GiB anonymous, %.2f GiB file-mapped)",
                 double(r.rss_bytes) / (1 << 30), double(r.rss_anon_bytes) / (1 << 30), double(r.rss_file_bytes) / (1 << 30));
   o << buf;
+  if (r.peak_rss_bytes) {
+    std::snprintf(buf, sizeof buf, ", peak %.2f GiB (VmHWM)", double(r.peak_rss_bytes) / (1 << 30));
+    o << buf;
+  }
   if (r.arena_bytes) {
     std::snprintf(buf, sizeof buf, "; weights copied at load: %s, %s of them on huge pages", gb(double(r.arena_bytes)).c_str(),
                   gb(double(r.arena_huge_bytes)).c_str());

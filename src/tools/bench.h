@@ -123,6 +123,7 @@ struct Report {
   ActiveWeights active;
   std::map<std::string, size_t> bytes_by_format;
   size_t rss_bytes = 0, rss_anon_bytes = 0, rss_file_bytes = 0;
+  size_t peak_rss_bytes = 0;  // VmHWM: the most resident at any time (writing, loading, running)
   size_t arena_bytes = 0, arena_huge_bytes = 0;  // weights copied at load, of which on huge pages
   Summary decode_tps, prompt_tps;
   Summary decode_bandwidth, decode_ratio;  // the read loop after each decode run; the ratio per run

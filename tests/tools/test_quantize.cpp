@@ -225,3 +225,45 @@ TEST(Quantize, AtLoadPeakMemoryIsTheQuantizedSize) {
 
 }  // namespace
 }  // namespace mla
+
+namespace mla {
+namespace {
+
+TEST(Quantize, RandomInt4Fp8CheckpointLoads) {
+  // The benchmark's int4-fp8 layout, written directly: INT4 experts, FP8 projections with
+  // compressed-tensors' weight_scale, bf16 router, embeddings and lm_head.
+  test::TempDir dir("random-int4-fp8");
+  RandomCheckpointOptions ro;
+  ro.weights = RandomWeights::INT4_FP8;
+  write_random_checkpoint(dir.str(), demo_config(512), ro);
+  Checkpoint ck(dir.str());
+  EXPECT_NE(ck.find("model.layers.1.self_attn.o_proj.weight_scale"), nullptr);
+  EXPECT_EQ(ck.find("model.layers.1.self_attn.o_proj.weight_scale_inv"), nullptr);
+  auto m = Model::load(dir.str(), one_thread());
+  const auto& L = m->weights().layers[1];
+  EXPECT_EQ(L.experts[5].down.format, WeightFormat::INT4_GROUP);
+  EXPECT_EQ(L.q_b.format, WeightFormat::FP8_BLOCK128);
+  EXPECT_EQ(L.shared.gate.format, WeightFormat::FP8_BLOCK128);
+  EXPECT_EQ(m->weights().layers[0].dense.gate.format, WeightFormat::FP8_BLOCK128);
+  EXPECT_EQ(L.router.format, WeightFormat::BF16);
+  EXPECT_EQ(m->weights().lm_head.format, WeightFormat::BF16);
+  const auto logits = run_logits(*m, {1, 2, 3}, {});
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+}
+
+TEST(Quantize, UnsupportedFp8GroupIsRefused) {
+  test::TempDir out("quantize-bad");
+  quantize(test::fixture("deepseek-v2-lite-tiny"), out.str(), QuantFormat::INT4, QuantFormat::FP8);
+  json c = read_json(out / "config.json");
+  c["quantization_config"]["config_groups"]["group_1"]["weights"]["block_structure"] = {64, 64};
+  std::ofstream(out / "config.json") << c.dump();
+  try {
+    Model::load(out.str());
+    FAIL() << "loaded a 64x64 block FP8 config";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("block_structure"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace mla
