@@ -5,8 +5,6 @@
 #include <cstring>
 #include <regex>
 #include <stdexcept>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "format/error.h"
 
@@ -307,19 +305,12 @@ class Loader {
       out.scales = scales->empty() ? nullptr : scales->data();
       w_.owned.push_back(std::move(data));
       w_.owned.push_back(std::move(scales));
-      release(m.data, m.bytes());
-      if (m.scales) release(m.scales, m.scale_bytes());
+      release_mapped_range(m.data, m.bytes());
+      if (m.scales) release_mapped_range(m.scales, m.scale_bytes());
     }
     done_ += src_bytes;
     if (progress_ && *progress_) (*progress_)(std::min(done_, total_), total_);
     return out;
-  }
-
-  // Drops the whole pages of [p, p + n) from this process (the mapping stays valid).
-  static void release(const void* p, size_t n) {
-    const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-    const uintptr_t b = (uintptr_t(p) + page - 1) / page * page, e = (uintptr_t(p) + n) / page * page;
-    if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
   }
 
   std::vector<float> vec(const std::string& name, int64_t n) {
@@ -424,7 +415,9 @@ LoadQuantization LoadQuantization::parse(const std::string& spec) {
 std::string LoadQuantization::str() const {
   std::string s;
   auto add = [&](const char* k, const std::optional<quant::QuantFormat>& f) {
-    if (f) s += (s.empty() ? "" : ",") + std::string(k) + "=" + quant::quant_format_name(*f);
+    if (!f) return;
+    if (!s.empty()) s += ',';
+    s.append(k).append("=").append(quant::quant_format_name(*f));
   };
   add("experts", experts);
   add("others", others);

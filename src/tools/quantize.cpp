@@ -232,6 +232,8 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& opt) {
         Pending& p = (*pending)[mp->base];
         if (!p.q) {
           p.q = std::make_shared<quant::QuantizedMatrix>(materialize(*mp, f, threads));
+          release_mapped_range(mp->src.data, mp->src.bytes());  // read once: RSS stays near the output's
+          if (mp->src.scales) release_mapped_range(mp->src.scales, mp->src.scale_bytes());
           p.left = mp->to == QuantFormat::INT4 ? 3 : mp->to == QuantFormat::FP8 ? 2 : 1;
           ClassStats& s = (*stats)[weight_class_name(mp->cls)];
           s.err2 += p.q->err2;
@@ -269,7 +271,10 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& opt) {
   for (const std::string& name : ck.names()) {
     if (consumed.count(name)) continue;
     const TensorInfo* t = &ck.get(name);
-    specs.push_back({name, t->dtype, t->shape, [t](uint8_t* out) { std::memcpy(out, t->data, t->nbytes); }});
+    specs.push_back({name, t->dtype, t->shape, [t](uint8_t* out) {
+                       std::memcpy(out, t->data, t->nbytes);
+                       release_mapped_range(t->data, t->nbytes);
+                     }});
     ClassStats& cs = (*stats)[weight_class_name(WeightClass::None)];
     cs.tensors += 1;
     cs.bytes_in += t->nbytes;
