@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/options.h"
 #include "tools/bench.h"
 
 namespace {
@@ -20,7 +21,8 @@ int run(int argc, char** argv) {
   mla::bench::Options o;
   app.add_option("--dir", o.dir, "checkpoint folder (default: <tmp>/mla-bench-v2lite-<L>L-<weights>); reused when present");
   app.add_option("--layers", o.layers, "layers (the first dense, the rest MoE)");
-  app.add_option("--weights", o.weights, "bf16 | fp8 (block-128 FP8 projections) | int4 (INT4 routed experts)");
+  app.add_option("--weights", o.weights, "bf16 | fp8 (block-128 FP8 projections) | int4 (INT4 routed experts) | int4-fp8 (INT4 routed experts, FP8 "
+                 "projections: mla quantize's layout)");
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
   app.add_option("--runs", o.runs, "timed runs per figure, after one warm-up run");
   app.add_option("--decode-tokens", o.decode_tokens, "tokens per decode run (0: skip)");
@@ -37,6 +39,8 @@ int run(int argc, char** argv) {
   app.add_option("--huge-pages", o.huge_pages,
                  "auto | on | off: copy the weights onto transparent huge pages at load (auto: when they take "
                  "under half the available memory)");
+  mla::cli::QuantizeOptions quantize;
+  mla::cli::add_quantize_options(app, quantize);
   std::vector<int64_t> dsa_contexts;
   app.add_option("--dsa", dsa_contexts,
                  "instead: DeepSeek Sparse Attention against dense attention per decoded token at these contexts "
@@ -54,6 +58,7 @@ int run(int argc, char** argv) {
     std::fputs(mla::bench::format_dsa_report(mla::bench::run_dsa(d)).c_str(), stdout);
     return 0;
   }
+  o.quantize = quantize.parsed();
   std::erase(o.batches, 0);
   auto rep = mla::bench::run(o);
   std::fputs(mla::bench::format_report(rep).c_str(), stdout);

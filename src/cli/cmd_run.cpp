@@ -36,6 +36,7 @@ struct RunOptions {
   double kv_cache_gb = 0;
   mla::cli::CpuOptions cpu{.precision = "fast"};
   mla::cli::SpeculativeCliOptions spec;
+  mla::cli::QuantizeOptions quantize;
   bool chat = false, ignore_eos = false, quiet = false;
   // Options given on the command line (they override generation_config.json).
   std::map<std::string, CLI::Option*> given;
@@ -70,6 +71,7 @@ void add_options(CLI::App& app, RunOptions& o, bool chat_command) {
                             "precise (float32 throughout, the precision of `mla logits`)");
   mla::cli::add_speculative_options(app, o.spec);
   app.add_flag("-q,--quiet", o.quiet, "no statistics on stderr");
+  mla::cli::add_quantize_options(app, o.quantize);
 }
 
 // Everything a run or a chat session needs, loaded from the model folder.
@@ -89,7 +91,7 @@ Session open_session(RunOptions& o) {
   s.kv_dtype = o.kv_dtype;
   const mla::SpeculativeOptions spec = o.spec.options();
   s.model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO) && !o.quiet,  // progress on a terminal
-                             /*with_mtp=*/spec.enabled);
+                             o.quantize.parsed(), /*with_mtp=*/spec.enabled);
   if (spec.enabled && !s.model->has_mtp())
     throw std::invalid_argument("--speculative mtp: " + o.model_dir + " has no MTP module (num_nextn_predict_layers and layer " +
                                 std::to_string(s.model->config().num_hidden_layers) + "'s eh_proj)");

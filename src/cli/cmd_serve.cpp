@@ -81,7 +81,10 @@ int serve_cmd(int argc, char** argv) {
                  "seconds for a whole request to arrive (else 408) and for an idle connection to stay open (default 10)");
   app.add_option("--max-request-bytes", o.max_request_bytes, "largest request body, else 413 (default 16 MiB)");
   app.add_option("--max-connections", o.max_connections, "open client connections at most, else 503 (default 1024)");
+  mla::cli::QuantizeOptions quantize;
+  mla::cli::add_quantize_options(app, quantize);
   CLI11_PARSE(app, argc, argv);
+  const mla::LoadQuantization load_quantization = quantize.parsed();
   if (o.kv_cache_gb < 0) throw std::invalid_argument("--kv-cache-gb must not be negative");
   if (o.page_size <= 0) throw std::invalid_argument("--page-size must be positive");
   if (o.port < 0 || o.port > 65535) throw std::invalid_argument("--port must be in [0, 65535]");
@@ -113,7 +116,7 @@ int serve_cmd(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   const mla::SpeculativeOptions spec = o.spec.options();
-  auto model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO), /*with_mtp=*/spec.enabled);
+  auto model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO), load_quantization, /*with_mtp=*/spec.enabled);
   auto tokenizer = mla::Tokenizer::load(o.model_dir);
   auto generation = mla::GenerationConfig::load(o.model_dir, model->config());
   const mla::ModelConfig& c = model->config();

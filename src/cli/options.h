@@ -7,6 +7,7 @@
 
 #include "backend/cpu/context.h"
 #include "engine/speculative.h"
+#include "model/weights.h"
 
 namespace mla::cli {
 
@@ -72,6 +73,19 @@ inline void add_speculative_options(CLI::App& app, SpeculativeCliOptions& o) {
   app.add_option("--draft-tokens", o.draft_tokens, "draft tokens per verify pass with --speculative (default 1)");
   app.add_flag("--no-adaptive-speculation", o.fixed,
                "speculate on every step (default: only while it is faster than plain decoding)");
+}
+
+// --quantize experts=int4,others=fp8[,embed=fp8]: convert the weights as they are loaded (the
+// formats of `mla quantize`: model/weights.h, LoadQuantization); parsed() checks the value.
+struct QuantizeOptions {
+  std::string spec;
+  LoadQuantization parsed() const { return spec.empty() ? LoadQuantization{} : LoadQuantization::parse(spec); }
+};
+
+inline void add_quantize_options(CLI::App& app, QuantizeOptions& o) {
+  app.add_option("--quantize", o.spec,
+                 "quantize at load: experts=int4|fp8|bf16,others=fp8|bf16[,embed=fp8|bf16] (the formats of mla "
+                 "quantize; classes left out stay as stored)");
 }
 
 }  // namespace mla::cli

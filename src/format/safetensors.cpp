@@ -237,6 +237,12 @@ void Checkpoint::release_pages() const {
   for (auto& f : files_) madvise(const_cast<uint8_t*>(f->mapping()), f->mapping_size(), MADV_DONTNEED);
 }
 
+void release_mapped_range(const void* p, size_t n) {
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t b = (uintptr_t(p) + page - 1) / page * page, e = (uintptr_t(p) + n) / page * page;
+  if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+}
+
 size_t TensorSpec::nbytes() const {
   size_t n = dtype_size(dtype);
   for (auto d : shape) n *= size_t(d);

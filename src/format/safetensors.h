@@ -70,6 +70,11 @@ class Checkpoint {
   std::map<std::string, const TensorInfo*> index_;
 };
 
+// Drops the whole pages inside [p, p + n) of a mapping from this process (MADV_DONTNEED), as
+// release_pages does for a whole checkpoint: for readers that stream a checkpoint tensor by
+// tensor and are done with each (quantizing at load, mla quantize).
+void release_mapped_range(const void* p, size_t n);
+
 // ---- writing: the one safetensors writer (checkpoints, `mla logits`, tests)
 
 // One tensor to write, produced when its turn comes: fill writes exactly nbytes() bytes, so a

@@ -184,8 +184,9 @@ void parse_quantization(const json& q, const std::string& src, ModelConfig& c) {
     }
   } else if (method == "compressed-tensors") {
     std::string format = q.value("format", "");
-    if (format != "pack-quantized")
-      format_error(src, "", "quantization_config.format '" + format + "' is not supported (only pack-quantized)");
+    if (format != "pack-quantized" && format != "float-quantized" && format != "mixed-precision")
+      format_error(src, "", "quantization_config.format '" + format +
+                                "' is not supported (only pack-quantized, float-quantized, mixed-precision)");
     if (!q.contains("config_groups") || !q["config_groups"].is_object() || q["config_groups"].empty())
       format_error(src, "", "quantization_config.config_groups is missing");
     for (auto& [gname, g] : q["config_groups"].items()) {
@@ -196,6 +197,20 @@ void parse_quantization(const json& q, const std::string& src, ModelConfig& c) {
         format_error(src, "", where + key + " = " + (w.contains(key) ? w[key].dump() : "absent") +
                                   " is not supported (only " + want + ")");
       };
+      // A block-FP8 group (float-quantized: F8_E4M3 weights, float32 weight_scale per 128 x 128
+      // block): the loader tells those tensors by their dtype.
+      if (w.value("type", "") == "float") {
+        if (w.value("num_bits", 0) != 8) bad("type", "\"int\" with num_bits 4, or \"float\" with num_bits 8");
+        if (w.value("strategy", "") != "block") bad("strategy", "\"block\" for type float");
+        if (!w.contains("block_structure") || w["block_structure"] != json::array({128, 128}))
+          bad("block_structure", "[128, 128]");
+        if (!w.value("symmetric", false)) bad("symmetric", "true");
+        if (w.value("dynamic", false)) bad("dynamic", "false");
+        if (g.contains("input_activations") && !g["input_activations"].is_null())
+          format_error(src, "", "quantization_config.config_groups." + gname + ".input_activations is not supported");
+        c.fp8_block_weights = true;
+        continue;
+      }
       if (w.value("num_bits", 0) != 4) bad("num_bits", "4");
       if (w.value("type", "") != "int") bad("type", "\"int\"");
       if (!w.value("symmetric", false)) bad("symmetric", "true");
@@ -208,6 +223,8 @@ void parse_quantization(const json& q, const std::string& src, ModelConfig& c) {
         format_error(src, "", "quantization_config.config_groups." + gname + ".input_activations is not supported");
       c.int4.enabled = true;
       c.int4.group_size = w["group_size"].get<int>();
+      if (g.contains("targets"))
+        for (auto& t : g["targets"]) c.int4.targets.push_back(t.get<std::string>());
     }
     if (q.contains("ignore"))
       for (auto& s : q["ignore"]) c.int4.ignore.push_back(s.get<std::string>());

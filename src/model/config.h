@@ -25,6 +25,9 @@ struct Int4Quant {
   bool enabled = false;
   int group_size = 32;
   std::vector<std::string> ignore;  // plain names and "re:" regular expressions
+  // The INT4 groups' targets: "Linear" (every layer not ignored) or names and "re:" patterns
+  // (compressed-tensors' mixed-precision configs: INT4 experts beside an FP8 group). Empty: all.
+  std::vector<std::string> targets;
 };
 
 struct ModelConfig {

@@ -13,6 +13,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/weight_memory.h"
+#include "format/progress.h"
 
 namespace mla {
 
@@ -75,19 +76,30 @@ const char* ForwardProfile::name(int part) {
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& ctx, bool show_progress, bool with_mtp) {
+  return load(dir, ctx, show_progress, LoadQuantization{}, with_mtp);
+}
+
+std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& ctx, bool show_progress,
+                                   const LoadQuantization& quantize, bool with_mtp) {
   std::unique_ptr<Model> m(new Model());
   m->ctx_ = ctx;
   m->cfg_ = ModelConfig::load(dir);
   m->ckpt_ = std::make_unique<Checkpoint>(dir);
-  if (show_progress) {
-    m->ckpt_->prefault([](size_t done, size_t total) {
-      std::fprintf(stderr, "\rloading weights: %5.1f%% of %.2f GB", total ? 100.0 * double(done) / double(total) : 100.0,
-                   double(total) / 1e9);
-      if (done == total) std::fprintf(stderr, "\n");
-    });
+  if (show_progress && !quantize.any()) {
+    Progress bar("loading weights");
+    m->ckpt_->prefault([&](size_t done, size_t total) { bar.update(done, total); });
   }
-  m->w_ = load_weights(*m->ckpt_, m->cfg_, with_mtp);
-  if (cpu::should_copy_weights(ctx.weights, m->ckpt_->total_bytes())) {
+  if (!quantize.any()) {
+    m->w_ = load_weights(*m->ckpt_, m->cfg_, with_mtp);
+  } else {
+    Progress bar("quantizing at load (" + quantize.str() + ")", show_progress);
+    m->w_ = load_weights(*m->ckpt_, m->cfg_, quantize, [&](size_t done, size_t total) { bar.update(done, total); },
+                         with_mtp);
+    bar.finish();
+  }
+  size_t resident = 0;  // quantized: the bytes kept, not the checkpoint's
+  for (auto& [fmt, n] : m->w_.bytes_by_format) resident += n;
+  if (cpu::should_copy_weights(ctx.weights, quantize.any() ? resident : m->ckpt_->total_bytes())) {
     std::vector<bool> head_is_lm_head;
     for (auto& mtp : m->w_.mtp) head_is_lm_head.push_back(mtp.head.data == m->w_.lm_head.data);
     m->w_.arena = std::make_shared<cpu::WeightArena>();
@@ -95,6 +107,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
     for (size_t i = 0; i < m->w_.mtp.size(); ++i)
       if (head_is_lm_head[i]) m->w_.mtp[i].head = m->w_.lm_head;
     m->ckpt_->release_pages();  // the copies are what runs now: RSS counts the weights once
+    if (quantize.any()) m->w_.owned.clear();  // every view points into the arena now
   }
   m->mla_ = std::make_unique<MlaAttention>(m->cfg_);
   m->moe_ = std::make_unique<MoeLayer>(m->cfg_);

@@ -90,6 +90,11 @@ class Model {
   // with_mtp: also loads the checkpoint's MTP module where it has one (has_mtp()).
   static std::unique_ptr<Model> load(const std::string& dir, const cpu::Context& ctx = {}, bool show_progress = false,
                                      bool with_mtp = false);
+  // The same, quantizing weights as they are loaded (LoadQuantization, model/weights.h): the
+  // weights are read tensor by tensor from the mapping (no read-in of the whole checkpoint up
+  // front), and with show_progress a progress line shows the conversion.
+  static std::unique_ptr<Model> load(const std::string& dir, const cpu::Context& ctx, bool show_progress,
+                                     const LoadQuantization& quantize, bool with_mtp = false);
 
   const ModelConfig& config() const { return cfg_; }
   const cpu::Context& context() const { return ctx_; }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <regex>
+#include <stdexcept>
 
 #include "format/error.h"
 
@@ -14,8 +15,12 @@ namespace {
 
 class Loader {
  public:
-  Loader(const Checkpoint& ckpt, const ModelConfig& cfg, bool with_mtp = false)
-      : ckpt_(ckpt), cfg_(cfg), with_mtp_(with_mtp && has_mtp_module(ckpt, cfg)) {}
+  Loader(const Checkpoint& ckpt, const ModelConfig& cfg, bool with_mtp, const LoadQuantization* quantize = nullptr,
+         const std::function<void(size_t, size_t)>* progress = nullptr)
+      : ckpt_(ckpt), cfg_(cfg), with_mtp_(with_mtp && has_mtp_module(ckpt, cfg)), quantize_(quantize),
+        progress_(progress) {
+    if (progress_ && *progress_) total_ = ckpt_.total_bytes();
+  }
 
   ModelWeights load() {
     const auto& c = cfg_;
@@ -217,6 +222,7 @@ class Loader {
   bool int4_quantized(const std::string& base) const {
     if (!cfg_.int4.enabled) return false;
     const std::string plain = base.substr(cfg_.weight_prefix.size());
+    if (!int4_targeted(plain, base)) return false;
     for (const auto& ig : cfg_.int4.ignore) {
       for (const std::string& name : {plain, base}) {
         if (ig.rfind("re:", 0) == 0) {
@@ -264,7 +270,7 @@ class Loader {
       m.scale_cols = cols / gs;
       m.group_size = gs;
       count("int4-group", packed->nbytes + scale.nbytes);
-      return m;
+      return place(base, m);
     }
     const TensorInfo& t = ckpt_.get(base + ".weight");
     expect_shape(t, {rows, cols});
@@ -274,7 +280,9 @@ class Loader {
       case DType::F16: m.format = WeightFormat::F16; break;
       case DType::F32: m.format = WeightFormat::F32; break;
       case DType::F8_E4M3: {
-        const TensorInfo& s = ckpt_.get(base + ".weight_scale_inv");
+        // DeepSeek names the block scales weight_scale_inv, compressed-tensors weight_scale.
+        const TensorInfo* cs = ckpt_.find(base + ".weight_scale_inv") ? nullptr : ckpt_.find(base + ".weight_scale");
+        const TensorInfo& s = cs ? *cs : ckpt_.get(base + ".weight_scale_inv");
         if (s.dtype != DType::F32) format_error(s.file, s.name, std::string("dtype ") + dtype_name(s.dtype) + " must be F32");
         expect_shape(s, {(rows + 127) / 128, (cols + 127) / 128});
         m.format = WeightFormat::FP8_BLOCK128;
@@ -288,7 +296,64 @@ class Loader {
         format_error(t.file, t.name, std::string("dtype ") + dtype_name(t.dtype) + " is not supported for a weight");
     }
     count(weight_format_name(m.format), t.nbytes);
-    return m;
+    return place(base, m);
+  }
+
+  // Whether an INT4 config group targets the layer: "Linear" targets every one; otherwise a name
+  // or "re:" pattern must match (as the ignore list is matched).
+  bool int4_targeted(const std::string& plain, const std::string& base) const {
+    if (cfg_.int4.targets.empty()) return true;
+    for (const auto& t : cfg_.int4.targets) {
+      if (t == "Linear") return true;
+      for (const std::string& name : {plain, base}) {
+        if (t.rfind("re:", 0) == 0) {
+          if (std::regex_search(name, std::regex(t.substr(3)), std::regex_constants::match_continuous)) return true;
+        } else if (t == name) {
+          return true;
+        }
+      }
+    }
+    return false;
+  }
+
+  // Quantize at load: converts m when its class has a target format other than its own, keeps
+  // the copy, and releases the mapped pages it was read from.
+  MatrixView place(const std::string& base, const MatrixView& m) {
+    const size_t src_bytes = m.bytes() + m.scale_bytes();
+    MatrixView out = m;
+    const WeightClass wc = weight_class(base);
+    const auto to = quantize_ ? quantize_->target(wc) : std::nullopt;
+    const WeightFormat want = !to ? m.format
+                              : *to == quant::QuantFormat::INT4 ? WeightFormat::INT4_GROUP
+                              : *to == quant::QuantFormat::FP8  ? WeightFormat::FP8_BLOCK128
+                                                                : WeightFormat::BF16;
+    if (want != m.format) {
+      quant::QuantizedMatrix q;
+      try {
+        q = quant::quantize_matrix(m, *to, quantize_->rule, quantize_->group_size);
+      } catch (const std::invalid_argument& e) {
+        format_error(ckpt_.dir(), base, std::string("cannot quantize at load: ") + e.what());
+      }
+      auto& qe = w_.quantized[weight_class_name(wc)];
+      qe.err2 += q.err2;
+      qe.ref2 += q.ref2;
+      qe.tensors += 1;
+      if ((w_.bytes_by_format[weight_format_name(m.format)] -= src_bytes) == 0)
+        w_.bytes_by_format.erase(weight_format_name(m.format));
+      out = q.view();
+      count(std::string(weight_format_name(out.format)) + " (quantized at load)", out.bytes() + out.scale_bytes());
+      auto data = std::make_unique<std::vector<uint8_t>>(std::move(q.data));
+      auto scales = std::make_unique<std::vector<uint8_t>>(std::move(q.scales));
+      out.data = data->data();
+      out.scales = scales->empty() ? nullptr : scales->data();
+      w_.owned.push_back(std::move(data));
+      w_.owned.push_back(std::move(scales));
+      release_mapped_range(m.data, m.bytes());
+      if (m.scales) release_mapped_range(m.scales, m.scale_bytes());
+    }
+    done_ += src_bytes;
+    if (progress_ && *progress_) (*progress_)(std::min(done_, total_), total_);
+    return out;
   }
 
   std::vector<float> vec(const std::string& name, int64_t n) {
@@ -317,6 +382,9 @@ class Loader {
   const Checkpoint& ckpt_;
   const ModelConfig& cfg_;
   bool with_mtp_ = false;
+  const LoadQuantization* quantize_ = nullptr;
+  const std::function<void(size_t, size_t)>* progress_ = nullptr;
+  size_t done_ = 0, total_ = 0;
   ModelWeights w_;
 };
 
@@ -329,6 +397,83 @@ bool has_mtp_module(const Checkpoint& ckpt, const ModelConfig& cfg) {
 
 ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, bool with_mtp) {
   return Loader(ckpt, cfg, with_mtp).load();
+}
+
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, const LoadQuantization& quantize,
+                          const std::function<void(size_t, size_t)>& progress, bool with_mtp) {
+  return Loader(ckpt, cfg, with_mtp, &quantize, &progress).load();
+}
+
+static bool ends_with(const std::string& s, const std::string& t) {
+  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+}
+
+WeightClass weight_class(const std::string& base) {
+  if (base.find(".mlp.experts.") != std::string::npos) return WeightClass::RoutedExperts;
+  if (base.find(".mlp.shared_experts.") != std::string::npos) return WeightClass::SharedExperts;
+  if (base.find(".self_attn.") != std::string::npos) return WeightClass::Attention;
+  if (ends_with(base, "embed_tokens") || ends_with(base, "lm_head")) return WeightClass::EmbedHead;
+  if (base.find(".mlp.") != std::string::npos &&
+      (ends_with(base, ".gate_proj") || ends_with(base, ".up_proj") || ends_with(base, ".down_proj")))
+    return WeightClass::DenseMlp;
+  return WeightClass::None;
+}
+
+const char* weight_class_name(WeightClass c) {
+  switch (c) {
+    case WeightClass::None: return "unquantized";
+    case WeightClass::RoutedExperts: return "routed experts";
+    case WeightClass::Attention: return "attention";
+    case WeightClass::SharedExperts: return "shared experts";
+    case WeightClass::DenseMlp: return "dense mlp";
+    case WeightClass::EmbedHead: return "embeddings/lm_head";
+  }
+  return "?";
+}
+
+std::optional<quant::QuantFormat> LoadQuantization::target(WeightClass c) const {
+  switch (c) {
+    case WeightClass::RoutedExperts: return experts;
+    case WeightClass::Attention: case WeightClass::SharedExperts: case WeightClass::DenseMlp: return others;
+    case WeightClass::EmbedHead: return embed_head;
+    case WeightClass::None: return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+LoadQuantization LoadQuantization::parse(const std::string& spec) {
+  LoadQuantization q;
+  size_t at = 0;
+  while (at <= spec.size() && !spec.empty()) {
+    const size_t comma = std::min(spec.find(',', at), spec.size());
+    const std::string part = spec.substr(at, comma - at);
+    const size_t eq = part.find('=');
+    if (eq == std::string::npos)
+      throw std::invalid_argument("--quantize: '" + part + "' is not class=format (experts=int4,others=fp8)");
+    const std::string cls = part.substr(0, eq), fmt = part.substr(eq + 1);
+    const auto f = quant::parse_quant_format(fmt, "--quantize " + cls);
+    if (cls == "experts") q.experts = f;
+    else if (cls == "others") q.others = f;
+    else if (cls == "embed") q.embed_head = f;
+    else throw std::invalid_argument("--quantize: unknown class '" + cls + "' (experts, others, embed)");
+    if (f == quant::QuantFormat::INT4 && cls != "experts")
+      throw std::invalid_argument("--quantize " + cls + "=int4: INT4 is for the routed experts only (others: fp8 or bf16)");
+    at = comma + 1;
+  }
+  return q;
+}
+
+std::string LoadQuantization::str() const {
+  std::string s;
+  auto add = [&](const char* k, const std::optional<quant::QuantFormat>& f) {
+    if (!f) return;
+    if (!s.empty()) s += ',';
+    s.append(k).append("=").append(quant::quant_format_name(*f));
+  };
+  add("experts", experts);
+  add("others", others);
+  add("embed", embed_head);
+  return s;
 }
 
 std::string weight_bytes_summary(const ModelWeights& w) {

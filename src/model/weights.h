@@ -3,14 +3,17 @@
 // FP8 with its scale_inv, or compressed-tensors INT4); norms and biases are float32 copies.
 // Weight absorption happens here: kv_b_proj is split per head into W_UK and W_UV.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "tensor/matrix.h"
+#include "tensor/quantize.h"
 
 namespace mla {
 
@@ -77,6 +80,34 @@ struct ModelWeights {
   // Set when Model::load copied the weights onto huge pages (backend/cpu/weight_memory.h): the
   // views then point into it, not into the memory-mapped checkpoint.
   std::shared_ptr<cpu::WeightArena> arena;
+  // Quantized at load (LoadQuantization): per weight class (weight_class_name), the squared
+  // error and the squared values of the weights converted, and how many tensors.
+  struct QuantError {
+    double err2 = 0, ref2 = 0;
+    int64_t tensors = 0;
+  };
+  std::map<std::string, QuantError> quantized;
+};
+
+// The parts of the model a quantization treats alike, told from a weight's name (without
+// ".weight"): routed experts, attention projections, shared experts, dense MLPs, and the token
+// embeddings with lm_head. Anything else (the MoE router, norms) is None and never quantized.
+enum class WeightClass { None, RoutedExperts, Attention, SharedExperts, DenseMlp, EmbedHead };
+WeightClass weight_class(const std::string& base);
+const char* weight_class_name(WeightClass c);  // "routed experts", "attention", ...
+
+// Target formats by class for `mla quantize` and quantize-at-load: experts for the routed
+// experts; others for attention, shared experts and dense MLPs; embed_head for the embeddings
+// and lm_head. Unset: the weights stay as stored.
+struct LoadQuantization {
+  std::optional<quant::QuantFormat> experts, others, embed_head;
+  quant::ScaleRule rule = quant::ScaleRule::Search;
+  int64_t group_size = 32;  // INT4
+  bool any() const { return experts || others || embed_head; }
+  std::optional<quant::QuantFormat> target(WeightClass c) const;
+  // "experts=int4,others=fp8[,embed=fp8]": throws std::invalid_argument naming the bad part.
+  static LoadQuantization parse(const std::string& spec);
+  std::string str() const;  // the same form
 };
 
 // "<total> GB resident: <format> <GB>, ..." from bytes_by_format, largest first.
@@ -88,5 +119,12 @@ std::string weight_bytes_summary(const ModelWeights& w);
 ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, bool with_mtp = false);
 // Whether the checkpoint holds the first MTP module (model.layers.<num_hidden_layers>.eh_proj).
 bool has_mtp_module(const Checkpoint& ckpt, const ModelConfig& cfg);
+// The same, converting each weight of a class `quantize` gives a format to it as it is loaded,
+// one tensor at a time (tensor/quantize.h: dequantized a band of rows at a time, quantized with
+// the scale search); the mapped pages of the tensor read are released after it, so resident
+// memory grows by the quantized bytes, not by the checkpoint's. `progress`, when set, is
+// called after each tensor with the checkpoint bytes read so far and in all.
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, const LoadQuantization& quantize,
+                          const std::function<void(size_t done, size_t total)>& progress = {}, bool with_mtp = false);
 
 }  // namespace mla

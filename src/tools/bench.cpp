@@ -374,7 +374,8 @@ Report run(const Options& opt) {
   if (opt.weights == "bf16") kind = RandomWeights::BF16;
   else if (opt.weights == "fp8") kind = RandomWeights::FP8;
   else if (opt.weights == "int4") kind = RandomWeights::INT4_EXPERTS;
-  else throw std::invalid_argument("--weights: unknown '" + opt.weights + "' (bf16, fp8, int4)");
+  else if (opt.weights == "int4-fp8") kind = RandomWeights::INT4_FP8;
+  else throw std::invalid_argument("--weights: unknown '" + opt.weights + "' (bf16, fp8, int4, int4-fp8)");
   if (opt.layers < 2) throw std::invalid_argument("--layers must be at least 2 (a dense layer, then MoE)");
   if (opt.runs < 1) throw std::invalid_argument("--runs must be at least 1");
   auto say = [&](const std::string& s) {
@@ -410,6 +411,7 @@ Report run(const Options& opt) {
     ro.weights = kind;
     ro.seed = 1;
     ro.shards = 4;
+    ro.progress = !opt.quiet;
     write_random_checkpoint(rep.dir, bench_checkpoint_config(opt.layers), ro);
     std::ofstream(stamp) << want.dump() << "\n";
     rep.write_seconds = seconds_since(t0);
@@ -421,7 +423,7 @@ Report run(const Options& opt) {
   }
 
   auto t0 = Clock::now();
-  auto model = Model::load(rep.dir, ctx, false, /*with_mtp=*/true);
+  auto model = Model::load(rep.dir, ctx, false, opt.quantize, /*with_mtp=*/true);
   volatile uint64_t sink = touch_all(model->weights());
   (void)sink;
   rep.load_seconds = seconds_since(t0);
@@ -657,6 +659,7 @@ Report run(const Options& opt) {
   rep.rss_bytes = status_bytes("VmRSS");
   rep.rss_anon_bytes = status_bytes("RssAnon");
   rep.rss_file_bytes = status_bytes("RssFile");
+  rep.peak_rss_bytes = status_bytes("VmHWM");
   if (model->weights().arena) {
     rep.arena_bytes = model->weights().arena->bytes();
     rep.arena_huge_bytes = model->weights().arena->huge_bytes();
@@ -684,6 +687,10 @@ std::string format_report(const Report& r) {
   std::snprintf(buf, sizeof buf, "resident memory: %.2f GiB RSS (%.2f GiB anonymous, %.2f GiB file-mapped)",
                 double(r.rss_bytes) / (1 << 30), double(r.rss_anon_bytes) / (1 << 30), double(r.rss_file_bytes) / (1 << 30));
   o << buf;
+  if (r.peak_rss_bytes) {
+    std::snprintf(buf, sizeof buf, ", peak %.2f GiB (VmHWM)", double(r.peak_rss_bytes) / (1 << 30));
+    o << buf;
+  }
   if (r.arena_bytes) {
     std::snprintf(buf, sizeof buf, "; weights copied at load: %s, %s of them on huge pages", gb(double(r.arena_bytes)).c_str(),
                   gb(double(r.arena_huge_bytes)).c_str());

@@ -100,7 +100,7 @@ ActiveWeights active_weights(const ModelWeights& w, const ModelConfig& c);
 struct Options {
   std::string dir;                // checkpoint folder: written when it holds no config.json
   int64_t layers = 6;
-  std::string weights = "bf16";   // bf16 | fp8 | int4
+  std::string weights = "bf16";   // bf16 | fp8 | int4 | int4-fp8 (INT4 experts, FP8 projections)
   int threads = 0;                // 0: all
   int runs = 5;
   int64_t decode_tokens = 16;     // tokens per decode run
@@ -116,6 +116,7 @@ struct Options {
   int64_t spec_tokens = 64;
   int64_t draft_tokens = 1;
   bool quiet = false;
+  LoadQuantization quantize;  // quantize at load (weights as stored when unset)
 };
 
 // One acceptance rate of the speculative-decoding comparison: injected drafts that are right
@@ -136,6 +137,7 @@ struct Report {
   ActiveWeights active;
   std::map<std::string, size_t> bytes_by_format;
   size_t rss_bytes = 0, rss_anon_bytes = 0, rss_file_bytes = 0;
+  size_t peak_rss_bytes = 0;  // VmHWM: the most resident at any time (writing, loading, running)
   size_t arena_bytes = 0, arena_huge_bytes = 0;  // weights copied at load, of which on huge pages
   Summary decode_tps, prompt_tps;
   Summary decode_bandwidth, decode_ratio;  // the read loop after each decode run; the ratio per run

@@ -6,7 +6,10 @@
 #include <fstream>
 
 #include "format/error.h"
+#include "format/progress.h"
 #include "format/safetensors.h"
+#include "tensor/quantize.h"
+#include "tools/quantize.h"
 
 namespace mla {
 
@@ -99,18 +102,20 @@ struct Builder {
 
   void linear(const std::string& base, int64_t rows, int64_t cols, bool quantizable, bool expert) {
     const double std = opt.init_std;
-    if (opt.weights == RandomWeights::FP8 && quantizable) {
+    const bool fp8 = opt.weights == RandomWeights::FP8 || (opt.weights == RandomWeights::INT4_FP8 && !expert);
+    if (fp8 && quantizable) {
       uint64_t s = name_seed(opt.seed, base);
       out.push_back({prefix + base + ".weight", DType::F8_E4M3, {rows, cols}, [s, rows, cols](uint8_t* p) {
 #pragma omp parallel for schedule(static)
-                       for (int64_t i = 0; i < rows * cols; ++i) p[i] = f32_to_fp8e4m3(448.0f * uniform(s, uint64_t(i)));
+                       for (int64_t i = 0; i < rows * cols; ++i)
+                         p[i] = quant::f32_to_fp8e4m3_fast(448.0f * uniform(s, uint64_t(i)));
                      }});
       // Values up to 448 times scale: the block scale brings them to about the std asked for.
       f_uniform(base + ".weight_scale_inv", DType::F32, {(rows + 127) / 128, (cols + 127) / 128}, std * 0.05,
                 std * std::sqrt(3.0) / 448.0);
       return;
     }
-    if (opt.weights == RandomWeights::INT4_EXPERTS && expert) {
+    if ((opt.weights == RandomWeights::INT4_EXPERTS || opt.weights == RandomWeights::INT4_FP8) && expert) {
       uint64_t s = name_seed(opt.seed, base);
       const int64_t g = 32;
       out.push_back({prefix + base + ".weight_packed", DType::I32, {rows, cols / 8}, [s, rows, cols](uint8_t* p) {
@@ -138,6 +143,10 @@ struct Builder {
   }
 };
 
+bool ends_with(const std::string& s, const std::string& t) {
+  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+}
+
 int64_t geti(const json& c, const char* k, int64_t def = 0) {
   return c.contains(k) && c[k].is_number_integer() ? c[k].get<int64_t>() : def;
 }
@@ -146,6 +155,8 @@ int64_t geti(const json& c, const char* k, int64_t def = 0) {
 
 std::vector<TensorSpec> random_tensors(const json& c, const RandomCheckpointOptions& opt) {
   Builder b{opt, opt.weights == RandomWeights::INT4_EXPERTS ? "language_model." : "", {}};
+  // INT4 experts beside FP8 projections: compressed-tensors names FP8 block scales weight_scale.
+  const bool ct_fp8 = opt.weights == RandomWeights::INT4_FP8;
   const int64_t V = geti(c, "vocab_size"), D = geti(c, "hidden_size"), L = geti(c, "num_hidden_layers"),
                 H = geti(c, "num_attention_heads"), qlr = geti(c, "q_lora_rank"), kvr = geti(c, "kv_lora_rank"),
                 nope = geti(c, "qk_nope_head_dim"), rope = geti(c, "qk_rope_head_dim"), vd = geti(c, "v_head_dim"),
@@ -180,11 +191,38 @@ std::vector<TensorSpec> random_tensors(const json& c, const RandomCheckpointOpti
       b.mlp(p + "mlp.", D, inter, false);
     }
   }
+  if (ct_fp8)
+    for (auto& t : b.out)
+      if (ends_with(t.name, ".weight_scale_inv")) t.name.resize(t.name.size() - 4);
   return std::move(b.out);
 }
 
 void write_random_checkpoint(const std::string& dir, json config, const RandomCheckpointOptions& opt) {
   auto tensors = random_tensors(config, opt);
+  if (opt.weights == RandomWeights::INT4_FP8) {
+    LoadQuantization f;
+    f.experts = quant::QuantFormat::INT4;
+    f.others = quant::QuantFormat::FP8;
+    config["quantization_config"] = quantization_config(f);
+  }
+  std::shared_ptr<Progress> bar;
+  if (opt.progress) {
+    bar = std::make_shared<Progress>("writing " + dir);
+    size_t total = 0;
+    for (auto& t : tensors) total += t.nbytes();
+    auto done = std::make_shared<size_t>(0);
+    auto items = std::make_shared<int64_t>(0);
+    const int64_t n_items = int64_t(tensors.size());
+    for (auto& t : tensors) {
+      auto fill = std::move(t.fill);
+      const size_t n = t.nbytes();
+      t.fill = [fill = std::move(fill), n, bar, done, items, total, n_items](uint8_t* out) {
+        fill(out);
+        *done += n;
+        bar->update(*done, total, ++*items, n_items);
+      };
+    }
+  }
   if (opt.weights == RandomWeights::FP8)
     config["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
                                      {"weight_block_size", {128, 128}}};
@@ -204,6 +242,7 @@ void write_random_checkpoint(const std::string& dir, json config, const RandomCh
               {"quantization_config", q}};
   }
   write_checkpoint(dir, config, std::move(tensors), opt.shards);
+  if (bar) bar->finish();
 }
 
 json demo_config(int64_t vocab_size) {

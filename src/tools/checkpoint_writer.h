@@ -25,6 +25,10 @@ enum class RandomWeights {
   BF16,
   FP8,        // DeepSeek-V3's release: decoder projections F8_E4M3 with 128x128 block scale_inv
   INT4_EXPERTS,  // Kimi K2.5's release: routed experts compressed-tensors INT4, group 32
+  // `mla quantize --experts int4 --others fp8`: INT4 routed experts (group 32), the other
+  // projections block-FP8 (scales named weight_scale), a compressed-tensors mixed-precision
+  // config; DeepSeek's flat config (no wrapper, no prefix).
+  INT4_FP8,
 };
 
 struct RandomCheckpointOptions {
@@ -32,6 +36,7 @@ struct RandomCheckpointOptions {
   RandomWeights weights = RandomWeights::BF16;
   int shards = 1;
   double init_std = 0.02;
+  bool progress = false;  // a progress line while writing, on a terminal
 };
 
 // Every tensor an MLA checkpoint of this config holds, with random values (normal-like, std

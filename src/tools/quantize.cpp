@@ -1,0 +1,430 @@
+#include "tools/quantize.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "format/error.h"
+#include "format/progress.h"
+#include "format/safetensors.h"
+#include "tools/checkpoint_writer.h"
+#include "tools/run_modes.h"
+
+namespace mla {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+using quant::QuantFormat;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& t) {
+  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+}
+
+// The layers of each class as compressed-tensors targets ("re:" patterns, anchored at the start,
+// matched with and without a "language_model." prefix).
+std::vector<std::string> class_targets(WeightClass c) {
+  switch (c) {
+    case WeightClass::RoutedExperts: return {"re:.*mlp\\.experts\\.\\d+\\.(gate|up|down)_proj$"};
+    case WeightClass::Attention: return {"re:.*self_attn\\.(q_a_proj|q_b_proj|q_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)$"};
+    case WeightClass::SharedExperts: return {"re:.*mlp\\.shared_experts\\.(gate|up|down)_proj$"};
+    case WeightClass::DenseMlp: return {"re:.*layers\\.\\d+\\.mlp\\.(gate|up|down)_proj$"};
+    case WeightClass::EmbedHead: return {"re:.*embed_tokens$", "re:.*lm_head$"};
+    case WeightClass::None: return {};
+  }
+  return {};
+}
+
+constexpr WeightClass kClasses[] = {WeightClass::RoutedExperts, WeightClass::Attention, WeightClass::SharedExperts,
+                                    WeightClass::DenseMlp, WeightClass::EmbedHead};
+
+// One weight matrix of the input and what it becomes.
+struct Matrix {
+  std::string base;
+  WeightClass cls = WeightClass::None;
+  MatrixView src;
+  std::vector<std::string> inputs;  // the tensors it was read from
+  QuantFormat to = QuantFormat::BF16;
+};
+
+WeightFormat weight_format(QuantFormat f) {
+  switch (f) {
+    case QuantFormat::INT4: return WeightFormat::INT4_GROUP;
+    case QuantFormat::FP8: return WeightFormat::FP8_BLOCK128;
+    case QuantFormat::BF16: return WeightFormat::BF16;
+  }
+  return WeightFormat::BF16;
+}
+
+// The view of a stored matrix (any format the loader reads), as the loader builds it.
+MatrixView source_view(const Checkpoint& ck, const std::string& base, int64_t int4_group, std::vector<std::string>& inputs) {
+  MatrixView m;
+  if (const TensorInfo* p = ck.find(base + ".weight_packed")) {
+    const TensorInfo& s = ck.get(base + ".weight_scale");
+    const TensorInfo& sh = ck.get(base + ".weight_shape");
+    if (p->dtype != DType::I32 || s.dtype != DType::BF16 || sh.dtype != DType::I32 || sh.numel() != 2)
+      format_error(p->file, p->name, "INT4 pack-quantized tensors must be I32 weight_packed, BF16 weight_scale, I32 [2] weight_shape");
+    const int32_t* dims = reinterpret_cast<const int32_t*>(sh.data);
+    m.format = WeightFormat::INT4_GROUP;
+    m.rows = dims[0];
+    m.cols = dims[1];
+    m.group_size = int4_group;
+    m.scale_cols = m.cols / int4_group;
+    if (p->shape != std::vector<int64_t>{m.rows, m.cols / 8} || s.shape != std::vector<int64_t>{m.rows, m.scale_cols})
+      format_error(p->file, p->name, "shape disagrees with weight_shape and the group size");
+    m.data = p->data;
+    m.scales = s.data;
+    inputs = {p->name, s.name, sh.name};
+    return m;
+  }
+  const TensorInfo& t = ck.get(base + ".weight");
+  m.rows = t.shape[0];
+  m.cols = t.shape[1];
+  m.data = t.data;
+  inputs = {t.name};
+  switch (t.dtype) {
+    case DType::BF16: m.format = WeightFormat::BF16; break;
+    case DType::F16: m.format = WeightFormat::F16; break;
+    case DType::F32: m.format = WeightFormat::F32; break;
+    case DType::F8_E4M3: {
+      const TensorInfo* s = ck.find(base + ".weight_scale_inv");
+      if (!s) s = &ck.get(base + ".weight_scale");
+      if (s->dtype != DType::F32 || s->shape != std::vector<int64_t>{(m.rows + 127) / 128, (m.cols + 127) / 128})
+        format_error(s->file, s->name, "block-FP8 scales must be F32 [ceil(out/128), ceil(in/128)]");
+      m.format = WeightFormat::FP8_BLOCK128;
+      m.scales = s->data;
+      m.scale_cols = (m.cols + 127) / 128;
+      inputs.push_back(s->name);
+      break;
+    }
+    default: format_error(t.file, t.name, std::string("dtype ") + dtype_name(t.dtype) + " is not supported for a weight");
+  }
+  return m;
+}
+
+// The matrix in its target format: converted, or its bytes copied when already in it.
+quant::QuantizedMatrix materialize(const Matrix& m, const LoadQuantization& f, int threads) {
+  if (m.src.format != weight_format(m.to) ||
+      (m.to == QuantFormat::INT4 && m.src.group_size != f.group_size))
+    return quant::quantize_matrix(m.src, m.to, f.rule, f.group_size, threads);
+  quant::QuantizedMatrix q;
+  q.format = m.src.format;
+  q.rows = m.src.rows;
+  q.cols = m.src.cols;
+  q.group_size = m.src.group_size;
+  const uint8_t* d = static_cast<const uint8_t*>(m.src.data);
+  q.data.assign(d, d + m.src.bytes());
+  if (m.src.scales) {
+    const uint8_t* s = static_cast<const uint8_t*>(m.src.scales);
+    q.scales.assign(s, s + m.src.scale_bytes());
+  }
+  return q;
+}
+
+json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  if (!f) format_error(p.string(), "", "cannot open");
+  try {
+    return json::parse(f);
+  } catch (const json::exception& e) {
+    format_error(p.string(), "", std::string("not valid JSON: ") + e.what());
+  }
+}
+
+}  // namespace
+
+json quantization_config(const LoadQuantization& f) {
+  std::vector<std::string> int4, fp8;
+  for (WeightClass c : kClasses) {
+    const auto to = f.target(c);
+    auto& list = to == QuantFormat::INT4 ? int4 : fp8;
+    if (to && *to != QuantFormat::BF16)
+      for (auto& t : class_targets(c)) list.push_back(t);
+  }
+  if (int4.empty() && fp8.empty()) return nullptr;
+  json groups = json::object();
+  if (!int4.empty())
+    groups["group_0"] = {{"targets", int4},
+                         {"weights",
+                          {{"num_bits", 4}, {"type", "int"}, {"symmetric", true}, {"strategy", "group"},
+                           {"group_size", f.group_size}, {"dynamic", false}, {"actorder", nullptr},
+                           {"observer", f.rule == quant::ScaleRule::Search ? "mse" : "minmax"}}},
+                         {"input_activations", nullptr},
+                         {"output_activations", nullptr},
+                         {"format", "pack-quantized"}};
+  if (!fp8.empty())
+    groups["group_1"] = {{"targets", fp8},
+                         {"weights",
+                          {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"strategy", "block"},
+                           {"block_structure", {128, 128}}, {"dynamic", false},
+                           {"observer", f.rule == quant::ScaleRule::Search ? "mse" : "minmax"}}},
+                         {"input_activations", nullptr},
+                         {"output_activations", nullptr},
+                         {"format", "float-quantized"}};
+  return {{"quant_method", "compressed-tensors"},
+          {"format", int4.empty() ? "float-quantized" : fp8.empty() ? "pack-quantized" : "mixed-precision"},
+          {"quantization_status", "compressed"},
+          {"config_groups", groups},
+          {"ignore", json::array()},
+          {"kv_cache_scheme", nullptr}};
+}
+
+QuantizeReport quantize_checkpoint(const QuantizeOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::error_code ec;
+  if (fs::exists(opt.out) && fs::equivalent(opt.in, opt.out, ec))
+    throw std::invalid_argument("-o must be another folder than -m");
+  const ModelConfig cfg = ModelConfig::load(opt.in);
+  const Checkpoint ck(opt.in);
+  const LoadQuantization& f = opt.formats;
+  const int threads = opt.threads > 0 ? opt.threads : omp_get_max_threads();
+
+  // The matrices by base name, and the tensors they are read from.
+  std::vector<Matrix> matrices;
+  std::set<std::string> consumed;
+  for (const std::string& name : ck.names()) {
+    std::string base;
+    if (ends_with(name, ".weight_packed")) base = name.substr(0, name.size() - 14);
+    else if (ends_with(name, ".weight") && ck.get(name).shape.size() == 2) base = name.substr(0, name.size() - 7);
+    else continue;
+    const WeightClass c = weight_class(base);
+    const auto to = f.target(c);
+    if (!to) continue;
+    Matrix m;
+    m.base = base;
+    m.cls = c;
+    m.to = *to;
+    m.src = source_view(ck, base, cfg.int4.group_size, m.inputs);
+    if (m.to == QuantFormat::INT4 && (m.src.cols % f.group_size || m.src.cols % 8))
+      format_error(opt.in, base, "in-features " + std::to_string(m.src.cols) + " are not a multiple of the INT4 group " +
+                                     std::to_string(f.group_size) + " (choose --experts fp8)");
+    for (auto& i : m.inputs) consumed.insert(i);
+    matrices.push_back(std::move(m));
+  }
+
+  QuantizeReport rep;
+  auto stats = std::make_shared<std::map<std::string, ClassStats>>();
+  // Each matrix becomes 1-3 tensors, written one after the other; the first one written
+  // converts the matrix, the others take their part of it, the last one frees it.
+  struct Pending {
+    std::shared_ptr<quant::QuantizedMatrix> q;
+    int left = 0;
+  };
+  auto pending = std::make_shared<std::map<std::string, Pending>>();
+  std::vector<TensorSpec> specs;
+  for (const Matrix& m : matrices) {
+    const Matrix* mp = &m;
+    const int64_t R = m.src.rows, C = m.src.cols;
+    ClassStats& cs = (*stats)[weight_class_name(m.cls)];
+    cs.tensors += 1;
+    cs.bytes_in += m.src.bytes() + m.src.scale_bytes();
+    auto part = [mp, pending, stats, &f, threads](int which) {
+      return [mp, pending, stats, &f, threads, which](uint8_t* out) {
+        Pending& p = (*pending)[mp->base];
+        if (!p.q) {
+          p.q = std::make_shared<quant::QuantizedMatrix>(materialize(*mp, f, threads));
+          release_mapped_range(mp->src.data, mp->src.bytes());  // read once: RSS stays near the output's
+          if (mp->src.scales) release_mapped_range(mp->src.scales, mp->src.scale_bytes());
+          p.left = mp->to == QuantFormat::INT4 ? 3 : mp->to == QuantFormat::FP8 ? 2 : 1;
+          ClassStats& s = (*stats)[weight_class_name(mp->cls)];
+          s.err2 += p.q->err2;
+          s.ref2 += p.q->ref2;
+          s.converted += mp->src.format != weight_format(mp->to);
+        }
+        const quant::QuantizedMatrix& q = *p.q;
+        if (which == 0) std::memcpy(out, q.data.data(), q.data.size());
+        else if (which == 1) std::memcpy(out, q.scales.data(), q.scales.size());
+        else {
+          const int32_t dims[2] = {int32_t(q.rows), int32_t(q.cols)};
+          std::memcpy(out, dims, 8);
+        }
+        if (--p.left == 0) pending->erase(mp->base);
+      };
+    };
+    switch (m.to) {
+      case QuantFormat::BF16: specs.push_back({m.base + ".weight", DType::BF16, {R, C}, part(0)}); break;
+      case QuantFormat::FP8:
+        specs.push_back({m.base + ".weight", DType::F8_E4M3, {R, C}, part(0)});
+        specs.push_back({m.base + ".weight_scale", DType::F32, {(R + 127) / 128, (C + 127) / 128}, part(1)});
+        break;
+      case QuantFormat::INT4:
+        specs.push_back({m.base + ".weight_packed", DType::I32, {R, C / 8}, part(0)});
+        specs.push_back({m.base + ".weight_scale", DType::BF16, {R, C / f.group_size}, part(1)});
+        specs.push_back({m.base + ".weight_shape", DType::I32, {2}, part(2)});
+        break;
+    }
+    size_t out_bytes = 0;
+    for (size_t i = specs.size() - (m.to == QuantFormat::INT4 ? 3 : m.to == QuantFormat::FP8 ? 2 : 1); i < specs.size(); ++i)
+      out_bytes += specs[i].nbytes();
+    cs.bytes_out += out_bytes;
+  }
+  // Everything else (norms, the router, biases, other towers' tensors) as it is.
+  for (const std::string& name : ck.names()) {
+    if (consumed.count(name)) continue;
+    const TensorInfo* t = &ck.get(name);
+    specs.push_back({name, t->dtype, t->shape, [t](uint8_t* out) {
+                       std::memcpy(out, t->data, t->nbytes);
+                       release_mapped_range(t->data, t->nbytes);
+                     }});
+    ClassStats& cs = (*stats)[weight_class_name(WeightClass::None)];
+    cs.tensors += 1;
+    cs.bytes_in += t->nbytes;
+    cs.bytes_out += t->nbytes;
+  }
+  size_t total = 0;
+  for (auto& s : specs) total += s.nbytes();
+  rep.shards = int(std::max<size_t>(1, (total + opt.shard_bytes - 1) / opt.shard_bytes));
+
+  // Progress over the output bytes.
+  auto bar = std::make_shared<Progress>("quantizing " + f.str() + " to " + opt.out, opt.progress);
+  auto done = std::make_shared<size_t>(0);
+  auto items = std::make_shared<int64_t>(0);
+  const int64_t n_items = int64_t(specs.size());
+  for (auto& s : specs) {
+    auto fill = std::move(s.fill);
+    const size_t n = s.nbytes();
+    s.fill = [fill = std::move(fill), n, bar, done, items, total, n_items](uint8_t* out) {
+      fill(out);
+      *done += n;
+      bar->update(*done, total, ++*items, n_items);
+    };
+  }
+
+  json config = read_json(fs::path(opt.in) / "config.json");
+  config.erase("quantization_config");
+  if (config.contains("text_config") && config["text_config"].is_object()) config["text_config"].erase("quantization_config");
+  rep.quantization_config = quantization_config(f);
+  if (!rep.quantization_config.is_null()) config["quantization_config"] = rep.quantization_config;
+  write_checkpoint(opt.out, config, std::move(specs), rep.shards);
+  bar->finish();
+
+  // The tokenizer, chat template and generation settings, as they are.
+  for (auto& e : fs::directory_iterator(opt.in)) {
+    const std::string fn = e.path().filename().string();
+    if (!e.is_regular_file() || e.path().extension() == ".safetensors" || fn == "config.json" ||
+        fn == "model.safetensors.index.json")
+      continue;
+    fs::copy_file(e.path(), fs::path(opt.out) / fn, fs::copy_options::overwrite_existing);
+  }
+
+  rep.classes = *stats;
+  for (auto& [k, s] : rep.classes) rep.bytes_in += s.bytes_in, rep.bytes_out += s.bytes_out;
+  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::ofstream(fs::path(opt.out) / "quantize_report.json") << quantize_report_json(rep).dump(2) << "\n";
+  return rep;
+}
+
+std::string quantize_report_text(const QuantizeReport& r) {
+  std::ostringstream o;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%.3f GB -> %.3f GB in %d shard%s, %.1f s\n", double(r.bytes_in) / 1e9,
+                double(r.bytes_out) / 1e9, r.shards, r.shards == 1 ? "" : "s", r.seconds);
+  o << buf;
+  for (auto& [name, s] : r.classes) {
+    std::snprintf(buf, sizeof buf, "  %-20s %6lld tensors (%lld converted), %.3f -> %.3f GB, relative RMS error %.5f\n",
+                  name.c_str(), (long long)s.tensors, (long long)s.converted, double(s.bytes_in) / 1e9,
+                  double(s.bytes_out) / 1e9, s.rel_rms());
+    o << buf;
+  }
+  return o.str();
+}
+
+json quantize_report_json(const QuantizeReport& r) {
+  json classes = json::object();
+  for (auto& [name, s] : r.classes)
+    classes[name] = {{"tensors", s.tensors}, {"converted", s.converted}, {"bytes_in", s.bytes_in},
+                     {"bytes_out", s.bytes_out}, {"relative_rms_error", s.rel_rms()}};
+  return {{"bytes_in", r.bytes_in}, {"bytes_out", r.bytes_out}, {"shards", r.shards},
+          {"seconds", r.seconds}, {"classes", classes}, {"quantization_config", r.quantization_config}};
+}
+
+LogitsDistance logits_distance(Model& ref, Model& q, const std::vector<std::vector<int32_t>>& sequences) {
+  LogitsDistance d;
+  const int64_t V = ref.config().vocab_size;
+  if (q.config().vocab_size != V) throw std::invalid_argument("logits_distance: the models' vocabularies differ");
+  double kl_sum = 0, abs_sum = 0;
+  RunOptions ro;
+  for (const auto& ids : sequences) {
+    const auto a = run_logits(ref, ids, ro), b = run_logits(q, ids, ro);
+    for (size_t t = 0; t < ids.size(); ++t) {
+      const float* x = a.data() + t * size_t(V);
+      const float* y = b.data() + t * size_t(V);
+      double mx = -INFINITY, my = -INFINITY;
+      int64_t ax = 0, ay = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        if (x[v] > mx) mx = x[v], ax = v;
+        if (y[v] > my) my = y[v], ay = v;
+        const double e = std::fabs(double(x[v]) - y[v]);
+        abs_sum += e;
+        d.max_abs = std::max(d.max_abs, e);
+      }
+      double zx = 0, zy = 0;
+      for (int64_t v = 0; v < V; ++v) zx += std::exp(x[v] - mx), zy += std::exp(y[v] - my);
+      const double lx = mx + std::log(zx), ly = my + std::log(zy);
+      double kl = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        const double lp = x[v] - lx, lq = y[v] - ly;
+        kl += std::exp(lp) * (lp - lq);
+      }
+      kl = std::max(0.0, kl);
+      kl_sum += kl;
+      d.max_kl = std::max(d.max_kl, kl);
+      d.argmax_agree += ax == ay;
+      d.positions += 1;
+    }
+  }
+  if (d.positions) {
+    d.mean_kl = kl_sum / double(d.positions);
+    d.mean_abs = abs_sum / double(d.positions) / double(V);
+  }
+  return d;
+}
+
+std::vector<std::vector<int32_t>> comparison_sequences(const std::string& dir, int64_t vocab, int count, int64_t length) {
+  std::vector<std::vector<int32_t>> out;
+  const fs::path golden = fs::path(dir) / "golden.safetensors";
+  if (fs::exists(golden)) {
+    SafetensorsFile g(golden.string());
+    for (int j = 0;; ++j) {
+      const TensorInfo* t = g.find("seq" + std::to_string(j) + "_ids");
+      if (!t) break;
+      std::vector<int32_t> ids;
+      for (int64_t i = 0; i < t->numel(); ++i) {
+        int64_t v;
+        std::memcpy(&v, t->data + 8 * i, 8);
+        ids.push_back(int32_t(v));
+      }
+      out.push_back(std::move(ids));
+    }
+    if (!out.empty()) return out;
+  }
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(vocab - 1));
+  for (int s = 0; s < count; ++s) {
+    std::vector<int32_t> ids(static_cast<size_t>(length));
+    for (auto& x : ids) x = tok(rng);
+    out.push_back(std::move(ids));
+  }
+  return out;
+}
+
+std::string logits_distance_text(const LogitsDistance& d) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "logits against the input over %lld teacher-forced positions: mean KL %.3g (max %.3g), mean |d| %.4g, "
+                "max |d| %.4g, argmax agrees at %lld/%lld\n",
+                (long long)d.positions, d.mean_kl, d.max_kl, d.mean_abs, d.max_abs, (long long)d.argmax_agree,
+                (long long)d.positions);
+  return buf;
+}
+
+}  // namespace mla
