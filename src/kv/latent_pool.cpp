@@ -178,31 +178,7 @@ void LatentPool::gather(int64_t layer, const PageTable& seq, int64_t s0, int64_t
   check_position(seq, s0 + n - 1, "gather");
   for (int64_t s = s0; s < s0 + n; ++s) {
     const uint8_t* row = row_ptr(layer, seq.pages[size_t(s / page_size_)], s % page_size_);
-    float* o = out + (s - s0) * dim;
-    switch (dtype_) {
-      case KvDType::F32: std::memcpy(o, row, size_t(dim) * 4); break;
-      case KvDType::BF16: {
-        const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
-        for (int64_t i = 0; i < dim; ++i) o[i] = bf16_to_f32(r[i]);
-        break;
-      }
-      case KvDType::FP8: {
-        int64_t nblocks = (kv_lora_rank_ + 127) / 128;
-        const uint8_t* sc = row + kv_lora_rank_;
-        for (int64_t i = 0; i < kv_lora_rank_; ++i) {
-          float scale;
-          std::memcpy(&scale, sc + (i / 128) * 4, 4);
-          o[i] = fp8e4m3_to_f32(row[i]) * scale;
-        }
-        const uint8_t* pe = row + kv_lora_rank_ + nblocks * 4;
-        for (int64_t i = 0; i < rope_dim_; ++i) {
-          uint16_t h;
-          std::memcpy(&h, pe + 2 * i, 2);
-          o[kv_lora_rank_ + i] = bf16_to_f32(h);
-        }
-        break;
-      }
-    }
+    decode_row(row, out + (s - s0) * dim);
   }
 }
 

@@ -98,18 +98,33 @@ void MlaAttention::attend(const cpu::Context& ctx, const LayerWeights& W, const 
   }
 }
 
-void MlaAttention::absorb(const cpu::Context& ctx, const LayerWeights& W, const SeqKeys& k, const float* q, float* out) {
-  const int64_t H = H_, nope = nope_, qk = nope_ + rope_dim_, kvr = kv_lora_, vd = v_, n = k.n, S = k.cached + k.n;
-  auto& jobs = z_.jobs;
+// q_nope~[t, h] = W_UK[h]^T q_nope[t, h]: each head's queries into latent space (z_.q_lat); sizes
+// z_.o_lat and z_.lse for the attention that follows.
+float* MlaAttention::absorb_queries(const cpu::Context& ctx, const LayerWeights& W, const float* q, int64_t n) {
+  const int64_t H = H_, qk = nope_ + rope_dim_, kvr = kv_lora_;
   z_.lse.resize(size_t(n * H));
   z_.q_lat.resize(size_t(n * H * kvr));
   z_.o_lat.resize(size_t(n * H * kvr));
   float* const q_lat = z_.q_lat.data();
+  z_.jobs.clear();
+  for (int64_t h = 0; h < H; ++h) z_.jobs.push_back({q + h * qk, n, H * qk, W.w_uk_t[size_t(h)], q_lat + h * kvr, H * kvr});
+  cpu::matmul_batch(ctx, z_.jobs);
+  return q_lat;
+}
+
+// out[t, h] = W_UV[h] o_lat[t, h] (z_.o_lat).
+void MlaAttention::absorb_values(const cpu::Context& ctx, const LayerWeights& W, int64_t n, float* out) {
+  const int64_t H = H_, kvr = kv_lora_, vd = v_;
+  const float* const o_lat = z_.o_lat.data();
+  z_.jobs.clear();
+  for (int64_t h = 0; h < H; ++h) z_.jobs.push_back({o_lat + h * kvr, n, H * kvr, W.w_uv[size_t(h)], out + h * vd, H * vd});
+  cpu::matmul_batch(ctx, z_.jobs);
+}
+
+void MlaAttention::absorb(const cpu::Context& ctx, const LayerWeights& W, const SeqKeys& k, const float* q, float* out) {
+  const int64_t H = H_, nope = nope_, qk = nope_ + rope_dim_, kvr = kv_lora_, n = k.n, S = k.cached + k.n;
+  float* const q_lat = absorb_queries(ctx, W, q, n);
   float* const o_lat = z_.o_lat.data();
-  // q_nope~[t, h] = W_UK[h]^T q_nope[t, h]: each head's queries into latent space.
-  jobs.clear();
-  for (int64_t h = 0; h < H; ++h) jobs.push_back({q + h * qk, n, H * qk, W.w_uk_t[size_t(h)], q_lat + h * kvr, H * kvr});
-  cpu::matmul_batch(ctx, jobs);
   // Scores against c_KV and k_pe, o_lat = sum p c_KV: the latent rows come straight from the
   // cache pages, a block of keys at a time.
   cpu::AbsorbArgs a{q_lat, q + nope, H * qk, qk, nullptr, n, S, H, kvr, rope_dim_, k.cached, 0, scale_};
@@ -130,10 +145,7 @@ void MlaAttention::absorb(const cpu::Context& ctx, const LayerWeights& W, const 
   } else {
     cpu::attention_absorb(ctx, a, o_lat, z_.lse.data());
   }
-  // out[t, h] = W_UV[h] o_lat[t, h].
-  jobs.clear();
-  for (int64_t h = 0; h < H; ++h) jobs.push_back({o_lat + h * kvr, n, H * kvr, W.w_uv[size_t(h)], out + h * vd, H * vd});
-  cpu::matmul_batch(ctx, jobs);
+  absorb_values(ctx, W, n, out);
 }
 
 void MlaAttention::expand_ranges(const cpu::Context& ctx, const LayerWeights& W, const SeqKeys& k, int64_t chunk, const float* q, float* out,
@@ -175,13 +187,17 @@ void MlaAttention::expand_ranges(const cpu::Context& ctx, const LayerWeights& W,
   }
 }
 
-void MlaAttention::reference(const LayerWeights& W, const SeqKeys& k, const float* q, float* out) {
+// The plain reference's problem: kv_b dequantized to float32 (z_.kv_b), z_.lse sized.
+cpu::ref::MlaProblem MlaAttention::reference_problem(const LayerWeights& W, const SeqKeys& k, const float* q) {
   const int64_t rows = H_ * (nope_ + v_), n = k.n;
   z_.kv_b.resize(size_t(rows * kv_lora_));
   for (int64_t r = 0; r < rows; ++r) W.kv_b.dequant_row(r, z_.kv_b.data() + r * kv_lora_);
   z_.lse.resize(size_t(n * H_));
-  const cpu::ref::MlaProblem p{q, z_.kv_b.data(), n, k.cached + n, H_, nope_, rope_dim_, v_, kv_lora_, k.cached, 0,
-                               scale_};
+  return {q, z_.kv_b.data(), n, k.cached + n, H_, nope_, rope_dim_, v_, kv_lora_, k.cached, 0, scale_};
+}
+
+void MlaAttention::reference(const LayerWeights& W, const SeqKeys& k, const float* q, float* out) {
+  const cpu::ref::MlaProblem p = reference_problem(W, k, q);
   cpu::ref::mla_naive(p, cpu::ref::LatentRows(*k.pool, k.layer, *k.seq), out, z_.lse.data());
 }
 
@@ -214,33 +230,19 @@ void MlaAttention::attend_sparse(const cpu::Context& ctx, const LayerWeights& W,
 
 void MlaAttention::absorb_sparse(const cpu::Context& ctx, const LayerWeights& W, const SeqKeys& k,
                                  const cpu::KeySelection& sel, const float* q, float* out) {
-  const int64_t H = H_, nope = nope_, qk = nope_ + rope_dim_, kvr = kv_lora_, vd = v_, n = k.n;
-  auto& jobs = z_.jobs;
-  z_.lse.resize(size_t(n * H));
-  z_.q_lat.resize(size_t(n * H * kvr));
-  z_.o_lat.resize(size_t(n * H * kvr));
-  float* const q_lat = z_.q_lat.data();
+  const int64_t H = H_, nope = nope_, qk = nope_ + rope_dim_, kvr = kv_lora_, n = k.n;
+  float* const q_lat = absorb_queries(ctx, W, q, n);
   float* const o_lat = z_.o_lat.data();
-  jobs.clear();
-  for (int64_t h = 0; h < H; ++h) jobs.push_back({q + h * qk, n, H * qk, W.w_uk_t[size_t(h)], q_lat + h * kvr, H * kvr});
-  cpu::matmul_batch(ctx, jobs);
   cpu::SparseAbsorbArgs a{q_lat, q + nope, H * qk, qk, n, H, kvr, rope_dim_, scale_, sel, nullptr};
   const SeqKeys* from = &k;
   a.gather = [from](const int32_t* pos, int64_t cnt, float* rows) { from->pool->gather_at(from->layer, *from->seq, pos, cnt, rows); };
   cpu::attention_absorb_sparse(ctx, a, o_lat, z_.lse.data());
-  jobs.clear();
-  for (int64_t h = 0; h < H; ++h) jobs.push_back({o_lat + h * kvr, n, H * kvr, W.w_uv[size_t(h)], out + h * vd, H * vd});
-  cpu::matmul_batch(ctx, jobs);
+  absorb_values(ctx, W, n, out);
 }
 
 void MlaAttention::reference_sparse(const LayerWeights& W, const SeqKeys& k, const cpu::KeySelection& sel, const float* q,
                                     float* out) {
-  const int64_t rows = H_ * (nope_ + v_), n = k.n;
-  z_.kv_b.resize(size_t(rows * kv_lora_));
-  for (int64_t r = 0; r < rows; ++r) W.kv_b.dequant_row(r, z_.kv_b.data() + r * kv_lora_);
-  z_.lse.resize(size_t(n * H_));
-  const cpu::ref::MlaProblem p{q, z_.kv_b.data(), n, k.cached + n, H_, nope_, rope_dim_, v_, kv_lora_, k.cached, 0,
-                               scale_};
+  const cpu::ref::MlaProblem p = reference_problem(W, k, q);
   cpu::ref::mla_naive_sparse(p, cpu::ref::LatentRows(*k.pool, k.layer, *k.seq), sel, out, z_.lse.data());
 }
 

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/attention_reference.h"
 #include "backend/cpu/context.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/sparse_attention.h"
@@ -87,6 +88,11 @@ class MlaAttention {
     expand_ranges(ctx, W, k, std::max<int64_t>(1, prefix_chunk), q, out);
   }
   void absorb(const cpu::Context& ctx, const LayerWeights& W, const SeqKeys& k, const float* q, float* out);
+  // The absorbed form's two ends, shared by absorb and absorb_sparse: the queries into latent
+  // space (returns z_.q_lat), and the latent outputs through W_UV.
+  float* absorb_queries(const cpu::Context& ctx, const LayerWeights& W, const float* q, int64_t n);
+  void absorb_values(const cpu::Context& ctx, const LayerWeights& W, int64_t n, float* out);
+  cpu::ref::MlaProblem reference_problem(const LayerWeights& W, const SeqKeys& k, const float* q);
   void reference(const LayerWeights& W, const SeqKeys& k, const float* q, float* out);
 
   // DeepSeek Sparse Attention: attend() with sequence b's queries seeing only the positions of

@@ -82,6 +82,33 @@ std::optional<std::string> json_object_text(std::string_view s) {
   return std::string(t);
 }
 
+// A parameter written as text: the text itself, or (decode: the tool's schema gives it a
+// non-string type) the JSON value it spells, where it spells one.
+OrderedJson parameter_value(std::string_view value, bool decode) {
+  if (decode) {
+    std::string_view t = trim(value);
+    try {
+      OrderedJson j = OrderedJson::parse(t.data(), t.data() + t.size(), nullptr, false);
+      if (!j.is_discarded()) return j;
+    } catch (const std::exception&) {
+    }
+  }
+  return std::string(value);
+}
+
+// The call named name with the arguments collected from its parameters.
+ParsedCall call_with_arguments(std::string_view name, const OrderedJson& args) {
+  return ParsedCall{std::string(name), args.dump(-1, ' ', false, OrderedJson::error_handler_t::replace), {}};
+}
+
+// The call named name when its arguments text is one JSON object (id: the call's own id, if the
+// format writes one).
+std::optional<ParsedCall> call_with_object(std::string_view name, std::string_view args, std::string id = {}) {
+  auto json = json_object_text(args);
+  if (!json) return std::nullopt;
+  return ParsedCall{std::string(name), std::move(*json), std::move(id)};
+}
+
 // type<｜tool▁sep｜>NAME\n```json\nARGS\n```  (type is "function"; a bare JSON object without the
 // fence is taken too)
 std::optional<ParsedCall> parse_deepseek_v3(std::string_view body, const ParamKinds&) {
@@ -102,9 +129,7 @@ std::optional<ParsedCall> parse_deepseek_v3(std::string_view body, const ParamKi
     if (args.size() < 3 || args.substr(args.size() - 3) != "```") return std::nullopt;
     args.remove_suffix(3);
   }
-  auto json = json_object_text(args);
-  if (!json) return std::nullopt;
-  return ParsedCall{std::string(name), std::move(*json), {}};
+  return call_with_object(name, args);
 }
 
 // NAME<｜tool▁sep｜>ARGS
@@ -113,9 +138,7 @@ std::optional<ParsedCall> parse_deepseek_v31(std::string_view body, const ParamK
   if (sep == std::string_view::npos) return std::nullopt;
   std::string_view name = trim(body.substr(0, sep));
   if (!valid_name(name)) return std::nullopt;
-  auto json = json_object_text(body.substr(sep + kDsSep.size()));
-  if (!json) return std::nullopt;
-  return ParsedCall{std::string(name), std::move(*json), {}};
+  return call_with_object(name, body.substr(sep + kDsSep.size()));
 }
 
 // functions.NAME:IDX<|tool_call_argument_begin|>ARGS  (the "functions." prefix is optional)
@@ -130,9 +153,7 @@ std::optional<ParsedCall> parse_kimi_k2(std::string_view body, const ParamKinds&
   std::string_view name = id.substr(0, colon);
   if (name.substr(0, 10) == "functions.") name.remove_prefix(10);
   if (!valid_name(name)) return std::nullopt;
-  auto json = json_object_text(body.substr(sep + kKimiArgBegin.size()));
-  if (!json) return std::nullopt;
-  return ParsedCall{std::string(name), std::move(*json), std::string(id)};
+  return call_with_object(name, body.substr(sep + kKimiArgBegin.size()), std::string(id));
 }
 
 // NAME (<arg_key>K</arg_key> <arg_value>V</arg_value>)*  with optional whitespace between tags
@@ -173,19 +194,9 @@ std::optional<ParsedCall> parse_glm47(std::string_view body, const ParamKinds& k
       auto it = params->find(k);
       decode = it != params->end() && !it->second;
     }
-    OrderedJson v = std::string(*value);
-    if (decode) {
-      std::string_view t = trim(*value);
-      try {
-        OrderedJson j = OrderedJson::parse(t.data(), t.data() + t.size(), nullptr, false);
-        if (!j.is_discarded()) v = std::move(j);
-      } catch (const std::exception&) {
-      }
-    }
-    args[k] = std::move(v);
+    args[k] = parameter_value(*value, decode);
   }
-  std::string text = args.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
-  return ParsedCall{std::string(name), std::move(text), {}};
+  return call_with_arguments(name, args);
 }
 
 // ` name="NAME">` then (<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>)*
@@ -241,19 +252,9 @@ std::optional<ParsedCall> parse_dsml(std::string_view body, const ParamKinds& ki
       auto it = params->find(k);
       decode = it != params->end() && !it->second;
     }
-    OrderedJson v = std::string(value);
-    if (decode) {
-      std::string_view t = trim(value);
-      try {
-        OrderedJson j = OrderedJson::parse(t.data(), t.data() + t.size(), nullptr, false);
-        if (!j.is_discarded()) v = std::move(j);
-      } catch (const std::exception&) {
-      }
-    }
-    args[k] = std::move(v);
+    args[k] = parameter_value(value, decode);
   }
-  std::string text = args.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
-  return ParsedCall{std::string(*name), std::move(text), {}};
+  return call_with_arguments(*name, args);
 }
 
 constexpr Format kFormats[] = {

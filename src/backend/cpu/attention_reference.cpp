@@ -112,23 +112,33 @@ void attention_absorb(const AbsorbArgs& a, const LatentRows& keys, float* out_la
     }
 }
 
-void mla_naive(const MlaProblem& p, const LatentRows& keys, float* out, float* lse) {
+namespace {
+// Head h's expanded keys k [S, qk] = [W_UK[h] c_KV[j] | k_pe[j]] and values v [S, v] =
+// W_UV[h] c_KV[j] from the latents c [S, kv_lora + rope].
+void expand_head(const MlaProblem& p, const std::vector<double>& c, int64_t h, std::vector<double>& k,
+                 std::vector<double>& v) {
   const int64_t qk = p.nope + p.rope, kvr = p.kv_lora, dim = kvr + p.rope, hd = p.nope + p.v;
+  for (int64_t j = 0; j < p.S; ++j) {
+    const double* cj = c.data() + j * dim;
+    for (int64_t r = 0; r < hd; ++r) {
+      const float* w = p.kv_b + (h * hd + r) * kvr;
+      double d = 0;
+      for (int64_t i = 0; i < kvr; ++i) d += double(w[i]) * cj[i];
+      if (r < p.nope) k[size_t(j * qk + r)] = d;
+      else v[size_t(j * p.v + r - p.nope)] = d;
+    }
+    for (int64_t i = 0; i < p.rope; ++i) k[size_t(j * qk + p.nope + i)] = cj[kvr + i];
+  }
+}
+}  // namespace
+
+void mla_naive(const MlaProblem& p, const LatentRows& keys, float* out, float* lse) {
+  const int64_t qk = p.nope + p.rope;
   const std::vector<double> c = latents(keys, p.S);
   // k = [W_UK[h] c_KV[j] | k_pe[j]], v = W_UV[h] c_KV[j]: the expanded keys and values.
   std::vector<double> k(static_cast<size_t>(p.S * qk)), v(static_cast<size_t>(p.S * p.v));
   for (int64_t h = 0; h < p.H; ++h) {
-    for (int64_t j = 0; j < p.S; ++j) {
-      const double* cj = c.data() + j * dim;
-      for (int64_t r = 0; r < hd; ++r) {
-        const float* w = p.kv_b + (h * hd + r) * kvr;
-        double d = 0;
-        for (int64_t i = 0; i < kvr; ++i) d += double(w[i]) * cj[i];
-        if (r < p.nope) k[size_t(j * qk + r)] = d;
-        else v[size_t(j * p.v + r - p.nope)] = d;
-      }
-      for (int64_t i = 0; i < p.rope; ++i) k[size_t(j * qk + p.nope + i)] = cj[kvr + i];
-    }
+    expand_head(p, c, h, k, v);
     attend_head(h, p.T, p.H, p.q, qk, k, v, p.v, p.q_pos0, p.k_pos0, p.S, p.scale, out, lse);
   }
 }
@@ -161,22 +171,12 @@ void mla_absorb(const MlaProblem& p, const LatentRows& keys, float* out, float* 
 }
 
 void mla_naive_sparse(const MlaProblem& p, const LatentRows& keys, const KeySelection& sel, float* out, float* lse) {
-  const int64_t qk = p.nope + p.rope, kvr = p.kv_lora, dim = kvr + p.rope, hd = p.nope + p.v;
+  const int64_t qk = p.nope + p.rope;
   const std::vector<double> c = latents(keys, p.S);
   std::vector<double> k(static_cast<size_t>(p.S * qk)), v(static_cast<size_t>(p.S * p.v)), qd(static_cast<size_t>(qk)), s;
   std::vector<double> ks, vs;
   for (int64_t h = 0; h < p.H; ++h) {
-    for (int64_t j = 0; j < p.S; ++j) {
-      const double* cj = c.data() + j * dim;
-      for (int64_t r = 0; r < hd; ++r) {
-        const float* w = p.kv_b + (h * hd + r) * kvr;
-        double d = 0;
-        for (int64_t i = 0; i < kvr; ++i) d += double(w[i]) * cj[i];
-        if (r < p.nope) k[size_t(j * qk + r)] = d;
-        else v[size_t(j * p.v + r - p.nope)] = d;
-      }
-      for (int64_t i = 0; i < p.rope; ++i) k[size_t(j * qk + p.nope + i)] = cj[kvr + i];
-    }
+    expand_head(p, c, h, k, v);
     for (int64_t t = 0; t < p.T; ++t) {
       // The query's keys and values, in its list's order.
       ks.clear();
