@@ -9,7 +9,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -18,14 +17,12 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
+#include "matrix_pass.h"
 #include "tools/bench.h"
 #include "tensor/dtype.h"
 #include "tensor/matrix.h"
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 struct Set {
   std::vector<mla::MatrixView> views;
@@ -78,15 +75,7 @@ void fill(Set& s, mla::WeightFormat f, int64_t rows, int64_t cols, int count) {
 
 // Seconds per product: best of `reps` passes over every copy.
 double per_product(const mla::cpu::Context& ctx, const Set& s, int64_t T, int reps) {
-  const int64_t K = s.views[0].cols, N = s.views[0].rows;
-  std::vector<float> x(size_t(T * K), 0.01f), y(size_t(T * N));
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    auto t = Clock::now();
-    for (const auto& v : s.views) mla::cpu::matmul(ctx, x.data(), T, v, y.data());
-    best = std::min(best, since(t) / double(s.views.size()));
-  }
-  return best;
+  return best_pass_seconds(ctx, s.views, T, reps) / double(s.views.size());
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
+#include "matrix_pass.h"
 #include "tools/bench.h"
 #include "tensor/dtype.h"
 #include "tensor/matrix.h"
@@ -100,19 +101,6 @@ Set make_set(mla::WeightFormat f, int64_t rows, int64_t cols, int count, bool hu
   return s;
 }
 
-// Best of `reps` passes of y = W x over every matrix of the set; returns seconds per pass.
-double time_pass(const mla::cpu::Context& ctx, const Set& s, int64_t T, int reps) {
-  const int64_t K = s.views[0].cols, N = s.views[0].rows;
-  std::vector<float> x(size_t(T * K), 0.01f), y(size_t(T * N));
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    auto t = Clock::now();
-    for (const auto& v : s.views) mla::cpu::matmul(ctx, x.data(), T, v, y.data());
-    best = std::min(best, since(t));
-  }
-  return best;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -159,7 +147,7 @@ int main(int argc, char** argv) {
       Set s = make_set(f, rows, cols, count, huge);
       for (int64_t T : {1, 4})
         for (auto p : {mla::cpu::Precision::Precise, mla::cpu::Precision::Fast}) {
-          const double t = time_pass(in(p), s, T, reps);
+          const double t = best_pass_seconds(in(p), s.views, T, reps);
           const double gbs = double(s.bytes) / t / 1e9;
           std::printf("%-6s %5lldx%-6lld %3lld %-8s %9.2f %9.1f %6.2f\n", mla::weight_format_name(f),
                       (long long)rows, (long long)cols, (long long)T, mla::cpu::precision_name(p), t * 1e3, gbs,
@@ -239,15 +227,8 @@ int main(int argc, char** argv) {
   if (!l2_only) {
     const int64_t T = 512, N = 2048, K = 2048;
     Set s = make_set(mla::WeightFormat::BF16, N, K, 8, huge);
-    std::vector<float> x(size_t(T * K), 0.01f), y(size_t(T * N));
     for (auto p : {mla::cpu::Precision::Fast, mla::cpu::Precision::Precise}) {
-      const mla::cpu::Context ctx = in(p);
-      double best = 1e30;
-      for (int r = 0; r < reps + 1; ++r) {
-        auto t = Clock::now();
-        for (const auto& v : s.views) mla::cpu::matmul(ctx, x.data(), T, v, y.data());
-        best = std::min(best, since(t) / double(s.views.size()));
-      }
+      const double best = best_pass_seconds(in(p), s.views, T, reps + 1) / double(s.views.size());
       std::printf("\nprompt %lldx%lldx%lld bf16 weights, %s: %.2f ms, %.0f GFLOPS", (long long)T, (long long)N,
                   (long long)K, mla::cpu::precision_name(p), best * 1e3, 2.0 * T * N * K / best / 1e9);
     }

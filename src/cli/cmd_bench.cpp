@@ -23,7 +23,9 @@ int run(int argc, char** argv) {
   app.add_option("--layers", o.layers, "layers (the first dense, the rest MoE)");
   app.add_option("--weights", o.weights, "bf16 | fp8 (block-128 FP8 projections) | int4 (INT4 routed experts) | int4-fp8 (INT4 routed experts, FP8 "
                  "projections: mla quantize's layout)");
-  app.add_option("--threads", o.threads, "CPU threads (default: all)");
+  mla::cli::CpuOptions cpu;
+  cpu.precision = o.precision;
+  mla::cli::add_cpu_options(app, cpu, "fast (bf16 AMX GEMMs for prompt-sized products) | precise (float32 everywhere)");
   app.add_option("--runs", o.runs, "timed runs per figure, after one warm-up run");
   app.add_option("--decode-tokens", o.decode_tokens, "tokens per decode run (0: skip)");
   app.add_option("--context", o.context, "tokens in the cache before decoding (a prompt of that length)");
@@ -34,8 +36,6 @@ int run(int argc, char** argv) {
                  "tokens per run of the speculative-decoding comparison (injected drafts at acceptance 1, 0.8, 0.5, 0 "
                  "and the MTP module's own; 0: skip)");
   app.add_option("--draft-tokens", o.draft_tokens, "draft tokens per verify pass in that comparison");
-  app.add_option("--precision", o.precision,
-                 "fast (bf16 AMX GEMMs for prompt-sized products) | precise (float32 everywhere)");
   app.add_option("--huge-pages", o.huge_pages,
                  "auto | on | off: copy the weights onto transparent huge pages at load (auto: when they take "
                  "under half the available memory)");
@@ -49,6 +49,9 @@ int run(int argc, char** argv) {
   std::string dsa_kv = "bf16";
   app.add_option("--dsa-kv-dtype", dsa_kv, "the --dsa run's cache: bf16 | fp8 | f32");
   CLI11_PARSE(app, argc, argv);
+  cpu.context();  // checks --threads and --precision
+  o.threads = cpu.threads;
+  o.precision = cpu.precision;
   if (!dsa_contexts.empty()) {
     mla::bench::DsaOptions d;
     d.contexts = dsa_contexts;

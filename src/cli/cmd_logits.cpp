@@ -15,17 +15,17 @@ namespace {
 
 int run(int argc, char** argv) {
   CLI::App app{"Compute the logits of a token sequence at every position (float32 [ids, vocab])", "mla logits"};
-  std::string model_dir, ids_str, out, attn = "", mode = "prefill", kv_dtype = "f32";
+  std::string model_dir, ids_str, out, attn = "", mode = "prefill";
   mla::cli::CpuOptions cpu;
-  int64_t prefix_chunk = 1024, page_size = 64;
+  int64_t prefix_chunk = 1024;
+  mla::cli::CacheOptions cache{.kv_dtype = "f32"};
   mla::cli::add_model_option(app, model_dir, mla::cli::kWeightsHelp);
   app.add_option("--ids", ids_str, "comma-separated token ids")->required();
   app.add_option("--out", out, "output .safetensors file (tensor 'logits')")->required();
   app.add_option("--attn", attn, "auto | expand | absorb | chunked (default: absorb for decode, else auto)");
   app.add_option("--mode", mode, "prefill | decode | extend:P");
   app.add_option("--prefix-chunk", prefix_chunk, "tokens of cached prefix expanded at a time (chunked path)");
-  app.add_option("--kv-dtype", kv_dtype, "latent cache storage: f32 | bf16 | fp8");
-  app.add_option("--page-size", page_size, "tokens per cache page");
+  mla::cli::add_cache_options(app, cache);
   mla::cli::add_cpu_options(app, cpu);
   CLI11_PARSE(app, argc, argv);
   mla::RunOptions opt;
@@ -33,10 +33,9 @@ int run(int argc, char** argv) {
   opt.path = attn.empty() ? (opt.mode.kind == mla::RunMode::Decode ? mla::AttnPath::Absorb : mla::AttnPath::Auto)
                           : mla::parse_attn_path(attn);
   if (prefix_chunk <= 0) throw std::invalid_argument("--prefix-chunk must be positive");
-  if (page_size <= 0) throw std::invalid_argument("--page-size must be positive");
   opt.policy.prefix_chunk = prefix_chunk;
-  opt.page_size = page_size;
-  opt.kv_dtype = mla::parse_kv_dtype(kv_dtype);
+  opt.kv_dtype = cache.dtype();
+  opt.page_size = cache.page_size;
   auto ids = mla::cli::parse_id_list(ids_str);
   auto model = mla::Model::load(model_dir, cpu.context(), isatty(STDERR_FILENO));
   auto logits = mla::run_logits(*model, ids, opt);

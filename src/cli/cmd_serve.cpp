@@ -26,10 +26,11 @@
 namespace {
 
 struct ServeOptions {
-  std::string model_dir, host = "127.0.0.1", kv_dtype = "bf16", served_model_name;
+  std::string model_dir, host = "127.0.0.1", served_model_name;
   int port = 8080;
   double kv_cache_gb = 0;
-  int64_t max_batch_tokens = 512, max_num_seqs = 64, page_size = 64;
+  int64_t max_batch_tokens = 512, max_num_seqs = 64;
+  mla::cli::CacheOptions cache;
   mla::cli::CpuOptions cpu{.threads = 0, .precision = "fast"};
   bool no_prefix_cache = false;
   mla::cli::SpeculativeCliOptions spec;
@@ -55,10 +56,9 @@ int serve_cmd(int argc, char** argv) {
   app.add_option("--port", o.port, "TCP port (default 8080; 0: any free port, printed)");
   app.add_option("--kv-cache-gb", o.kv_cache_gb,
                  "KV cache budget in GB (default: max-num-seqs full contexts, at most 1 GiB)");
-  app.add_option("--kv-dtype", o.kv_dtype, "latent cache storage: bf16 | fp8 | f32");
+  mla::cli::add_cache_options(app, o.cache);
   app.add_option("--max-batch-tokens", o.max_batch_tokens, "new tokens per forward pass: decode tokens + prefill chunks");
   app.add_option("--max-num-seqs", o.max_num_seqs, "sequences running at once");
-  app.add_option("--page-size", o.page_size, "tokens per KV cache page");
   mla::cli::add_speculative_options(app, o.spec);
   mla::cli::add_cpu_options(app, o.cpu,
                             "fast (bf16 activations in the matrix products, AMX for prompts) | precise (float32 throughout)");
@@ -86,7 +86,6 @@ int serve_cmd(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const mla::LoadQuantization load_quantization = quantize.parsed();
   if (o.kv_cache_gb < 0) throw std::invalid_argument("--kv-cache-gb must not be negative");
-  if (o.page_size <= 0) throw std::invalid_argument("--page-size must be positive");
   if (o.port < 0 || o.port > 65535) throw std::invalid_argument("--port must be in [0, 65535]");
   if (o.max_num_seqs < 1) throw std::invalid_argument("--max-num-seqs must be positive");
   if (o.max_batch_tokens < 1) throw std::invalid_argument("--max-batch-tokens must be positive");
@@ -106,7 +105,7 @@ int serve_cmd(int argc, char** argv) {
   if (o.api_key.empty())
     if (const char* k = std::getenv("MLA_API_KEY")) o.api_key = k;
   const mla::cpu::Context ctx = o.cpu.context();
-  const mla::KvDType kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
+  const mla::KvDType kv_dtype = o.cache.dtype();
 
   // Every thread started from here on inherits the blocked signals; one thread waits for them.
   sigset_t signals;
@@ -122,9 +121,9 @@ int serve_cmd(int argc, char** argv) {
   const mla::ModelConfig& c = model->config();
 
   mla::EngineOptions eo;
-  eo.page_size = o.page_size;
+  eo.page_size = o.cache.page_size;
   eo.kv_dtype = kv_dtype;
-  eo.kv_pages = mla::kv_cache_pages(c, o.kv_cache_gb * 1e9, o.page_size, kv_dtype, std::max<int64_t>(o.max_num_seqs, 1));
+  eo.kv_pages = mla::kv_cache_pages(c, o.kv_cache_gb * 1e9, eo.page_size, kv_dtype, std::max<int64_t>(o.max_num_seqs, 1));
   eo.max_batch_tokens = o.max_batch_tokens;
   eo.max_running = o.max_num_seqs;
   eo.prefix_cache = !o.no_prefix_cache;
@@ -181,8 +180,8 @@ int serve_cmd(int argc, char** argv) {
   std::fprintf(stderr,
                "mla serve: %s on http://%s:%d  (KV cache %lld pages x %lld tokens, %s, %lld bytes per token; "
                "batches of up to %lld tokens, %lld sequences)\n",
-               sopt.model_name.c_str(), o.host.c_str(), port, (long long)pages, (long long)o.page_size,
-               o.kv_dtype.c_str(), (long long)engine.pool().bytes_per_token(), (long long)eo.max_batch_tokens,
+               sopt.model_name.c_str(), o.host.c_str(), port, (long long)pages, (long long)eo.page_size,
+               o.cache.kv_dtype.c_str(), (long long)engine.pool().bytes_per_token(), (long long)eo.max_batch_tokens,
                (long long)eo.max_running);
   std::fflush(stderr);
   server.listen();

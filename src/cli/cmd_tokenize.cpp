@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -43,40 +44,46 @@ std::string join_ids(const std::vector<int32_t>& ids) {
   return line + "\n";
 }
 
-int tokenize_main(int argc, char** argv) {
-  CLI::App app{"Encode all of standard input (bytes, unchanged) and print the token ids on one line."};
-  app.name("mla tokenize");
+// tokenize and detokenize: -m (the tokenizer's folder) and one flag; run(tokenizer, flag) does
+// the work.
+int tokenizer_command(int argc, char** argv, const std::string& about, const std::string& name, const std::string& flag,
+                      const std::string& flag_help, const std::function<void(const mla::Tokenizer&, bool)>& run) {
+  CLI::App app{about};
+  app.name(name);
   std::string model_dir;
-  bool special = false;
+  bool value = false;
   mla::cli::add_model_option(app, model_dir, "model folder with tokenizer.json");
-  app.add_flag("--special", special, "add special tokens (BOS/EOS as tokenizer_config.json says)");
+  app.add_flag(flag, value, flag_help);
   CLI11_PARSE(app, argc, argv);
-  auto tokenizer = mla::Tokenizer::load(model_dir);
-  write_all(join_ids(tokenizer.encode(read_all(stdin), special)));
+  run(mla::Tokenizer::load(model_dir), value);
   return 0;
 }
 
+int tokenize_main(int argc, char** argv) {
+  return tokenizer_command(argc, argv, "Encode all of standard input (bytes, unchanged) and print the token ids on one line.",
+                           "mla tokenize", "--special", "add special tokens (BOS/EOS as tokenizer_config.json says)",
+                           [](const mla::Tokenizer& tokenizer, bool special) {
+                             write_all(join_ids(tokenizer.encode(read_all(stdin), special)));
+                           });
+}
+
 int detokenize_main(int argc, char** argv) {
-  CLI::App app{"Read whitespace-separated token ids from standard input and write their text, byte-exact."};
-  app.name("mla detokenize");
-  std::string model_dir;
-  bool skip_special = false;
-  mla::cli::add_model_option(app, model_dir, "model folder with tokenizer.json");
-  app.add_flag("--skip-special", skip_special, "leave out special tokens");
-  CLI11_PARSE(app, argc, argv);
-  auto tokenizer = mla::Tokenizer::load(model_dir);
-  std::istringstream in(read_all(stdin));
-  std::vector<int32_t> ids;
-  std::string word;
-  while (in >> word) {
-    int32_t id = 0;
-    const char* end = word.data() + word.size();
-    const auto [stop, err] = std::from_chars(word.data(), end, id);  // out of int32's range: an error
-    if (err != std::errc() || stop != end) throw std::runtime_error("standard input: '" + word + "' is not a token id");
-    ids.push_back(id);
-  }
-  write_all(tokenizer.decode(ids, skip_special));
-  return 0;
+  return tokenizer_command(
+      argc, argv, "Read whitespace-separated token ids from standard input and write their text, byte-exact.",
+      "mla detokenize", "--skip-special", "leave out special tokens", [](const mla::Tokenizer& tokenizer, bool skip_special) {
+        std::istringstream in(read_all(stdin));
+        std::vector<int32_t> ids;
+        std::string word;
+        while (in >> word) {
+          int32_t id = 0;
+          const char* end = word.data() + word.size();
+          const auto [stop, err] = std::from_chars(word.data(), end, id);  // out of int32's range: an error
+          if (err != std::errc() || stop != end)
+            throw std::runtime_error("standard input: '" + word + "' is not a token id");
+          ids.push_back(id);
+        }
+        write_all(tokenizer.decode(ids, skip_special));
+      });
 }
 
 int chat_template_main(int argc, char** argv) {

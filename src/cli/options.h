@@ -7,6 +7,7 @@
 
 #include "backend/cpu/context.h"
 #include "engine/speculative.h"
+#include "kv/latent_pool.h"
 #include "model/weights.h"
 
 namespace mla::cli {
@@ -43,6 +44,22 @@ struct CpuOptions {
 inline void add_cpu_options(CLI::App& app, CpuOptions& o, const std::string& precision_help = "") {
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
   if (!precision_help.empty()) app.add_option("--precision", o.precision, precision_help);
+}
+
+// --kv-dtype and --page-size: the latent cache's storage and tokens per page (mla logits, serve);
+// dtype() checks both.
+struct CacheOptions {
+  std::string kv_dtype = "bf16";
+  int64_t page_size = 64;
+  KvDType dtype() const {
+    if (page_size <= 0) throw std::invalid_argument("--page-size must be positive");
+    return parse_kv_dtype(kv_dtype);
+  }
+};
+
+inline void add_cache_options(CLI::App& app, CacheOptions& o) {
+  app.add_option("--kv-dtype", o.kv_dtype, "latent cache storage: bf16 | fp8 | f32 (default " + o.kv_dtype + ")");
+  app.add_option("--page-size", o.page_size, "tokens per cache page");
 }
 
 // --speculative and --draft-tokens (mla run, chat, serve): speculative decoding with the

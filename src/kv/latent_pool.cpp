@@ -9,6 +9,63 @@
 
 namespace mla {
 
+namespace {
+
+// n values of a cached row as the pool stores them: float32, bf16, or (FP8) e4m3 codes followed
+// by one float32 scale per 128 values (absmax / 448). Each returns the bytes written or read.
+int64_t encode_values(KvDType t, const float* x, int64_t n, uint8_t* out) {
+  switch (t) {
+    case KvDType::F32: std::memcpy(out, x, size_t(n) * 4); return n * 4;
+    case KvDType::BF16:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = f32_to_bf16(x[i]);
+        std::memcpy(out + 2 * i, &h, 2);
+      }
+      return n * 2;
+    case KvDType::FP8: {
+      const int64_t nblocks = (n + 127) / 128;
+      for (int64_t b = 0; b < nblocks; ++b) {
+        const int64_t i0 = b * 128, i1 = std::min(n, i0 + 128);
+        float amax = 0;
+        for (int64_t i = i0; i < i1; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float scale = amax > 0 ? amax / 448.0f : 1.0f, inv = 1.0f / scale;
+        std::memcpy(out + n + b * 4, &scale, 4);
+        for (int64_t i = i0; i < i1; ++i) out[i] = f32_to_fp8e4m3(x[i] * inv);
+      }
+      return n + nblocks * 4;
+    }
+  }
+  return 0;
+}
+
+int64_t decode_values(KvDType t, const uint8_t* in, int64_t n, float* o) {
+  switch (t) {
+    case KvDType::F32: std::memcpy(o, in, size_t(n) * 4); return n * 4;
+    case KvDType::BF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, in + 2 * i, 2);
+        o[i] = bf16_to_f32(h);
+      }
+      return n * 2;
+    case KvDType::FP8: {
+      const uint8_t* sc = in + n;
+      for (int64_t i = 0; i < n; ++i) {
+        float scale;
+        std::memcpy(&scale, sc + (i / 128) * 4, 4);
+        o[i] = fp8e4m3_to_f32(in[i]) * scale;
+      }
+      return n + (n + 127) / 128 * 4;
+    }
+  }
+  return 0;
+}
+
+// A latent row is c_KV then k_pe; in an FP8 row k_pe stays bf16 (after c_KV's scales).
+KvDType k_pe_dtype(KvDType t) { return t == KvDType::FP8 ? KvDType::BF16 : t; }
+
+}  // namespace
+
 const char* kv_dtype_name(KvDType t) {
   switch (t) {
     case KvDType::F32: return "f32";
@@ -19,9 +76,8 @@ const char* kv_dtype_name(KvDType t) {
 }
 
 KvDType parse_kv_dtype(const std::string& s) {
-  if (s == "f32") return KvDType::F32;
-  if (s == "bf16") return KvDType::BF16;
-  if (s == "fp8") return KvDType::FP8;
+  for (KvDType t : {KvDType::F32, KvDType::BF16, KvDType::FP8})
+    if (s == kv_dtype_name(t)) return t;
   throw std::invalid_argument("unknown KV cache dtype '" + s + "' (f32, bf16, fp8)");
 }
 
@@ -136,39 +192,8 @@ void LatentPool::write(int64_t layer, const PageTable& seq, int64_t pos, const f
   int32_t page = seq.pages[size_t(pos / page_size_)];
   if (refs_[size_t(page)] > 1) throw std::logic_error("LatentPool::write: page is shared with another sequence");
   uint8_t* row = row_ptr(layer, page, pos % page_size_);
-  switch (dtype_) {
-    case KvDType::F32: {
-      float* r = reinterpret_cast<float*>(row);
-      std::memcpy(r, c, size_t(kv_lora_rank_) * 4);
-      std::memcpy(r + kv_lora_rank_, k_pe, size_t(rope_dim_) * 4);
-      break;
-    }
-    case KvDType::BF16: {
-      uint16_t* r = reinterpret_cast<uint16_t*>(row);
-      for (int64_t i = 0; i < kv_lora_rank_; ++i) r[i] = f32_to_bf16(c[i]);
-      for (int64_t i = 0; i < rope_dim_; ++i) r[kv_lora_rank_ + i] = f32_to_bf16(k_pe[i]);
-      break;
-    }
-    case KvDType::FP8: {
-      int64_t nblocks = (kv_lora_rank_ + 127) / 128;
-      float* scales = reinterpret_cast<float*>(row + kv_lora_rank_);
-      for (int64_t b = 0; b < nblocks; ++b) {
-        int64_t i0 = b * 128, i1 = std::min(kv_lora_rank_, i0 + 128);
-        float amax = 0;
-        for (int64_t i = i0; i < i1; ++i) amax = std::max(amax, std::fabs(c[i]));
-        float scale = amax > 0 ? amax / 448.0f : 1.0f;
-        float inv = 1.0f / scale;
-        std::memcpy(&scales[b], &scale, 4);
-        for (int64_t i = i0; i < i1; ++i) row[i] = f32_to_fp8e4m3(c[i] * inv);
-      }
-      uint8_t* pe = row + kv_lora_rank_ + nblocks * 4;
-      for (int64_t i = 0; i < rope_dim_; ++i) {
-        uint16_t h = f32_to_bf16(k_pe[i]);
-        std::memcpy(pe + 2 * i, &h, 2);
-      }
-      break;
-    }
-  }
+  const int64_t at = encode_values(dtype_, c, kv_lora_rank_, row);
+  encode_values(k_pe_dtype(dtype_), k_pe, rope_dim_, row + at);
 }
 
 void LatentPool::gather(int64_t layer, const PageTable& seq, int64_t s0, int64_t n, float* out) const {
@@ -183,31 +208,8 @@ void LatentPool::gather(int64_t layer, const PageTable& seq, int64_t s0, int64_t
 }
 
 void LatentPool::decode_row(const uint8_t* row, float* o) const {
-  const int64_t dim = row_dim();
-  switch (dtype_) {
-    case KvDType::F32: std::memcpy(o, row, size_t(dim) * 4); break;
-    case KvDType::BF16: {
-      const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
-      for (int64_t i = 0; i < dim; ++i) o[i] = bf16_to_f32(r[i]);
-      break;
-    }
-    case KvDType::FP8: {
-      int64_t nblocks = (kv_lora_rank_ + 127) / 128;
-      const uint8_t* sc = row + kv_lora_rank_;
-      for (int64_t i = 0; i < kv_lora_rank_; ++i) {
-        float scale;
-        std::memcpy(&scale, sc + (i / 128) * 4, 4);
-        o[i] = fp8e4m3_to_f32(row[i]) * scale;
-      }
-      const uint8_t* pe = row + kv_lora_rank_ + nblocks * 4;
-      for (int64_t i = 0; i < rope_dim_; ++i) {
-        uint16_t h;
-        std::memcpy(&h, pe + 2 * i, 2);
-        o[kv_lora_rank_ + i] = bf16_to_f32(h);
-      }
-      break;
-    }
-  }
+  const int64_t at = decode_values(dtype_, row, kv_lora_rank_, o);
+  decode_values(k_pe_dtype(dtype_), row + at, rope_dim_, o + kv_lora_rank_);
 }
 
 void LatentPool::gather_at(int64_t layer, const PageTable& seq, const int32_t* positions, int64_t n, float* out) const {
@@ -224,28 +226,8 @@ void LatentPool::write_index(int64_t layer, const PageTable& seq, int64_t pos, c
   check_position(seq, pos, "write_index");
   int32_t page = seq.pages[size_t(pos / page_size_)];
   if (refs_[size_t(page)] > 1) throw std::logic_error("LatentPool::write_index: page is shared with another sequence");
-  uint8_t* row = index_ptr(layer, page, pos % page_size_);
-  const int64_t d = index_dim_;
-  switch (dtype_) {
-    case KvDType::F32: std::memcpy(row, k, size_t(d) * 4); break;
-    case KvDType::BF16: {
-      uint16_t* r = reinterpret_cast<uint16_t*>(row);
-      for (int64_t i = 0; i < d; ++i) r[i] = f32_to_bf16(k[i]);
-      break;
-    }
-    case KvDType::FP8: {  // one scale per 128 values, as DeepSeek-V3.2's act_quant of the key
-      float* scales = reinterpret_cast<float*>(row + d);
-      for (int64_t b = 0; b < (d + 127) / 128; ++b) {
-        int64_t i0 = b * 128, i1 = std::min(d, i0 + 128);
-        float amax = 0;
-        for (int64_t i = i0; i < i1; ++i) amax = std::max(amax, std::fabs(k[i]));
-        float scale = amax > 0 ? amax / 448.0f : 1.0f, inv = 1.0f / scale;
-        std::memcpy(&scales[b], &scale, 4);
-        for (int64_t i = i0; i < i1; ++i) row[i] = f32_to_fp8e4m3(k[i] * inv);
-      }
-      break;
-    }
-  }
+  // FP8: one scale per 128 values, as DeepSeek-V3.2's act_quant of the key.
+  encode_values(dtype_, k, index_dim_, index_ptr(layer, page, pos % page_size_));
 }
 
 void LatentPool::gather_index(int64_t layer, const PageTable& seq, int64_t s0, int64_t n, float* out) const {
@@ -253,28 +235,9 @@ void LatentPool::gather_index(int64_t layer, const PageTable& seq, int64_t s0, i
   if (n <= 0) return;
   check_position(seq, s0, "gather_index");
   check_position(seq, s0 + n - 1, "gather_index");
-  const int64_t d = index_dim_;
-  for (int64_t s = s0; s < s0 + n; ++s) {
-    const uint8_t* row = index_ptr(layer, seq.pages[size_t(s / page_size_)], s % page_size_);
-    float* o = out + (s - s0) * d;
-    switch (dtype_) {
-      case KvDType::F32: std::memcpy(o, row, size_t(d) * 4); break;
-      case KvDType::BF16: {
-        const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
-        for (int64_t i = 0; i < d; ++i) o[i] = bf16_to_f32(r[i]);
-        break;
-      }
-      case KvDType::FP8: {
-        const uint8_t* sc = row + d;
-        for (int64_t i = 0; i < d; ++i) {
-          float scale;
-          std::memcpy(&scale, sc + (i / 128) * 4, 4);
-          o[i] = fp8e4m3_to_f32(row[i]) * scale;
-        }
-        break;
-      }
-    }
-  }
+  for (int64_t s = s0; s < s0 + n; ++s)
+    decode_values(dtype_, index_ptr(layer, seq.pages[size_t(s / page_size_)], s % page_size_), index_dim_,
+                  out + (s - s0) * index_dim_);
 }
 
 }  // namespace mla

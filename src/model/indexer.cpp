@@ -62,24 +62,17 @@ void Indexer::project(const cpu::Context& ctx, const IndexerWeights& W, const fl
   cpu::matmul_batch(ctx, jobs);
   cpu::matmul(ctx, qr, T, q_lora_, W.wq_b, q, Hi * D);
   const float wscale = float(1.0 / std::sqrt(double(Hi)) / std::sqrt(double(D)));
-  cpu::parallel_region(ctx, T >= 16, [&] {
-    thread_local std::vector<float> cosv, sinv;
-    cosv.resize(size_t(half));
-    sinv.resize(size_t(half));
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-      rope_.angles(pos[t], cosv.data(), sinv.data());
-      auto rotate = [&](float* v) {
-        if (interleave_) cpu::rope_interleaved(v, cosv.data(), sinv.data(), half);
-        else rope_halves(v, cosv.data(), sinv.data(), half);
-        hadamard_inplace(v, D);
-      };
-      float* kt = k + t * D;
-      layer_norm(kt, D, W.k_norm.data(), W.k_norm_bias.data());
-      rotate(kt);
-      for (int64_t h = 0; h < Hi; ++h) rotate(q + (t * Hi + h) * D);
-      for (int64_t h = 0; h < Hi; ++h) w[t * Hi + h] *= wscale;
-    }
+  rope_.for_each_position(ctx, T, pos, [&](int64_t t, const float* cos, const float* sin) {
+    auto rotate = [&](float* v) {
+      if (interleave_) cpu::rope_interleaved(v, cos, sin, half);
+      else rope_halves(v, cos, sin, half);
+      hadamard_inplace(v, D);
+    };
+    float* kt = k + t * D;
+    layer_norm(kt, D, W.k_norm.data(), W.k_norm_bias.data());
+    rotate(kt);
+    for (int64_t h = 0; h < Hi; ++h) rotate(q + (t * Hi + h) * D);
+    for (int64_t h = 0; h < Hi; ++h) w[t * Hi + h] *= wscale;
   });
 }
 

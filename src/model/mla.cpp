@@ -48,19 +48,11 @@ void MlaAttention::project(const cpu::Context& ctx, const LayerWeights& W, const
     cpu::matmul_batch(ctx, jobs);
   }
   // c_KV <- RMSNorm(c_KV); k_pe and every head's q_pe rotated to the token's position.
-  cpu::parallel_region(ctx, T >= 16, [&] {
-    thread_local std::vector<float> cosv, sinv;
-    cosv.resize(size_t(half));
-    sinv.resize(size_t(half));
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-      float* c_kv = kv + t * dim;
-      cpu::rmsnorm(ctx, c_kv, 1, kvr, kvr, W.kv_a_norm.data(), eps_, c_kv, kvr);
-      rope_.angles(pos[t], cosv.data(), sinv.data());
-      cpu::rope_interleaved(c_kv + kvr, cosv.data(), sinv.data(), half);
-      for (int64_t h = 0; h < H; ++h)
-        cpu::rope_interleaved(q + (t * H + h) * qk + nope_, cosv.data(), sinv.data(), half);
-    }
+  rope_.for_each_position(ctx, T, pos, [&](int64_t t, const float* cos, const float* sin) {
+    float* c_kv = kv + t * dim;
+    cpu::rmsnorm(ctx, c_kv, 1, kvr, kvr, W.kv_a_norm.data(), eps_, c_kv, kvr);
+    cpu::rope_interleaved(c_kv + kvr, cos, sin, half);
+    for (int64_t h = 0; h < H; ++h) cpu::rope_interleaved(q + (t * H + h) * qk + nope_, cos, sin, half);
   });
 }
 

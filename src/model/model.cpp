@@ -121,6 +121,23 @@ LatentPool Model::make_pool(int64_t num_pages, int64_t page_size, KvDType dtype)
                     cfg_.index_cache_dim());
 }
 
+void Model::admit(std::span<const SeqSlice> batch, LatentPool& pool, const char* cache, std::vector<int64_t>& first) const {
+  for (auto& s : batch)
+    for (int32_t id : s.ids)
+      if (id < 0 || id >= cfg_.vocab_size)
+        throw std::invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary (size " +
+                                    std::to_string(cfg_.vocab_size) + ")");
+  // Every sequence's pages first, all or nothing.
+  int64_t need = 0;
+  for (auto& s : batch) need += pool.pages_needed(*s.seq, s.seq->length + int64_t(s.ids.size()));
+  if (need > pool.free_pages())
+    throw KvCacheExhausted(std::string(cache) + " exhausted: the batch needs " + std::to_string(need) +
+                           " more pages, " + std::to_string(pool.free_pages()) + " are free");
+  for (auto& s : batch) pool.reserve(*s.seq, s.seq->length + int64_t(s.ids.size()));
+  first.assign(batch.size() + 1, 0);
+  for (size_t b = 0; b < batch.size(); ++b) first[b + 1] = first[b] + int64_t(batch[b].ids.size());
+}
+
 void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOptions& opt, std::vector<float>& logits) {
   pass_ctx_ = opt.context ? opt.context : &ctx_;
   const cpu::Context& cx = ctx();
@@ -130,23 +147,8 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
   if (pool.num_layers() != L || pool.row_dim() != c.latent_dim() || pool.index_dim() != c.index_cache_dim())
     throw std::invalid_argument("forward: the latent pool's geometry does not match the model");
 
-  for (auto& s : batch)
-    for (int32_t id : s.ids)
-      if (id < 0 || id >= c.vocab_size)
-        throw std::invalid_argument("token id " + std::to_string(id) + " is outside the vocabulary (size " +
-                                    std::to_string(c.vocab_size) + ")");
-  // Reserve every sequence's pages first, all or nothing.
-  int64_t need = 0;
-  for (auto& s : batch) need += pool.pages_needed(*s.seq, s.seq->length + int64_t(s.ids.size()));
-  if (need > pool.free_pages())
-    throw KvCacheExhausted("KV cache exhausted: the batch needs " + std::to_string(need) + " more pages, " +
-                           std::to_string(pool.free_pages()) + " are free");
-  for (auto& s : batch) pool.reserve(*s.seq, s.seq->length + int64_t(s.ids.size()));
-
-  // Token-packed layout: sequence b's new tokens are rows [first[b], first[b+1]).
   std::vector<int64_t>& first = fwd_.first;
-  first.assign(batch.size() + 1, 0);
-  for (size_t b = 0; b < batch.size(); ++b) first[b + 1] = first[b] + int64_t(batch[b].ids.size());
+  admit(batch, pool, "KV cache", first);
   const int64_t T = first.back();
   std::vector<int64_t>& pos = fwd_.pos;
   pos.resize(size_t(T));

@@ -138,6 +138,10 @@ class Model {
   Model() = default;
   // The context of the pass running now (ForwardOptions::context, else the model's).
   const cpu::Context& ctx() const { return *pass_ctx_; }
+  // A batch entering the pool: checks every id against the vocabulary, reserves every sequence's
+  // pages for its new tokens, all or nothing (KvCacheExhausted naming `cache` when short), and
+  // sets the token-packed layout: sequence b's new tokens are rows [first[b], first[b+1]).
+  void admit(std::span<const SeqSlice> batch, LatentPool& pool, const char* cache, std::vector<int64_t>& first) const;
   void mlp(const Mlp& m, const float* x, int64_t T, float* out, bool accumulate, const float* row_weights = nullptr);
   // DeepSeek Sparse Attention: the layer's indexer keys cached and each sequence's selection
   // computed into dsa_ (a shared layer keeps the previous layer's).

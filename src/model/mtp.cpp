@@ -33,27 +33,15 @@ void Model::mtp_forward(std::span<const MtpSlice> batch, LatentPool& pool, bool 
   const float eps = float(c.rms_norm_eps);
   if (pool.num_layers() != 1 || pool.row_dim() != c.latent_dim())
     throw std::invalid_argument("mtp_forward: the MTP pool's geometry does not match the model");
-  for (auto& s : batch)
-    for (int32_t id : s.ids)
-      if (id < 0 || id >= c.vocab_size) throw std::invalid_argument("mtp_forward: token id " + std::to_string(id) + " outside the vocabulary");
-  int64_t need = 0;
-  for (auto& s : batch) need += pool.pages_needed(*s.seq, s.seq->length + int64_t(s.ids.size()));
-  if (need > pool.free_pages())
-    throw KvCacheExhausted("MTP cache exhausted: the batch needs " + std::to_string(need) + " more pages, " +
-                           std::to_string(pool.free_pages()) + " are free");
-  for (auto& s : batch) pool.reserve(*s.seq, s.seq->length + int64_t(s.ids.size()));
-
-  ForwardScratch& f = mtp_fwd_;
-  f.first.assign(batch.size() + 1, 0);
-  for (size_t b = 0; b < batch.size(); ++b) f.first[b + 1] = f.first[b] + int64_t(batch[b].ids.size());
-  const int64_t T = f.first.back();
-  f.pos.resize(size_t(T));
   auto& slices = mtp_slices_;
   slices.clear();
-  for (size_t b = 0; b < batch.size(); ++b) {
+  for (auto& s : batch) slices.push_back({s.seq, s.ids});
+  ForwardScratch& f = mtp_fwd_;
+  admit(slices, pool, "MTP cache", f.first);
+  const int64_t T = f.first.back();
+  f.pos.resize(size_t(T));
+  for (size_t b = 0; b < batch.size(); ++b)
     for (int64_t i = 0; i < int64_t(batch[b].ids.size()); ++i) f.pos[size_t(f.first[b] + i)] = batch[b].pos0 + i;
-    slices.push_back({batch[b].seq, batch[b].ids});
-  }
   // Embeddings and the main model's hidden states, side by side, through eh_proj.
   f.x.resize(size_t(T * D));
   f.xn.resize(size_t(T * 2 * D));

@@ -13,6 +13,17 @@ namespace mla {
 
 namespace {
 
+// Whether a compressed-tensors target or ignore entry names a layer: the name itself, or a "re:"
+// pattern matched at the start (re.match semantics), tried on the name without and with the
+// checkpoint's "language_model." prefix.
+bool names_layer(const std::string& entry, const std::string& plain, const std::string& base) {
+  const bool pattern = entry.rfind("re:", 0) == 0;
+  const std::regex re = pattern ? std::regex(entry.substr(3)) : std::regex();
+  for (const std::string& name : {plain, base})
+    if (pattern ? std::regex_search(name, re, std::regex_constants::match_continuous) : entry == name) return true;
+  return false;
+}
+
 class Loader {
  public:
   Loader(const Checkpoint& ckpt, const ModelConfig& cfg, bool with_mtp, const LoadQuantization* quantize = nullptr,
@@ -223,15 +234,8 @@ class Loader {
     if (!cfg_.int4.enabled) return false;
     const std::string plain = base.substr(cfg_.weight_prefix.size());
     if (!int4_targeted(plain, base)) return false;
-    for (const auto& ig : cfg_.int4.ignore) {
-      for (const std::string& name : {plain, base}) {
-        if (ig.rfind("re:", 0) == 0) {
-          if (std::regex_search(name, std::regex(ig.substr(3)), std::regex_constants::match_continuous)) return false;
-        } else if (ig == name) {
-          return false;
-        }
-      }
-    }
+    for (const auto& ig : cfg_.int4.ignore)
+      if (names_layer(ig, plain, base)) return false;
     return true;
   }
 
@@ -303,16 +307,8 @@ class Loader {
   // or "re:" pattern must match (as the ignore list is matched).
   bool int4_targeted(const std::string& plain, const std::string& base) const {
     if (cfg_.int4.targets.empty()) return true;
-    for (const auto& t : cfg_.int4.targets) {
-      if (t == "Linear") return true;
-      for (const std::string& name : {plain, base}) {
-        if (t.rfind("re:", 0) == 0) {
-          if (std::regex_search(name, std::regex(t.substr(3)), std::regex_constants::match_continuous)) return true;
-        } else if (t == name) {
-          return true;
-        }
-      }
-    }
+    for (const auto& t : cfg_.int4.targets)
+      if (t == "Linear" || names_layer(t, plain, base)) return true;
     return false;
   }
 

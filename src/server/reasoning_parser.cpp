@@ -170,9 +170,7 @@ std::vector<std::string> reasoning_parser_names() {
 
 std::unique_ptr<ReasoningParser> make_reasoning_parser(std::string_view name, ReasoningOptions options) {
   if (const Family* f = find_family(name)) return std::make_unique<ThinkParser>(*f, options);
-  std::string known;
-  for (const std::string& n : reasoning_parser_names()) known += (known.empty() ? "" : ", ") + n;
-  throw std::invalid_argument("unknown reasoning parser '" + std::string(name) + "' (known: " + known + ")");
+  throw unknown_parser("reasoning parser", name, reasoning_parser_names());
 }
 
 std::string default_reasoning_parser(std::string_view model_type, std::string_view chat_template) {
@@ -206,12 +204,8 @@ bool prompt_opens_reasoning(std::string_view rendered_prompt) {
 }
 
 ReasoningSplit split_reasoning(std::string_view parser_name, std::string_view text, ReasoningOptions options) {
-  auto parser = make_reasoning_parser(parser_name, options);
-  std::vector<ReasoningDelta> deltas;
-  parser->feed(text, deltas);
-  parser->finish(deltas);
   ReasoningSplit split;
-  for (const ReasoningDelta& d : deltas) (d.kind == ReasoningDelta::Kind::Reasoning ? split.reasoning : split.content) += d.text;
+  for (const ReasoningDelta& d : make_reasoning_parser(parser_name, options)->parse_whole(text)) (d.kind == ReasoningDelta::Kind::Reasoning ? split.reasoning : split.content) += d.text;
   return split;
 }
 

@@ -25,6 +25,8 @@
 #include <string_view>
 #include <vector>
 
+#include "server/stream_parser.h"
+
 namespace mla::server {
 
 struct ReasoningDelta {
@@ -37,16 +39,12 @@ struct ReasoningOptions {
   bool prompt_opened = false;  // the rendered prompt ends with an open <think>
 };
 
-// One per request. feed() and finish() append deltas to out (adjacent deltas of one kind that
-// they append are merged); they never throw on any input. A delta never ends inside a UTF-8
-// character: an incomplete trailing sequence waits for its next bytes (finish() emits whatever
-// is left, complete or not). After finish() the parser takes no more text.
-class ReasoningParser {
+// A StreamParser (server/stream_parser.h) whose deltas are reasoning or content. Adjacent deltas
+// of one kind that one call appends are merged. A delta never ends inside a UTF-8 character: an
+// incomplete trailing sequence waits for its next bytes (finish() emits whatever is left,
+// complete or not).
+class ReasoningParser : public StreamParser<ReasoningDelta> {
  public:
-  virtual ~ReasoningParser() = default;
-  virtual void feed(std::string_view text, std::vector<ReasoningDelta>& out) = 0;
-  virtual void finish(std::vector<ReasoningDelta>& out) = 0;
-  virtual std::string_view name() const = 0;
   // True once the reasoning block has ended (content follows).
   virtual bool reasoning_ended() const = 0;
 };

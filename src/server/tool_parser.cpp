@@ -570,9 +570,7 @@ std::vector<std::string> tool_parser_names() {
 
 std::unique_ptr<ToolCallParser> make_tool_parser(std::string_view name, ToolParserOptions options) {
   if (const Format* f = find_format(name)) return std::make_unique<MarkerToolParser>(*f, std::move(options));
-  std::string known;
-  for (const std::string& n : tool_parser_names()) known += (known.empty() ? "" : ", ") + n;
-  throw std::invalid_argument("unknown tool-call parser '" + std::string(name) + "' (known: " + known + ")");
+  throw unknown_parser("tool-call parser", name, tool_parser_names());
 }
 
 std::string default_tool_parser(std::string_view model_type, std::string_view chat_template) {
@@ -598,12 +596,8 @@ std::string default_tool_parser(std::string_view model_type, std::string_view ch
 }
 
 ToolParseResult parse_tool_calls(std::string_view parser_name, std::string_view text, ToolParserOptions options) {
-  auto parser = make_tool_parser(parser_name, std::move(options));
-  std::vector<ToolCallDelta> deltas;
-  parser->feed(text, deltas);
-  parser->finish(deltas);
   ToolParseResult result;
-  for (const ToolCallDelta& d : deltas) result.apply(d);
+  for (const ToolCallDelta& d : make_tool_parser(parser_name, std::move(options))->parse_whole(text)) result.apply(d);
   return result;
 }
 

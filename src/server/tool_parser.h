@@ -79,15 +79,11 @@ struct ToolParserOptions {
   std::function<std::string()> make_id;
 };
 
-// One per request. feed() and finish() append deltas to out (adjacent Content deltas that one
-// call appends are merged); they never throw on any model output. A Content delta never ends
-// inside a UTF-8 character. After finish() the parser takes no more text.
-class ToolCallParser {
+// A StreamParser (server/stream_parser.h) whose deltas are content, a call's start or its
+// arguments. Adjacent Content deltas that one call appends are merged; a Content delta never
+// ends inside a UTF-8 character.
+class ToolCallParser : public StreamParser<ToolCallDelta> {
  public:
-  virtual ~ToolCallParser() = default;
-  virtual void feed(std::string_view text, std::vector<ToolCallDelta>& out) = 0;
-  virtual void finish(std::vector<ToolCallDelta>& out) = 0;
-  virtual std::string_view name() const = 0;
   // How many calls have been emitted: non-zero means finish_reason "tool_calls".
   virtual int calls() const = 0;
 };

@@ -179,6 +179,30 @@ MatrixView QuantizedMatrix::view() const {
   return v;
 }
 
+namespace {
+
+// Quantizes src row by row across nt threads: quantize(r, row, err2) gets row r dequantized to
+// float32 and adds its squared error to err2; ref2 gets the sum of the rows' squares.
+template <class Quantize>
+void for_each_row(const MatrixView& src, int nt, double& err2_out, double& ref2_out, Quantize&& quantize) {
+  const int64_t C = src.cols;
+  double err2 = 0, ref2 = 0;
+#pragma omp parallel num_threads(nt) reduction(+ : err2, ref2)
+  {
+    std::vector<float> row(static_cast<size_t>(C));
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t r = 0; r < src.rows; ++r) {
+      src.dequant_row(r, row.data());
+      quantize(r, row.data(), err2);
+      for (float v : row) ref2 += double(v) * v;
+    }
+  }
+  err2_out += err2;
+  ref2_out += ref2;
+}
+
+}  // namespace
+
 QuantizedMatrix quantize_matrix(const MatrixView& src, QuantFormat to, ScaleRule rule, int64_t group, int threads) {
   QuantizedMatrix out;
   out.rows = src.rows;
@@ -191,21 +215,14 @@ QuantizedMatrix quantize_matrix(const MatrixView& src, QuantFormat to, ScaleRule
       out.format = WeightFormat::BF16;
       out.data.resize(size_t(R * C) * 2);
       uint16_t* d = reinterpret_cast<uint16_t*>(out.data.data());
-#pragma omp parallel num_threads(nt) reduction(+ : err2, ref2)
-      {
-        std::vector<float> row(static_cast<size_t>(C));
-#pragma omp for schedule(dynamic, 16)
-        for (int64_t r = 0; r < R; ++r) {
-          src.dequant_row(r, row.data());
-          for (int64_t k = 0; k < C; ++k) {
-            const uint16_t h = f32_to_bf16(row[size_t(k)]);
-            d[r * C + k] = h;
-            const double e = double(row[size_t(k)]) - bf16_to_f32(h);
-            err2 += e * e;
-            ref2 += double(row[size_t(k)]) * row[size_t(k)];
-          }
+      for_each_row(src, nt, err2, ref2, [&](int64_t r, const float* row, double& e2) {
+        for (int64_t k = 0; k < C; ++k) {
+          const uint16_t h = f32_to_bf16(row[k]);
+          d[r * C + k] = h;
+          const double e = double(row[k]) - bf16_to_f32(h);
+          e2 += e * e;
         }
-      }
+      });
       break;
     }
     case QuantFormat::INT4: {
@@ -218,16 +235,9 @@ QuantizedMatrix quantize_matrix(const MatrixView& src, QuantFormat to, ScaleRule
       out.scales.resize(size_t(R * (C / group)) * 2);
       uint32_t* words = reinterpret_cast<uint32_t*>(out.data.data());
       uint16_t* sc = reinterpret_cast<uint16_t*>(out.scales.data());
-#pragma omp parallel num_threads(nt) reduction(+ : err2, ref2)
-      {
-        std::vector<float> row(static_cast<size_t>(C));
-#pragma omp for schedule(dynamic, 16)
-        for (int64_t r = 0; r < R; ++r) {
-          src.dequant_row(r, row.data());
-          err2 += quantize_int4_row(row.data(), C, group, rule, words + r * (C / 8), sc + r * (C / group));
-          for (float v : row) ref2 += double(v) * v;
-        }
-      }
+      for_each_row(src, nt, err2, ref2, [&](int64_t r, const float* row, double& e2) {
+        e2 += quantize_int4_row(row, C, group, rule, words + r * (C / 8), sc + r * (C / group));
+      });
       break;
     }
     case QuantFormat::FP8: {

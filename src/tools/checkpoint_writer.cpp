@@ -56,6 +56,23 @@ void write_checkpoint(const std::string& dir, const json& config, std::vector<Te
   f << index.dump(2) << "\n";
 }
 
+void track_progress(std::vector<TensorSpec>& tensors, const std::shared_ptr<Progress>& bar) {
+  size_t total = 0;
+  for (auto& t : tensors) total += t.nbytes();
+  auto done = std::make_shared<size_t>(0);
+  auto items = std::make_shared<int64_t>(0);
+  const int64_t n_items = int64_t(tensors.size());
+  for (auto& t : tensors) {
+    auto fill = std::move(t.fill);
+    const size_t n = t.nbytes();
+    t.fill = [fill = std::move(fill), n, bar, done, items, total, n_items](uint8_t* out) {
+      fill(out);
+      *done += n;
+      bar->update(*done, total, ++*items, n_items);
+    };
+  }
+}
+
 namespace {
 
 // splitmix64: a counter-based generator, so any block of a tensor can be filled independently.
@@ -208,20 +225,7 @@ void write_random_checkpoint(const std::string& dir, json config, const RandomCh
   std::shared_ptr<Progress> bar;
   if (opt.progress) {
     bar = std::make_shared<Progress>("writing " + dir);
-    size_t total = 0;
-    for (auto& t : tensors) total += t.nbytes();
-    auto done = std::make_shared<size_t>(0);
-    auto items = std::make_shared<int64_t>(0);
-    const int64_t n_items = int64_t(tensors.size());
-    for (auto& t : tensors) {
-      auto fill = std::move(t.fill);
-      const size_t n = t.nbytes();
-      t.fill = [fill = std::move(fill), n, bar, done, items, total, n_items](uint8_t* out) {
-        fill(out);
-        *done += n;
-        bar->update(*done, total, ++*items, n_items);
-      };
-    }
+    track_progress(tensors, bar);
   }
   if (opt.weights == RandomWeights::FP8)
     config["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -20,6 +21,11 @@ namespace mla {
 // Writes dir/config.json and the tensors (in name order) over `shards` files.
 void write_checkpoint(const std::string& dir, const nlohmann::json& config, std::vector<TensorSpec> tensors,
                       int shards = 1);
+
+class Progress;
+// Wraps each tensor's fill so that `bar` shows the bytes and tensors produced so far of the
+// whole list's.
+void track_progress(std::vector<TensorSpec>& tensors, const std::shared_ptr<Progress>& bar);
 
 enum class RandomWeights {
   BF16,

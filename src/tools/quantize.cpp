@@ -286,18 +286,7 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& opt) {
 
   // Progress over the output bytes.
   auto bar = std::make_shared<Progress>("quantizing " + f.str() + " to " + opt.out, opt.progress);
-  auto done = std::make_shared<size_t>(0);
-  auto items = std::make_shared<int64_t>(0);
-  const int64_t n_items = int64_t(specs.size());
-  for (auto& s : specs) {
-    auto fill = std::move(s.fill);
-    const size_t n = s.nbytes();
-    s.fill = [fill = std::move(fill), n, bar, done, items, total, n_items](uint8_t* out) {
-      fill(out);
-      *done += n;
-      bar->update(*done, total, ++*items, n_items);
-    };
-  }
+  track_progress(specs, bar);
 
   json config = read_json(fs::path(opt.in) / "config.json");
   config.erase("quantization_config");

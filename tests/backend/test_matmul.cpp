@@ -13,6 +13,7 @@
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
+#include "backend/group_view.h"
 #include "tensor/dtype.h"
 #include "tensor/matrix.h"
 
@@ -413,14 +414,7 @@ TEST(Int4, UnpacksHandPackedWords) {
   EXPECT_EQ(words[0] >> 28, 15u);
   EXPECT_EQ(words[1] >> 28, 0u);
   std::vector<uint16_t> scales = {mla::f32_to_bf16(0.5f), mla::f32_to_bf16(2.0f)};
-  MatrixView v;
-  v.format = WeightFormat::INT4_GROUP;
-  v.rows = 1;
-  v.cols = 64;
-  v.data = words.data();
-  v.scales = scales.data();
-  v.group_size = 32;
-  v.scale_cols = 2;
+  const MatrixView v = mla::test::group_view(WeightFormat::INT4_GROUP, words.data(), scales.data(), 1, 64, 32);
   std::vector<float> row(64);
   v.dequant_row(0, row.data());
   for (int k = 0; k < 64; ++k) {

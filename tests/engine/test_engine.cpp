@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "engine/engine.h"
+#include "engine/test_requests.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -37,28 +38,9 @@ Fixture& fixture() {
   return f;
 }
 
-std::vector<int32_t> prompt_ids(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids;
-  for (int i = 0; i < n; ++i) ids.push_back(int32_t(2 + rng() % 500));
-  return ids;
-}
-
-Request greedy(std::vector<int32_t> prompt, int64_t max_new) {
-  Request r;
-  r.prompt = std::move(prompt);
-  r.sampling.temperature = 0;
-  r.max_new_tokens = max_new;
-  return r;
-}
-
-EngineOptions pool_of(int64_t pages, int64_t page_size, KvDType dtype = KvDType::F32) {
-  EngineOptions o;
-  o.kv_pages = pages;
-  o.page_size = page_size;
-  o.kv_dtype = dtype;
-  return o;
-}
+using test::greedy;
+using test::pool_of;
+using test::prompt_ids;
 
 std::unique_ptr<Engine> make_engine(EngineOptions opt, bool with_tokenizer = false) {
   Fixture& f = fixture();

@@ -17,6 +17,7 @@
 #include <random>
 
 #include "engine/engine.h"
+#include "engine/test_requests.h"
 #include "engine/grammar_processor.h"
 #include "engine/speculative.h"
 #include "grammar/grammar.h"
@@ -37,27 +38,12 @@ Model& mtp_model(const std::string& name, cpu::Precision p = cpu::Precision::Pre
   return *m;
 }
 
-std::vector<int32_t> prompt_ids(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids;
-  for (int i = 0; i < n; ++i) ids.push_back(int32_t(2 + rng() % 500));
-  return ids;
-}
-
-Request greedy(std::vector<int32_t> prompt, int64_t max_new) {
-  Request r;
-  r.prompt = std::move(prompt);
-  r.sampling.temperature = 0;
-  r.max_new_tokens = max_new;
-  return r;
-}
+using test::greedy;
+using test::prompt_ids;
 
 EngineOptions options(int64_t pages, int64_t page_size, KvDType dtype, int64_t k = 0,
                       std::shared_ptr<DraftSource> src = nullptr) {
-  EngineOptions o;
-  o.kv_pages = pages;
-  o.page_size = page_size;
-  o.kv_dtype = dtype;
+  EngineOptions o = test::pool_of(pages, page_size, dtype);
   if (k > 0) {
     o.speculative.enabled = true;
     o.speculative.draft_tokens = k;

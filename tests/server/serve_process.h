@@ -1,9 +1,13 @@
 // The `mla serve` program as the binary tests run it: a model folder made from a fixture, and
-// the server spawned on a free port with its standard error in a log file.
+// the server spawned on a free port with its standard error in a log file; and a raw loopback
+// connection for what httplib's client will not send (or for a client that goes away).
 #pragma once
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -73,5 +77,59 @@ struct ServeProcess {
   std::string log_text() const { return read_all(log); }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
 };
+
+// A raw loopback connection to 127.0.0.1:port (fd -1 when it could not connect), closed when
+// the object goes.
+struct RawConnection {
+  int fd = -1;
+  explicit RawConnection(int port) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) close();
+  }
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+  ~RawConnection() { close(); }
+  void close() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  bool send(const std::string& s) const {
+    return fd >= 0 && ::send(fd, s.data(), s.size(), MSG_NOSIGNAL) == ssize_t(s.size());
+  }
+  // Reads until `until` appears (empty: until the server closes), the server closes, or ms pass.
+  std::string read_until(const std::string& until, int ms) const {
+    std::string out;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (fd >= 0 && std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(ms) &&
+           (until.empty() || out.find(until) == std::string::npos)) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      out.append(buf, size_t(n));
+    }
+    return out;
+  }
+  // Everything until the server closes the connection (or ms pass).
+  std::string read_all(int ms = 5000) const { return read_until("", ms); }
+};
+
+// The head of a POST with a JSON body of `length` bytes; `extra`: more header lines, each ending
+// in \r\n.
+inline std::string post_head(const std::string& path, size_t length, const std::string& extra = {}) {
+  return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + extra +
+         "Content-Length: " + std::to_string(length) + "\r\n\r\n";
+}
+
+// A whole POST with this JSON body.
+inline std::string post_request(const std::string& path, const std::string& body, const std::string& extra = {}) {
+  return post_head(path, body.size(), extra) + body;
+}
 
 }  // namespace mla::test

@@ -73,46 +73,11 @@ struct Serve {
   }
 };
 
-// A raw loopback connection.
-struct Raw {
-  int fd = -1;
-  explicit Raw(int port) {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(uint16_t(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ~Raw() {
-    if (fd >= 0) ::close(fd);
-  }
-  bool send(const std::string& s) const {
-    return fd >= 0 && ::send(fd, s.data(), s.size(), MSG_NOSIGNAL) == ssize_t(s.size());
-  }
-  // Reads until `until` appears, the server closes, or ms pass.
-  std::string read_until(const std::string& until, int ms) const {
-    std::string out;
-    const auto t0 = Clock::now();
-    while (fd >= 0 && ms_since(t0) < ms && (until.empty() || out.find(until) == std::string::npos)) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 20) <= 0) continue;
-      char buf[4096];
-      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) break;
-      out.append(buf, size_t(n));
-    }
-    return out;
-  }
-};
+using Raw = test::RawConnection;
 
+// A POST that asks the server to close the connection after its response.
 std::string request(const std::string& path, const json& body) {
-  const std::string b = body.dump();
-  return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\n" +
-         "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b;
+  return test::post_request(path, body.dump(), "Connection: close\r\n");
 }
 
 // A stream opened over a raw socket, read on its own thread until the server closes it.

@@ -464,28 +464,6 @@ TEST(OpenAiNames, FinishReasons) {
   EXPECT_STREQ(server::openai_finish_reason(FinishReason::Cancelled), "cancelled");
 }
 
-// A client that sends one request over a raw socket and then closes it, never reading.
-int send_raw_request(int port, const std::string& path, const json& body) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  const std::string b = body.dump();
-  const std::string msg = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
-                          "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b;
-  if (::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL) != ssize_t(msg.size())) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // The engine is stepped by the test (no engine thread), so the request cannot finish on its
 // own while the test looks: it runs a few steps, the client closes its socket, and within a
 // bounded number of steps the request is cancelled and every page is free again.
@@ -521,17 +499,18 @@ TEST(ServerDisconnect, ClientGoneCancelsTheRequestAndFreesItsPages) {
     } join{engine, srv, http};
 
     const int64_t max_tokens = 200;
-    int fd = send_raw_request(port, "/v1/completions",
-                              {{"prompt", "a request whose client goes away"}, {"max_tokens", max_tokens},
-                               {"temperature", 0}, {"ignore_eos", true}, {"stream", stream}});
-    ASSERT_GE(fd, 0);
+    // A client that sends its request and then closes the connection, never reading.
+    test::RawConnection client(port);
+    const json body = {{"prompt", "a request whose client goes away"}, {"max_tokens", max_tokens},
+                       {"temperature", 0}, {"ignore_eos", true}, {"stream", stream}};
+    ASSERT_TRUE(client.send(test::post_request("/v1/completions", body.dump())));
     for (int i = 0; i < 1000 && engine.stats().requests_submitted == 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     ASSERT_EQ(engine.stats().requests_submitted, 1);
     for (int i = 0; i < 3; ++i) engine.step();
     ASSERT_EQ(engine.stats().running, 1);
     EXPECT_LT(engine.stats().kv_pages_free, 32);
-    ::close(fd);
+    client.close();
 
     int steps = 0;
     const auto t0 = std::chrono::steady_clock::now();

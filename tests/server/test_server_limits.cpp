@@ -6,9 +6,6 @@
 // requests stay in flight as long as it wants.
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,6 +16,7 @@
 #include "engine/generation_config.h"
 #include "server/openai.h"
 #include "server/server.h"
+#include "server/serve_process.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -115,46 +113,8 @@ EngineOptions small_engine(int64_t max_running = 4) {
   return eo;
 }
 
-// A raw loopback connection for what httplib's client will not send.
-struct Raw {
-  int fd = -1;
-  explicit Raw(int port) {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(uint16_t(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ~Raw() {
-    if (fd >= 0) ::close(fd);
-  }
-  bool send(const std::string& s) const {
-    return fd >= 0 && ::send(fd, s.data(), s.size(), MSG_NOSIGNAL) == ssize_t(s.size());
-  }
-  // Everything until the server closes the connection (or `ms` pass).
-  std::string read_all(int ms = 5000) const {
-    std::string out;
-    const auto t0 = Clock::now();
-    while (fd >= 0 && ms_since(t0) < ms) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      char buf[4096];
-      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) break;
-      out.append(buf, size_t(n));
-    }
-    return out;
-  }
-};
-
-std::string post_head(const std::string& path, size_t length, const std::string& extra = {}) {
-  return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + extra +
-         "Content-Length: " + std::to_string(length) + "\r\n\r\n";
-}
+using Raw = test::RawConnection;
+using test::post_head;
 
 void expect_error(const httplib::Result& r, int status, const std::string& fragment = {}, const std::string& param = {}) {
   ASSERT_TRUE(r) << "no response";

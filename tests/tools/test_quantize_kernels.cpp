@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/group_view.h"
 #include "tensor/dtype.h"
 #include "tensor/quantize.h"
 
@@ -54,14 +55,7 @@ TEST(QuantizeKernels, Int4PackUnpackRoundTrip) {
   for (auto& v : x) v = nd(rng);
   std::vector<uint16_t> sc(2);
   quant::quantize_int4_row(x.data(), 64, 32, ScaleRule::Search, w.data(), sc.data());
-  MatrixView m;
-  m.format = WeightFormat::INT4_GROUP;
-  m.rows = 1;
-  m.cols = 64;
-  m.data = w.data();
-  m.scales = sc.data();
-  m.scale_cols = 2;
-  m.group_size = 32;
+  const MatrixView m = test::group_view(WeightFormat::INT4_GROUP, w.data(), sc.data(), 1, 64, 32);
   std::vector<float> a(64), b(64);
   m.dequant_row(0, a.data());
   quant::dequantize_int4_row(w.data(), sc.data(), 64, 32, b.data());
