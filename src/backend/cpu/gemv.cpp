@@ -79,29 +79,6 @@ inline void for_each_tile(int64_t s, int64_t e, int64_t row_bytes, Tile&& tile, 
   if (n < e) rest(n);
 }
 
-// The tiles of both row kernels over rows [s, e) and T tokens: for each group of up to kMaxTT
-// tokens from t0, tiles of R rows (4 for up to 2 tokens, else 2) by for_each_tile, then the rows
-// left over one at a time. Calls run(TT, R, n, gap, t0) with TT and R as std::integral_constant.
-template <class Run>
-inline void for_each_token_tile(int64_t s, int64_t e, int64_t T, int64_t row_bytes, Run&& run) {
-  auto rows = [&](auto tt, int64_t t0) {
-    constexpr int R = decltype(tt)::value <= 2 ? 4 : 2;
-    for_each_tile<R>(
-        s, e, row_bytes, [&](int64_t n, int64_t gap) { run(tt, std::integral_constant<int, R>{}, n, gap, t0); },
-        [&](int64_t n) {
-          for (; n < e; ++n) run(tt, std::integral_constant<int, 1>{}, n, int64_t(1), t0);
-        });
-  };
-  for (int64_t t0 = 0; t0 < T; t0 += kMaxTT) {
-    switch (std::min<int64_t>(kMaxTT, T - t0)) {
-      case 1: rows(std::integral_constant<int, 1>{}, t0); break;
-      case 2: rows(std::integral_constant<int, 2>{}, t0); break;
-      case 3: rows(std::integral_constant<int, 3>{}, t0); break;
-      default: rows(std::integral_constant<int, 4>{}, t0); break;
-    }
-  }
-}
-
 // Each tile keeps two accumulators per (row, token) — one per half of a chunk — to keep two FMA
 // chains in flight; these set them to zero and reduce them to one float each.
 template <int R, int TT>
@@ -237,6 +214,16 @@ struct Rows {
       }
   }
 
+  template <class Dec, int TT>
+  void rows_tt(int64_t s, int64_t e, int64_t t0, const float* xseg, float post, float* sbuf) const {
+    constexpr int R = TT <= 2 ? 4 : 2;
+    for_each_tile<R>(
+        s, e, int64_t(W.row_bytes()), [&](int64_t n, int64_t gap) { do_tile<Dec, TT, R>(n, gap, t0, xseg, post, sbuf); },
+        [&](int64_t n) {
+          for (; n < e; ++n) do_tile<Dec, TT, 1>(n, 1, t0, xseg, post, sbuf);
+        });
+  }
+
   template <class Dec>
   void segment(int64_t s, int64_t e, const float* xseg, float post) const {
     Scratch& sc = scratch();
@@ -245,9 +232,14 @@ struct Rows {
       if (sc.scales.size() < size_t(4 * Kc)) sc.scales.resize(size_t(4 * Kc));
       sbuf = sc.scales.data();
     }
-    for_each_token_tile(s, e, T, int64_t(W.row_bytes()), [&](auto tt, auto r, int64_t n, int64_t gap, int64_t t0) {
-      do_tile<Dec, decltype(tt)::value, decltype(r)::value>(n, gap, t0, xseg, post, sbuf);
-    });
+    for (int64_t t0 = 0; t0 < T; t0 += kMaxTT) {
+      switch (std::min<int64_t>(kMaxTT, T - t0)) {
+        case 1: rows_tt<Dec, 1>(s, e, t0, xseg, post, sbuf); break;
+        case 2: rows_tt<Dec, 2>(s, e, t0, xseg, post, sbuf); break;
+        case 3: rows_tt<Dec, 3>(s, e, t0, xseg, post, sbuf); break;
+        default: rows_tt<Dec, 4>(s, e, t0, xseg, post, sbuf); break;
+      }
+    }
   }
 
   void run(int64_t n0, int64_t n1) const {
@@ -402,6 +394,16 @@ struct FastRows {
       }
   }
 
+  template <class D, int TT>
+  void rows_tt(int64_t s, int64_t e, int64_t t0, const float* bs, float post, float* sbuf) const {
+    constexpr int R = TT <= 2 ? 4 : 2;
+    for_each_tile<R>(
+        s, e, int64_t(W->row_bytes()), [&](int64_t n, int64_t gap) { do_tile<D, TT, R>(n, gap, t0, bs, post, sbuf); },
+        [&](int64_t n) {
+          for (; n < e; ++n) do_tile<D, TT, 1>(n, 1, t0, bs, post, sbuf);
+        });
+  }
+
   template <class D>
   void segment(int64_t s, int64_t e, const float* bs, float post) const {
     float* sbuf = nullptr;
@@ -410,9 +412,14 @@ struct FastRows {
       if (sc.scales.size() < size_t(4 * (Kc + 16))) sc.scales.resize(size_t(4 * (Kc + 16)));
       sbuf = sc.scales.data();
     }
-    for_each_token_tile(s, e, T, int64_t(W->row_bytes()), [&](auto tt, auto r, int64_t n, int64_t gap, int64_t t0) {
-      do_tile<D, decltype(tt)::value, decltype(r)::value>(n, gap, t0, bs, post, sbuf);
-    });
+    for (int64_t t0 = 0; t0 < T; t0 += kMaxTT) {
+      switch (std::min<int64_t>(kMaxTT, T - t0)) {
+        case 1: rows_tt<D, 1>(s, e, t0, bs, post, sbuf); break;
+        case 2: rows_tt<D, 2>(s, e, t0, bs, post, sbuf); break;
+        case 3: rows_tt<D, 3>(s, e, t0, bs, post, sbuf); break;
+        default: rows_tt<D, 4>(s, e, t0, bs, post, sbuf); break;
+      }
+    }
   }
 
   // The FP8 rows [n0, n1) on AMX, in tiles of up to 16 rows within one 128-row block.
