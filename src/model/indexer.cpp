@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "backend/cpu/dispatch.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/parallel.h"
 
@@ -91,8 +92,36 @@ void Indexer::write_cache(LatentPool& pool, int64_t layer, std::span<const SeqSl
   }
 }
 
+cpu::IndexKernel Indexer::kernel(const cpu::Context& ctx) const { return cpu::index_kernel(ctx, D_, cpu::host_features()); }
+
 void Indexer::select(const cpu::Context& ctx, const SeqKeys& kk, const float* q, const float* w, int32_t* sel,
                      int64_t* count) {
+  const int64_t Hi = Hi_, D = D_, K = topk_;
+  const cpu::IndexKernel kern = kernel(ctx);
+  if (!cpu::index_kernel_supported(kern, D)) {
+    select_reference(ctx, kk, q, w, sel, count);
+    return;
+  }
+  const LatentPool& pool = *kk.pool;
+  const cpu::IndexKeyPages keys{pool.index_data(kk.layer), kk.seq->pages.data(), pool.page_size(),
+                                pool.index_bytes_per_row(), D, pool.dtype()};
+  scores_.resize(size_t(kk.cached + kk.n));
+  for (int64_t i = 0; i < kk.n; ++i) {
+    const int64_t visible = kk.cached + i + 1;
+    int32_t* out = sel + i * K;
+    count[i] = std::min(K, visible);
+    if (visible <= K) {
+      std::iota(out, out + visible, 0);
+      continue;
+    }
+    query_.prepare(kern, q + i * Hi * D, w + i * Hi, Hi, D);
+    cpu::index_scores(ctx, query_, keys, visible, scores_.data());
+    cpu::topk_positions(ctx, scores_.data(), visible, K, out);
+  }
+}
+
+void Indexer::select_reference(const cpu::Context& ctx, const SeqKeys& kk, const float* q, const float* w, int32_t* sel,
+                               int64_t* count) {
   const int64_t Hi = Hi_, D = D_, S = kk.cached + kk.n, K = topk_;
   keys_.resize(size_t(S * D));
   // The keys decoded to float32 a block of pages at a time across the threads (the pool's reads

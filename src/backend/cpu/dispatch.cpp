@@ -77,4 +77,9 @@ Kernel matmul_kernel(const Context& ctx, int64_t T, const MatrixView& W, const C
   return W.format == WeightFormat::F32 ? Kernel::Sgemm : Kernel::DequantSgemm;
 }
 
+IndexKernel index_kernel(const Context& ctx, int64_t dim, const CpuFeatures& f) {
+  if (!ctx.fast()) return IndexKernel::F32;
+  return f.amx && dim % 32 == 0 ? IndexKernel::Amx : IndexKernel::Bf16;
+}
+
 }  // namespace mla::cpu
