@@ -44,6 +44,15 @@ void layer_norm(float* x, int64_t n, const float* w, const float* b) {
   for (int64_t i = 0; i < n; ++i) x[i] = float((x[i] - mu) * inv) * w[i] + b[i];
 }
 
+// A query's count of selected positions (at most K); with no more than K visible, all of them
+// are written (true) and no selection is needed.
+bool every_position(int64_t visible, int64_t K, int32_t* out, int64_t& count) {
+  count = std::min(K, visible);
+  if (visible > K) return false;
+  std::iota(out, out + visible, 0);
+  return true;
+}
+
 }  // namespace
 
 Indexer::Indexer(const ModelConfig& c)
@@ -109,11 +118,7 @@ void Indexer::select(const cpu::Context& ctx, const SeqKeys& kk, const float* q,
   for (int64_t i = 0; i < kk.n; ++i) {
     const int64_t visible = kk.cached + i + 1;
     int32_t* out = sel + i * K;
-    count[i] = std::min(K, visible);
-    if (visible <= K) {
-      std::iota(out, out + visible, 0);
-      continue;
-    }
+    if (every_position(visible, K, out, count[i])) continue;
     query_.prepare(kern, q + i * Hi * D, w + i * Hi, Hi, D);
     cpu::index_scores(ctx, query_, keys, visible, scores_.data());
     cpu::topk_positions(ctx, scores_.data(), visible, K, out);
@@ -143,11 +148,7 @@ void Indexer::select_reference(const cpu::Context& ctx, const SeqKeys& kk, const
     for (int64_t i = i0; i < i0 + nb; ++i) {
       const int64_t visible = kk.cached + i + 1;
       int32_t* out = sel + i * K;
-      count[i] = std::min(K, visible);
-      if (visible <= K) {
-        std::iota(out, out + visible, 0);
-        continue;
-      }
+      if (every_position(visible, K, out, count[i])) continue;
       // I[s] = sum_h w[h] relu(q[h] . k[s]) over the visible keys.
       float* sc = scores_.data();
       const float* wi = w + i * Hi;

@@ -76,8 +76,8 @@ class Indexer {
   // The selection of one sequence's k.n queries (positions k.cached ..): sel [k.n, topk()]
   // ascending positions, count[i] = min(topk(), k.cached + i + 1) of them valid. Each query
   // scores its visible keys straight from the pool's pages on the kernel ctx dispatches
-  // (cpu::index_kernel: float32 in the precise precision; AMX or VDPBF16PS with q in bf16 in
-  // the fast one) and keeps the top-k by a radix select (backend/cpu/index_score.h).
+  // (cpu::index_kernel: AMX tiles with q in bf16 in the fast precision where the CPU has them,
+  // else float32) and keeps the top-k by a radix select (backend/cpu/index_score.h).
   void select(const cpu::Context& ctx, const SeqKeys& k, const float* q, const float* w, int32_t* sel, int64_t* count);
   // The same selection from the keys decoded to float32, sgemm and nth_element: the plain
   // reference select() is held to.
