@@ -30,7 +30,8 @@
 //   FP8 (official code): q and k quantized to e4m3 with one scale per 128 values (act_quant,
 //               ue8m0 scales when scale_fmt says so), the key cache stored as FP8 + float32
 //               scale, the score computed by fp8_index in FP8 with the q scale folded into w.
-//               This unit computes in float32; the pool's fp8 format stores the key as e4m3 with
+//               This unit scores in float32 (in the fast precision on AMX tiles: q rounded to
+//               bf16, sums in float32; backend/cpu/index_score.h); the pool's fp8 format stores the key as e4m3 with
 //               one float32 scale per 128 values like DeepSeek's k_cache / k_scale_cache.
 //   GLM-5.x     indexer_types per layer ("full" / "shared"; or index_topk_pattern, or
 //               index_topk_freq with index_skip_topk_offset, transformers' schedule): a shared
