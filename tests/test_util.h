@@ -85,4 +85,12 @@ struct TempDir {
   std::string operator/(const std::string& f) const { return (path / f).string(); }
 };
 
+// n draws of a normal distribution of standard deviation sd.
+inline std::vector<float> randn(std::mt19937& g, size_t n, float sd = 1.0f) {
+  std::normal_distribution<float> d(0, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
 }  // namespace mla::test

@@ -44,10 +44,15 @@ int run(int argc, char** argv) {
   std::vector<int64_t> dsa_contexts;
   app.add_option("--dsa", dsa_contexts,
                  "instead: DeepSeek Sparse Attention against dense attention per decoded token at these contexts "
-                 "(e.g. 4096,16384,65536), one layer of DeepSeek-V3.2's attention")
+                 "(e.g. 4096,16384,65536): one layer of DeepSeek-V3.2's attention, then decode on a random V3.2-shaped "
+                 "checkpoint")
       ->delimiter(',');
   std::string dsa_kv = "bf16";
   app.add_option("--dsa-kv-dtype", dsa_kv, "the --dsa run's cache: bf16 | fp8 | f32");
+  int64_t dsa_layers = 3;
+  app.add_option("--dsa-layers", dsa_layers,
+                 "layers of the --dsa run's random DeepSeek-V3.2-shaped checkpoint (0: the one-layer rows only; its "
+                 "folder: --dir, default <tmp>/mla-bench-v32-<L>L)");
   CLI11_PARSE(app, argc, argv);
   cpu.context();  // checks --threads and --precision
   o.threads = cpu.threads;
@@ -58,6 +63,9 @@ int run(int argc, char** argv) {
     d.threads = o.threads;
     d.runs = o.runs;
     d.kv_dtype = dsa_kv;
+    d.layers = dsa_layers;
+    d.dir = o.dir;
+    d.precision = o.precision;
     std::fputs(mla::bench::format_dsa_report(mla::bench::run_dsa(d)).c_str(), stdout);
     return 0;
   }

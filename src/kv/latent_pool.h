@@ -65,6 +65,10 @@ class LatentPool {
   // of them as float32, out[n, index_dim].
   void write_index(int64_t layer, const PageTable& seq, int64_t pos, const float* k);
   void gather_index(int64_t layer, const PageTable& seq, int64_t s0, int64_t n, float* out) const;
+  // The indexer keys of one layer as stored, [num_pages, page_size, index_bytes_per_row()]: the
+  // indexer's kernels read a sequence's keys through its page table (cpu::IndexKeyPages).
+  const uint8_t* index_data(int64_t layer) const { return index_layers_.at(size_t(layer)).data(); }
+  int64_t index_bytes_per_row() const { return index_row_bytes_; }
 
  private:
   uint8_t* row_ptr(int64_t layer, int32_t page, int64_t slot);

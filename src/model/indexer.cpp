@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "backend/cpu/dispatch.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/parallel.h"
 
@@ -41,6 +42,15 @@ void layer_norm(float* x, int64_t n, const float* w, const float* b) {
   var /= double(n);
   const double inv = 1.0 / std::sqrt(var + 1e-6);
   for (int64_t i = 0; i < n; ++i) x[i] = float((x[i] - mu) * inv) * w[i] + b[i];
+}
+
+// A query's count of selected positions (at most K); with no more than K visible, all of them
+// are written (true) and no selection is needed.
+bool every_position(int64_t visible, int64_t K, int32_t* out, int64_t& count) {
+  count = std::min(K, visible);
+  if (visible > K) return false;
+  std::iota(out, out + visible, 0);
+  return true;
 }
 
 }  // namespace
@@ -84,8 +94,32 @@ void Indexer::write_cache(LatentPool& pool, int64_t layer, std::span<const SeqSl
   }
 }
 
+cpu::IndexKernel Indexer::kernel(const cpu::Context& ctx) const { return cpu::index_kernel(ctx, D_, cpu::host_features()); }
+
 void Indexer::select(const cpu::Context& ctx, const SeqKeys& kk, const float* q, const float* w, int32_t* sel,
                      int64_t* count) {
+  const int64_t Hi = Hi_, D = D_, K = topk_;
+  const cpu::IndexKernel kern = kernel(ctx);
+  if (!cpu::index_kernel_supported(kern, D)) {
+    select_reference(ctx, kk, q, w, sel, count);
+    return;
+  }
+  const LatentPool& pool = *kk.pool;
+  const cpu::IndexKeyPages keys{pool.index_data(kk.layer), kk.seq->pages.data(), pool.page_size(),
+                                pool.index_bytes_per_row(), D, pool.dtype()};
+  scores_.resize(size_t(kk.cached + kk.n));
+  for (int64_t i = 0; i < kk.n; ++i) {
+    const int64_t visible = kk.cached + i + 1;
+    int32_t* out = sel + i * K;
+    if (every_position(visible, K, out, count[i])) continue;
+    query_.prepare(kern, q + i * Hi * D, w + i * Hi, Hi, D);
+    cpu::index_scores(ctx, query_, keys, visible, scores_.data());
+    cpu::topk_positions(ctx, scores_.data(), visible, K, out);
+  }
+}
+
+void Indexer::select_reference(const cpu::Context& ctx, const SeqKeys& kk, const float* q, const float* w, int32_t* sel,
+                               int64_t* count) {
   const int64_t Hi = Hi_, D = D_, S = kk.cached + kk.n, K = topk_;
   keys_.resize(size_t(S * D));
   // The keys decoded to float32 a block of pages at a time across the threads (the pool's reads
@@ -107,11 +141,7 @@ void Indexer::select(const cpu::Context& ctx, const SeqKeys& kk, const float* q,
     for (int64_t i = i0; i < i0 + nb; ++i) {
       const int64_t visible = kk.cached + i + 1;
       int32_t* out = sel + i * K;
-      count[i] = std::min(K, visible);
-      if (visible <= K) {
-        std::iota(out, out + visible, 0);
-        continue;
-      }
+      if (every_position(visible, K, out, count[i])) continue;
       // I[s] = sum_h w[h] relu(q[h] . k[s]) over the visible keys.
       float* sc = scores_.data();
       const float* wi = w + i * Hi;

@@ -30,7 +30,8 @@
 //   FP8 (official code): q and k quantized to e4m3 with one scale per 128 values (act_quant,
 //               ue8m0 scales when scale_fmt says so), the key cache stored as FP8 + float32
 //               scale, the score computed by fp8_index in FP8 with the q scale folded into w.
-//               This unit computes in float32; the pool's fp8 format stores the key as e4m3 with
+//               This unit scores in float32 (in the fast precision on AMX tiles: q rounded to
+//               bf16, sums in float32; backend/cpu/index_score.h); the pool's fp8 format stores the key as e4m3 with
 //               one float32 scale per 128 values like DeepSeek's k_cache / k_scale_cache.
 //   GLM-5.x     indexer_types per layer ("full" / "shared"; or index_topk_pattern, or
 //               index_topk_freq with index_skip_topk_offset, transformers' schedule): a shared
@@ -45,6 +46,7 @@
 #include <vector>
 
 #include "backend/cpu/context.h"
+#include "backend/cpu/index_score.h"
 #include "kv/latent_pool.h"
 #include "model/config.h"
 #include "model/mla.h"
@@ -73,9 +75,17 @@ class Indexer {
   void write_cache(LatentPool& pool, int64_t layer, std::span<const SeqSlice> batch, const int64_t* first,
                    const float* k) const;
   // The selection of one sequence's k.n queries (positions k.cached ..): sel [k.n, topk()]
-  // ascending positions, count[i] = min(topk(), k.cached + i + 1) of them valid. Scores the
-  // queries against every cached key in float32.
+  // ascending positions, count[i] = min(topk(), k.cached + i + 1) of them valid. Each query
+  // scores its visible keys straight from the pool's pages on the kernel ctx dispatches
+  // (cpu::index_kernel: AMX tiles with q in bf16 in the fast precision where the CPU has them,
+  // else float32) and keeps the top-k by a radix select (backend/cpu/index_score.h).
   void select(const cpu::Context& ctx, const SeqKeys& k, const float* q, const float* w, int32_t* sel, int64_t* count);
+  // The same selection from the keys decoded to float32, sgemm and nth_element: the plain
+  // reference select() is held to.
+  void select_reference(const cpu::Context& ctx, const SeqKeys& k, const float* q, const float* w, int32_t* sel,
+                        int64_t* count);
+  // The kernel select() scores on in ctx (the reference's float32 where none fits head_dim).
+  cpu::IndexKernel kernel(const cpu::Context& ctx) const;
 
  private:
   int64_t Hi_, D_, rope_dim_, topk_, hidden_, q_lora_;
@@ -83,6 +93,7 @@ class Indexer {
   Rope rope_;
   std::vector<float> keys_, scores_, qk_;  // a sequence's keys [S, D]; combined scores; per-head dots
   std::vector<int32_t> order_;
+  cpu::IndexQuery query_;  // the query being scored, in its kernel's layout
 };
 
 // In-place Walsh-Hadamard transform of n values (n a power of two), scaled n^-0.5.

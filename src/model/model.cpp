@@ -205,7 +205,7 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
     mla_->write_cache(pool, l, batch, first.data(), kv.data());
     part.emplace(profile_, ForwardProfile::Attention);
     const MlaForm form = opt.reference_attention ? MlaForm::Reference : mla_form(path);
-    if (c.dsa()) {
+    if (c.dsa() && !opt.dense_attention) {
       if (W.indexer.present) index_layer(W, pool, l, batch, first.data(), x.data(), T, pos.data());
       mla_->attend_sparse(cx, W, pool, l, batch, first.data(), form, opt.policy.prefix_chunk, dsa_.views, q.data(), attn.data());
       if (capture_sel_) capture_sel_->push_back(dsa_.sel);

@@ -50,6 +50,10 @@ struct ForwardOptions {
   // Per sequence of the batch: how many of its last new tokens get a logits row (at most its
   // new tokens; speculative verification asks for all k + 1). Empty: by last_logits_only.
   std::span<const int64_t> logits_last;
+  // DeepSeek Sparse Attention models: every layer attends every position and runs no indexer
+  // (its keys are not cached either), as the same weights would without DSA: the dense side
+  // of `mla bench --dsa`. A sequence passed this way has no indexer keys for these tokens.
+  bool dense_attention = false;
 };
 
 // Wall time of each part of the forward pass, summed over passes while a Model has one set

@@ -172,28 +172,47 @@ Report run(const Options& opt);
 std::string format_report(const Report& r);
 
 // DeepSeek Sparse Attention at DeepSeek-V3.2's attention shape (128 heads, kv_lora 512, rope 64,
-// indexer 64 heads of 128, top-2048), one layer of random weights and a pool of `context` random
-// cached tokens: per decoded token the dense absorbed attention over every cached token against
-// the indexer's pass (scores over every cached key, top-k) plus absorbed attention over the
-// top-k, timed in the same run; and the indexer pass's read of its key cache in GB/s against the
-// machine's read loop.
+// indexer 64 heads of 128, top-2048), in two parts, each at every context, timed in one run:
+//  one layer: random weights and a pool of `context` random cached tokens; per decoded token the
+//    dense absorbed attention over every cached token against the indexer's pass (scores over
+//    every cached key, top-k) plus absorbed attention over the top-k; the indexer pass's read of
+//    its key cache in GB/s against the machine's read loop (a pass of the loop before each
+//    indexer pass, so the keys come from memory as in a model of many layers), for the kernel the
+//    context dispatches and for every scoring kernel this CPU runs;
+//  model: a random V3.2-shaped checkpoint of `layers` layers (V3.2's attention and indexer, a
+//    small MoE and vocabulary so that it fits and writes quickly), its cache filled with
+//    `context` random tokens; decode steps with DSA and with the same weights attending densely
+//    (ForwardOptions::dense_attention), alternating: tokens/s and the attention's time per token.
 struct DsaOptions {
   std::vector<int64_t> contexts = {4096, 16384, 65536};
   int threads = 0;
   int runs = 5;  // timed decode steps per figure, after one warm-up step
   std::string kv_dtype = "bf16";
+  std::string precision = "fast";
+  std::string dir;         // the model part's checkpoint (default <tmp>/mla-bench-v32-<L>L); reused when present
+  int64_t layers = 3;      // 0: no model part
 };
 struct DsaRow {
   int64_t context = 0;
   Summary dense_ms, sparse_ms, indexer_ms;  // per token: dense attention; indexer + sparse; the indexer alone
+  Summary topk_ms;                          // the indexer's top-k selection alone
   double index_read_bytes = 0;              // the indexer cache one pass reads
   double pool_bytes = 0;                    // the whole cache of the layer at this context
+  std::vector<std::pair<std::string, Summary>> kernel_ms;  // each scoring kernel's pass alone
+};
+struct DsaModelRow {
+  int64_t context = 0;
+  Summary dense_tps, dsa_tps;          // decode tokens/s
+  double dense_attn_ms = 0, dsa_attn_ms = 0;  // attention per token, all layers (DSA: indexer included)
 };
 struct DsaReport {
   int threads = 0;
-  std::string kv_dtype;
+  std::string kv_dtype, precision, kernel;  // kernel: the scoring kernel the context dispatches
   double bandwidth_gbps = 0;
+  Summary loop_gbps;  // the read loop's passes between indexer passes
   std::vector<DsaRow> rows;
+  std::string model_dir, model_desc;
+  std::vector<DsaModelRow> model_rows;
 };
 DsaReport run_dsa(const DsaOptions& opt);
 std::string format_dsa_report(const DsaReport& r);

@@ -179,7 +179,8 @@ std::vector<TensorSpec> random_tensors(const json& c, const RandomCheckpointOpti
                 nope = geti(c, "qk_nope_head_dim"), rope = geti(c, "qk_rope_head_dim"), vd = geti(c, "v_head_dim"),
                 E = geti(c, "n_routed_experts"), shared = geti(c, "n_shared_experts"),
                 moe_i = geti(c, "moe_intermediate_size"), inter = geti(c, "intermediate_size"),
-                dense = geti(c, "first_k_dense_replace");
+                dense = geti(c, "first_k_dense_replace"), Hi = geti(c, "index_n_heads"),
+                Di = geti(c, "index_head_dim");
   const bool bias = c.value("scoring_func", "sigmoid") == "sigmoid";
   b.f_uniform("model.embed_tokens.weight", DType::BF16, {V, D}, 1.0);
   b.norm("model.norm.weight", D);
@@ -199,6 +200,17 @@ std::vector<TensorSpec> random_tensors(const json& c, const RandomCheckpointOpti
     b.norm(a + "kv_a_layernorm.weight", kvr);
     b.linear(a + "kv_b_proj", H * (nope + vd), kvr, true, false);
     b.linear(a + "o_proj", D, H * vd, true, false);
+    // DeepSeek Sparse Attention's indexer (model/indexer.h), in every layer but GLM-5's "shared" ones.
+    const bool shared_indexer = c.contains("indexer_types") && c["indexer_types"].is_array() &&
+                                size_t(l) < c["indexer_types"].size() && c["indexer_types"][size_t(l)] == "shared";
+    if (Hi > 0 && !shared_indexer) {
+      const std::string ip = a + "indexer.";
+      b.linear(ip + "wq_b", Hi * Di, qlr, true, false);
+      b.linear(ip + "wk", Di, D, true, false);
+      b.f_uniform(ip + "weights_proj.weight", DType::BF16, {Hi, D}, opt.init_std);
+      b.f_uniform(ip + "k_norm.weight", DType::F32, {Di}, 0.02, 1.0);
+      b.f_uniform(ip + "k_norm.bias", DType::F32, {Di}, 0.02);
+    }
     if (E > 0 && l >= dense) {
       b.f_uniform(p + "mlp.gate.weight", DType::BF16, {E, D}, opt.init_std);
       if (bias) b.f_uniform(p + "mlp.gate.e_score_correction_bias", DType::F32, {E}, 0.01);

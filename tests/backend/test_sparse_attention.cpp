@@ -18,12 +18,7 @@
 namespace mla::cpu {
 namespace {
 
-std::vector<float> randn(std::mt19937& g, size_t n, float sd = 1.0f) {
-  std::normal_distribution<float> d(0, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using test::randn;
 
 struct Selection {
   std::vector<int32_t> pos;

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backend/cpu/context.h"
+#include "backend/cpu/index_score.h"
 #include "tensor/matrix.h"
 
 namespace mla::cpu {
@@ -47,5 +48,11 @@ Kernel gemm_bf16_kernel(int64_t T, const MatrixView& W, const CpuFeatures& f);
 // float32 for sgemm. INT4 groups not a multiple of 32 have no bf16 GEMM: dequantized sgemm.
 // Reads only W's format, cols and group_size.
 Kernel matmul_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f);
+
+// The DeepSeek Sparse Attention indexer's scoring kernel (index_score.h) for keys of `dim`
+// values: in the fast precision Amx where the CPU has AMX and dim % 32 == 0; otherwise F32 (the
+// VDPBF16PS kernel measured slower than it without AMX; dispatch.cpp). dim % 32 != 0 has no
+// kernel: the caller scores on the reference.
+IndexKernel index_kernel(const Context& ctx, int64_t dim, const CpuFeatures& f);
 
 }  // namespace mla::cpu

@@ -11,8 +11,7 @@
 namespace mla::cpu {
 
 void attention_absorb_sparse(const Context& ctx, const SparseAbsorbArgs& a, float* out_lat, float* lse) {
-  const int64_t H = a.H, kvr = a.kv_lora, dim = a.kv_lora + a.rope;
-  thread_local std::vector<float> rows, qcat, scores;
+  const int64_t H = a.H, kvr = a.kv_lora;
   for (int64_t t = 0; t < a.T; ++t) {
     const int64_t n = a.sel.count[t];
     float* o = out_lat + t * H * kvr;
@@ -21,20 +20,15 @@ void attention_absorb_sparse(const Context& ctx, const SparseAbsorbArgs& a, floa
       std::fill(lse + t * H, lse + (t + 1) * H, -std::numeric_limits<float>::infinity());
       continue;
     }
-    // The query's rows once for every head, then two products: scores [H, n] = [q_lat | q_pe]
-    // [H, dim] x rows^T, and out_lat [H, kv_lora] = softmax(scores) x c_KV.
-    rows.resize(size_t(n * dim));
-    a.gather(a.sel.pos + t * a.sel.ld, n, rows.data());
-    qcat.resize(size_t(H * dim));
-    for (int64_t h = 0; h < H; ++h) {
-      std::copy(a.q_lat + (t * H + h) * kvr, a.q_lat + (t * H + h + 1) * kvr, qcat.data() + h * dim);
-      const float* qp = a.q_pe + t * a.ld_qpe + h * a.head_stride_qpe;
-      std::copy(qp, qp + a.rope, qcat.data() + h * dim + kvr);
-    }
-    scores.resize(size_t(H * n));
-    sgemm(ctx, false, true, H, n, dim, a.scale, qcat.data(), dim, rows.data(), dim, 0.0f, scores.data(), n);
-    for (int64_t h = 0; h < H; ++h) lse[t * H + h] = softmax_inplace(scores.data() + h * n, n);
-    sgemm(ctx, false, false, H, kvr, n, 1.0f, scores.data(), n, rows.data(), dim, 0.0f, o, kvr);
+    // The dense absorbed kernel over the query's own rows: key j of it is the j-th listed
+    // position, every one visible (the query sits at the last), gathered a block at a time on
+    // the thread that scores it; long lists split over the threads and merge by log-sum-exp.
+    const int32_t* pos = a.sel.pos + t * a.sel.ld;
+    AbsorbArgs d{a.q_lat + t * H * kvr, a.q_pe + t * a.ld_qpe, a.ld_qpe, a.head_stride_qpe, nullptr, 1, n, H, kvr, a.rope,
+                 n - 1, 0, a.scale};
+    const auto* gather = &a.gather;  // one captured pointer: the std::function holds it without allocating
+    d.gather = [gather, pos](int64_t s0, int64_t cnt, float* rows) { (*gather)(pos + s0, cnt, rows); };
+    attention_absorb(ctx, d, o, lse + t * H);
   }
 }
 

@@ -31,10 +31,13 @@ struct SparseAbsorbArgs {
   int64_t T, H, kv_lora, rope;
   float scale;
   KeySelection sel;
-  // Writes the latent rows at n positions as float32 rows of kv_lora + rope (LatentPool::gather_at).
+  // Writes the latent rows at n positions as float32 rows of kv_lora + rope (LatentPool::gather_at);
+  // called from several threads at once on disjoint lists.
   std::function<void(const int32_t* pos, int64_t n, float* rows)> gather;
 };
 // out_lat [T, H, kv_lora]; lse [T, H] (-inf and a zero row for a query with no position).
+// Each query runs attention_absorb (the dense absorbed kernel: blocks of rows, online softmax,
+// long lists split over ctx's threads) over its listed rows.
 void attention_absorb_sparse(const Context& ctx, const SparseAbsorbArgs& a, float* out_lat, float* lse);
 
 // a's keys are positions a.k_pos0 .. a.k_pos0 + a.S - 1; query t sees those of sel's list.
