@@ -586,6 +586,27 @@ TEST(ServeBinary, ServesAndStopsOnSigterm) {
 namespace mla {
 namespace {
 
+// An engine on its own thread and the server over it on another, both stopped on every way out
+// of a test.
+struct RunningServer {
+  Engine& engine;
+  server::Server srv;
+  int port = 0;
+  std::thread http;
+  RunningServer(Engine& e, const Tokenizer& tok, const GenerationConfig& g, const ModelConfig& c,
+                const server::ServerOptions& opt)
+      : engine(e), srv(e, tok, g, c, opt) {
+    engine.start();
+    port = srv.bind();
+    http = std::thread([this] { srv.listen(); });
+  }
+  ~RunningServer() {
+    srv.stop();
+    http.join();
+    engine.stop();
+  }
+};
+
 // Kimi's tool-call markers are special tokens: a forced call in Kimi's format, with logit_bias
 // making the model write each marker as its special token where the grammar allows it, comes
 // back as a tool call (the markers stay in the text the parser reads, the grammar's token table
@@ -619,24 +640,12 @@ TEST(ServerSpecialMarkers, KimiForcedCallWithSpecialMarkerTokens) {
   eo.kv_pages = 32;
   eo.page_size = 16;
   Engine engine(*model, &tokenizer, eo);
-  engine.start();
   server::ServerOptions opt;
   opt.port = 0;
   opt.model_name = "kimi";
   opt.tool_call_parser = "kimi_k2";
-  server::Server srv(engine, tokenizer, generation, model->config(), opt);
-  const int port = srv.bind();
-  std::thread http([&] { srv.listen(); });
-  struct Join {
-    Engine& engine;
-    server::Server& srv;
-    std::thread& t;
-    ~Join() {
-      srv.stop();
-      t.join();
-      engine.stop();
-    }
-  } join{engine, srv, http};
+  RunningServer live(engine, tokenizer, generation, model->config(), opt);
+  const int port = live.port;
 
   const json tools = {{{"type", "function"},
                        {"function",
@@ -728,23 +737,11 @@ TEST(ServerSpeculative, ConcurrentLoadLosesNoToken) {
   eo.speculative.draft_tokens = 2;
   eo.speculative.adaptive = false;  // every decode step drafts
   Engine engine(*model, &tokenizer, eo);
-  engine.start();
   server::ServerOptions opt;
   opt.port = 0;
   opt.model_name = "tiny";
-  server::Server srv(engine, tokenizer, generation, model->config(), opt);
-  const int port = srv.bind();
-  std::thread http([&] { srv.listen(); });
-  struct Join {
-    Engine& engine;
-    server::Server& srv;
-    std::thread& t;
-    ~Join() {
-      srv.stop();
-      t.join();
-      engine.stop();
-    }
-  } join{engine, srv, http};
+  RunningServer live(engine, tokenizer, generation, model->config(), opt);
+  const int port = live.port;
 
   // Each request's tokens, from logprobs (one entry per token, in order), and its text.
   std::vector<std::vector<std::string>> got(prompts.size());
