@@ -159,7 +159,8 @@ class Model {
   // The head mtp_forward's logits come from. Drafts may be approximate (the verify pass decides
   // with lm_head as stored), so the module may read a copy of its shared head in a cheaper format
   // (tensor/quantize.h, made once here, the search rule, INT4 in groups of 32): BF16 means the
-  // head as stored (never widened); a format the head already has, likewise. Returns the copy's
+  // head as stored (never widened); a format the head already has, likewise (and INT4 for a
+  // hidden size that is not a multiple of 32). Returns the copy's
   // relative RMS error (0 for the head itself).
   double set_mtp_draft_head(quant::QuantFormat f);
   const MatrixView& mtp_draft_head() const;

@@ -140,7 +140,8 @@ double Model::set_mtp_draft_head(quant::QuantFormat f) {
   const WeightFormat want = f == quant::QuantFormat::INT4  ? WeightFormat::INT4_GROUP
                             : f == quant::QuantFormat::FP8 ? WeightFormat::FP8_BLOCK128
                                                            : head.format;
-  if (want == head.format) {
+  // INT4 groups need whole groups of 32 per row: another width keeps the head as stored.
+  if (want == head.format || (want == WeightFormat::INT4_GROUP && head.cols % 32 != 0)) {
     mtp_head_copy_.reset();
     return 0;
   }
