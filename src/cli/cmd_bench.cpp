@@ -36,6 +36,7 @@ int run(int argc, char** argv) {
                  "tokens per run of the speculative-decoding comparison (injected drafts at acceptance 1, 0.8, 0.5, 0 "
                  "and the MTP module's own; 0: skip)");
   app.add_option("--draft-tokens", o.draft_tokens, "draft tokens per verify pass in that comparison");
+  app.add_option("--draft-head", o.draft_head, "format of the MTP drafts' output head in that comparison: int4, fp8, bf16");
   app.add_option("--huge-pages", o.huge_pages,
                  "auto | on | off: copy the weights onto transparent huge pages at load (auto: when they take "
                  "under half the available memory)");

@@ -68,6 +68,7 @@ struct SpeculativeCliOptions {
   std::string method = "none";
   int64_t draft_tokens = 1;
   bool fixed = false;  // --no-adaptive-speculation
+  std::string draft_head = "int4";  // --draft-head
   SpeculativeOptions options() const {
     SpeculativeOptions o;
     try {
@@ -79,6 +80,7 @@ struct SpeculativeCliOptions {
       throw std::invalid_argument("--draft-tokens must be in [1, 16], got " + std::to_string(draft_tokens));
     o.draft_tokens = draft_tokens;
     o.adaptive = !fixed;
+    o.draft_head = quant::parse_quant_format(draft_head, "--draft-head");
     return o;
   }
 };
@@ -90,6 +92,9 @@ inline void add_speculative_options(CLI::App& app, SpeculativeCliOptions& o) {
   app.add_option("--draft-tokens", o.draft_tokens, "draft tokens per verify pass with --speculative (default 1)");
   app.add_flag("--no-adaptive-speculation", o.fixed,
                "speculate on every step (default: only while it is faster than plain decoding)");
+  app.add_option("--draft-head", o.draft_head,
+                 "format of the MTP drafts' output head: int4 (a copy made at load, default), fp8, or bf16 (the "
+                 "head as stored); verification always uses the head as stored");
 }
 
 // --quantize experts=int4,others=fp8[,embed=fp8]: convert the weights as they are loaded (the

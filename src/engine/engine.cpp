@@ -57,7 +57,10 @@ Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& op
       throw std::invalid_argument("speculative decoding needs at least one draft token, got " +
                                   std::to_string(opt_.speculative.draft_tokens));
     if (opt_.draft_source) draft_ = opt_.draft_source;
-    else if (model_.has_mtp()) draft_ = std::make_shared<MtpDrafts>(model_, pool_.num_pages(), pool_.page_size(), pool_.dtype());
+    else if (model_.has_mtp()) {
+      model_.set_mtp_draft_head(opt_.speculative.draft_head);
+      draft_ = std::make_shared<MtpDrafts>(model_, pool_.num_pages(), pool_.page_size(), pool_.dtype());
+    }
     else throw std::invalid_argument("speculative decoding with MTP: the model has no MTP module loaded (the checkpoint has none, or it was loaded without it)");
   }
   if (tokenizer_) {
@@ -317,16 +320,10 @@ int64_t Engine::verify(Sequence& s, float* rows, int64_t k) {
 
 void Engine::draft_next() {
   if (!draft_) return;
-  // Sequences that lost their pages (preempted) keep no draft state.
-  for (auto& [id, s] : sequences_)
-    if (s->table.pages.empty() && !s->done) {
-      draft_->forget(*s);
-      s->draft.clear();
-      s->draft_probs.clear();
-    }
   std::vector<Sequence*> decoding;
   for (Sequence* s : scheduler_.running())
     if (!s->done && s->pending() == 1) decoding.push_back(s);
+  draft_seconds_ = 0;
   const int64_t k = opt_.speculative.draft_tokens;
   const bool fits = int64_t(decoding.size()) * (k + 1) <= opt_.speculative.max_verify_rows;
   if (decoding.empty() || !fits || !gate_.speculate_next()) {
@@ -335,7 +332,8 @@ void Engine::draft_next() {
   }
   const auto t0 = std::chrono::steady_clock::now();
   draft_->propose(decoding, k);
-  counters_.spec_draft_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  draft_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  counters_.spec_draft_seconds += draft_seconds_;
 }
 
 // ---- the step ----
@@ -344,6 +342,9 @@ bool Engine::step_inner() {
   drain_incoming();
   bool worked = false;
   Batch batch = scheduler_.schedule();
+  // A preempted sequence recomputes from its start: its MTP cache goes now, pages and all.
+  if (draft_)
+    for (Sequence* s : batch.preempted) draft_->forget(*s);
   for (auto& [s, message] : batch.out_of_pages) {
     finish(*s, FinishReason::KvCacheFull, std::move(message));
     worked = true;
@@ -390,6 +391,7 @@ bool Engine::step_inner() {
         if (fo.path == AttnPath::Auto) fo.path = AttnPath::Absorb;
       }
       if (draft_->wants_hidden()) fo.final_hidden = &hidden_;
+      if (any_drafts && prefill_rows) ++counters_.spec_passes_with_prefill;
     }
     std::vector<int64_t> pos0(batch.parts.size());
     for (size_t b = 0; b < batch.parts.size(); ++b) pos0[b] = batch.parts[b].seq->table.length;
@@ -431,10 +433,12 @@ bool Engine::step_inner() {
           draft_->observe(s, pos0[b], n, kept, fo.final_hidden ? hidden_.data() + f0 * D : nullptr);
       }
       if (spec) {
-        draft_next();
+        // A speculative step costs its pass and the drafting before it.
+        const double pass = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (!prefill_rows)
-          gate_.record(any_drafts, counters_.generation_tokens - tokens_before,
-                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          gate_.record(any_drafts, int64_t(batch.parts.size()), counters_.generation_tokens - tokens_before,
+                       pass + (any_drafts ? draft_seconds_ : 0.0));
+        draft_next();
       }
     }
   }

@@ -84,6 +84,9 @@ struct EngineStats {
   // and the seconds spent drafting.
   int64_t spec_steps = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_emitted_tokens = 0;
   double spec_draft_seconds = 0;
+  // Passes whose verify rows shared the pass with prefill rows: those rows ran on the batch's
+  // kernels, as plain decode rows in such a pass do, not on the one-token kernels.
+  int64_t spec_passes_with_prefill = 0;
   double spec_acceptance_rate() const { return spec_draft_tokens ? double(spec_accepted_tokens) / double(spec_draft_tokens) : 0; }
   double spec_tokens_per_step() const { return spec_steps ? double(spec_emitted_tokens) / double(spec_steps) : 0; }
 };
@@ -171,6 +174,7 @@ class Engine {
   // Speculative decoding.
   std::shared_ptr<DraftSource> draft_;
   SpecGate gate_;
+  double draft_seconds_ = 0;  // the drafting for the coming pass (draft_next), for the gate
   cpu::Context one_token_ctx_;
   std::vector<float> hidden_;
   std::vector<int64_t> logits_last_;

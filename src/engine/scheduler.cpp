@@ -45,7 +45,7 @@ bool Scheduler::drop_drafts() {
   return any;
 }
 
-void Scheduler::preempt_newest() {
+void Scheduler::preempt_newest(Batch& batch) {
   Sequence* s = running_.back();
   running_.pop_back();
   s->draft.clear();
@@ -53,6 +53,7 @@ void Scheduler::preempt_newest() {
   pool_.release(s->table);  // its tokens and sampler stay: it recomputes from the start
   ++preemptions_;
   waiting_.push_front(s);
+  batch.preempted.push_back(s);
 }
 
 bool Scheduler::admit(Sequence& s, int64_t keep_free, Batch& batch) {
@@ -90,7 +91,7 @@ Batch Scheduler::schedule() {
     if (drop_drafts()) continue;  // speculative drafts give way before anything else
     if (cache_ && cache_->evict_one()) continue;
     if (running_.size() > 1) {
-      preempt_newest();
+      preempt_newest(batch);
       continue;
     }
     Sequence* s = running_[0];

@@ -45,6 +45,9 @@ struct Batch {
   // Sequences that can never get the pages they need, already removed (pages released), with
   // what happened; the engine ends them with FinishReason::KvCacheFull.
   std::vector<std::pair<Sequence*, std::string>> out_of_pages;
+  // Sequences preempted by this schedule (pages released, queued again to recompute): whatever
+  // else is kept for them (the speculative draft state) can go now.
+  std::vector<Sequence*> preempted;
 };
 
 class Scheduler {
@@ -72,7 +75,7 @@ class Scheduler {
 
  private:
   bool free_pages_for(int64_t need);  // evicts cache entries until need pages are free
-  void preempt_newest();
+  void preempt_newest(Batch& batch);
   bool drop_drafts();  // clears every running sequence's drafts; true when there were any
   // True when s leaves the queue (admitted, or out of pages for good).
   bool admit(Sequence& s, int64_t keep_free, Batch& batch);

@@ -194,7 +194,7 @@ void MtpDrafts::propose(std::span<Sequence* const> seqs, int64_t k) {
 
 bool SpecGate::preferred() const {
   if (!have_[0] || !have_[1]) return true;
-  return tps_[1] >= tps_[0];
+  return tokens_ * seconds_[0] >= seconds_[1];  // E / (t_spec / t_plain) >= 1
 }
 
 bool SpecGate::speculate_next() const {
@@ -204,12 +204,12 @@ bool SpecGate::speculate_next() const {
   return explore ? !pref : pref;
 }
 
-void SpecGate::record(bool speculated, int64_t tokens, double seconds) {
-  if (!(seconds > 0)) return;
+void SpecGate::record(bool speculated, int64_t sequences, int64_t tokens, double seconds) {
+  if (!(seconds > 0) || sequences <= 0) return;
   const bool pref = preferred();
-  const double tps = double(tokens) / seconds;
-  double& e = tps_[speculated];
-  e = have_[speculated] ? 0.75 * e + 0.25 * tps : tps;
+  auto average = [&](double& e, double v) { e = have_[speculated] ? 0.75 * e + 0.25 * v : v; };
+  average(seconds_[speculated], seconds);
+  if (speculated) average(tokens_, double(tokens) / double(sequences));
   have_[speculated] = true;
   ++passes_;
   if (speculated == pref) ++since_explore_;

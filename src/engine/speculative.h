@@ -44,6 +44,10 @@ struct SpeculativeOptions {
   // Speculate only while a decode pass holds at most this many rows (drafts included): past a
   // few dozen rows a pass is compute-bound and the one-token kernels lose to the batched ones.
   int64_t max_verify_rows = 32;
+  // The format of the MTP drafts' output head (Model::set_mtp_draft_head): INT4 (groups of 32)
+  // reads 3.6x fewer bytes than a bf16 head; BF16 drafts with the head as stored. Verification
+  // always uses lm_head as stored, so this changes only how often drafts are right.
+  quant::QuantFormat draft_head = quant::QuantFormat::INT4;
 };
 
 // "mtp" -> true; "none"/"" -> false; anything else throws std::invalid_argument.
@@ -132,23 +136,33 @@ bool accept_draft(std::span<const float> p, std::span<const float> q, int32_t d,
 // Falls back to p where that leaves no mass (p == q up to rounding).
 std::vector<float> residual_distribution(std::span<const float> p, std::span<const float> q, int32_t d);
 
-// The adaptive rule, engine-wide: the throughput (tokens / second) of decode passes with drafts
-// and of those without, each an exponential moving average; the next pass speculates when its
-// mode is the faster one (unknown counts as faster), and every kExplore passes one runs the other
-// way to keep both figures current (the first exploration after kFirstExplore).
+// The adaptive rule, engine-wide: a cost model from the engine's own decode passes. Three
+// exponential moving averages: the seconds of a plain decode pass (t_plain), of a speculative
+// step (its verify pass and the drafting for the next one: t_spec), and the tokens a speculative
+// step yields per sequence (E, 1 to k + 1). Speculation pays while E / (t_spec / t_plain) >= 1,
+// the tokens per second of speculative steps over those of plain ones; the next pass speculates
+// then (a figure not measured yet counts as paying). Every kExplore passes one runs the other way
+// (the first after kFirstExplore), so that the figures of the mode not in use stay current: E
+// while speculation is off (it comes back on when the text turns predictable), t_plain while it
+// is on. Passes of different batch sizes share the averages.
 class SpecGate {
  public:
   static constexpr int64_t kFirstExplore = 4, kExplore = 16;
   explicit SpecGate(bool adaptive = true) : adaptive_(adaptive) {}
   bool speculate_next() const;
-  // A decode-only pass: whether it verified drafts, the tokens it produced, its seconds.
-  void record(bool speculated, int64_t tokens, double seconds);
-  double tokens_per_second(bool speculated) const { return tps_[speculated]; }
+  // A decode-only pass: whether it verified drafts, how many sequences it decoded, the tokens it
+  // produced and its seconds.
+  void record(bool speculated, int64_t sequences, int64_t tokens, double seconds);
+  // The model's figures (0 while not measured): E, t_spec / t_plain, and E over that.
+  double expected_tokens() const { return have_[1] ? tokens_ : 0; }
+  double cost_ratio() const { return have_[0] && have_[1] ? seconds_[1] / seconds_[0] : 0; }
+  double gain() const { return cost_ratio() > 0 ? expected_tokens() / cost_ratio() : 0; }
 
  private:
   bool preferred() const;
   bool adaptive_;
-  double tps_[2] = {0, 0};
+  double seconds_[2] = {0, 0};  // t_plain, t_spec per pass
+  double tokens_ = 0;           // E: tokens per sequence per speculative step
   bool have_[2] = {false, false};
   int64_t passes_ = 0, since_explore_ = 0;
 };

@@ -21,25 +21,6 @@ using cpu::matmul;
 
 namespace {
 
-// Adds the wall time from construction to destruction to one part of a profile (no clock read
-// when profiling is off).
-class PartTimer {
- public:
-  PartTimer(ForwardProfile* p, ForwardProfile::Part part) : p_(p), part_(part) {
-    if (p_) t0_ = std::chrono::steady_clock::now();
-  }
-  ~PartTimer() {
-    if (p_) p_->seconds[part_] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-  }
-  PartTimer(const PartTimer&) = delete;
-  PartTimer& operator=(const PartTimer&) = delete;
-
- private:
-  ForwardProfile* p_;
-  ForwardProfile::Part part_;
-  std::chrono::steady_clock::time_point t0_;
-};
-
 // Every weight view of the model, for copying the weights onto huge pages.
 std::vector<MatrixView*> weight_views(ModelWeights& w) {
   std::vector<MatrixView*> v{&w.embed, &w.lm_head};
@@ -222,6 +203,7 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
     if (W.moe) {
       part.emplace(profile_, ForwardProfile::Router);
       moe_->route(cx, W, x.data(), T);
+      count_routed_experts(T);
       part.emplace(profile_, ForwardProfile::Experts);
       moe_->experts(cx, W, x.data(), T, delta.data(), mlp_scratch_);
       part.reset();
@@ -267,6 +249,18 @@ void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOp
     profile_->seconds[ForwardProfile::Other] -= sum_parts(*profile_) - parts_before;
     profile_->passes++;
   }
+}
+
+void Model::count_routed_experts(int64_t T) {
+  if (!profile_) return;
+  const auto& picks = moe_->choices();
+  const int64_t n = std::min<int64_t>(int64_t(picks.size()), T * cfg_.num_experts_per_tok);
+  std::vector<int64_t> seen;
+  seen.reserve(size_t(n));
+  for (int64_t i = 0; i < n; ++i) seen.push_back(picks[size_t(i)].expert);
+  std::sort(seen.begin(), seen.end());
+  profile_->routed_experts += std::unique(seen.begin(), seen.end()) - seen.begin();
+  profile_->moe_layers++;
 }
 
 void Model::index_layer(const LayerWeights& W, LatentPool& pool, int64_t layer, std::span<SeqSlice> batch,

@@ -2,6 +2,7 @@
 // several sequences, each with its cached tokens (in the latent page pool) and its new tokens,
 // packed into one pass. Attention runs on the path the batch calls for (model/path_policy.h).
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -62,7 +63,29 @@ struct ForwardProfile {
   enum Part { Embed, AttnProj, Attention, OProj, DenseMlp, Router, Experts, LmHead, Other, kParts };
   double seconds[kParts] = {};
   int64_t passes = 0;
+  // Routed experts read, summed over the MoE layers of the passes (an expert that several rows
+  // of a pass chose counts once: its weights are read once), and those MoE layer passes.
+  int64_t routed_experts = 0, moe_layers = 0;
   static const char* name(int part);
+};
+
+// Adds the wall time from construction to destruction to one part of a profile (no clock read
+// when profiling is off).
+class PartTimer {
+ public:
+  PartTimer(ForwardProfile* p, ForwardProfile::Part part) : p_(p), part_(part) {
+    if (p_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~PartTimer() {
+    if (p_) p_->seconds[part_] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  PartTimer(const PartTimer&) = delete;
+  PartTimer& operator=(const PartTimer&) = delete;
+
+ private:
+  ForwardProfile* p_;
+  ForwardProfile::Part part_;
+  std::chrono::steady_clock::time_point t0_;
 };
 
 // One sequence's rows of an MTP pass (Model::mtp_forward): row t pairs token ids[t] = t_{i+1}
@@ -137,6 +160,14 @@ class Model {
   // (last_only). Throws KvCacheExhausted when the MTP pool cannot hold the rows.
   void mtp_forward(std::span<const MtpSlice> batch, LatentPool& pool, bool last_only, std::vector<float>& logits,
                    std::vector<float>* out_hidden = nullptr, const cpu::Context* ctx = nullptr);
+  // The head mtp_forward's logits come from. Drafts may be approximate (the verify pass decides
+  // with lm_head as stored), so the module may read a copy of its shared head in a cheaper format
+  // (tensor/quantize.h, made once here, the search rule, INT4 in groups of 32): BF16 means the
+  // head as stored (never widened); a format the head already has, likewise (and INT4 for a
+  // hidden size that is not a multiple of 32). Returns the copy's
+  // relative RMS error (0 for the head itself).
+  double set_mtp_draft_head(quant::QuantFormat f);
+  const MatrixView& mtp_draft_head() const;
 
  private:
   Model() = default;
@@ -188,6 +219,11 @@ class Model {
   } fwd_;
   std::vector<cpu::MatmulJob> mlp_jobs_;
   ForwardScratch mtp_fwd_;  // the MTP pass's activations (model/mtp.cpp)
+  // set_mtp_draft_head's copy of the shared head (null: the head as stored).
+  std::unique_ptr<quant::QuantizedMatrix> mtp_head_copy_;
+  MatrixView mtp_head_view_;
+  // Adds the distinct routed experts of the last route() to the profile (when one is set).
+  void count_routed_experts(int64_t T);
   std::vector<SeqSlice> mtp_slices_;
 };
 

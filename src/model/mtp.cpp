@@ -2,7 +2,9 @@
 #include "model/mtp.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 
 #include "backend/cpu/ops.h"
@@ -42,6 +44,10 @@ void Model::mtp_forward(std::span<const MtpSlice> batch, LatentPool& pool, bool 
   f.pos.resize(size_t(T));
   for (size_t b = 0; b < batch.size(); ++b)
     for (int64_t i = 0; i < int64_t(batch[b].ids.size()); ++i) f.pos[size_t(f.first[b] + i)] = batch[b].pos0 + i;
+  // Profiled by part like a forward pass; the module's input (embeddings, norms, eh_proj) counts
+  // as Other.
+  std::optional<PartTimer> part;
+  part.emplace(profile_, ForwardProfile::Other);
   // Embeddings and the main model's hidden states, side by side, through eh_proj.
   f.x.resize(size_t(T * D));
   f.xn.resize(size_t(T * 2 * D));
@@ -65,23 +71,31 @@ void Model::mtp_forward(std::span<const MtpSlice> batch, LatentPool& pool, bool 
     const float* dp = f.delta.data();
     for (int64_t i = 0; i < T * D; ++i) h[i] += dp[i];
   };
+  part.emplace(profile_, ForwardProfile::AttnProj);
   cpu::rmsnorm(cx, h, T, D, D, W.input_norm.data(), eps, f.x.data(), D);
   mla_->project(cx, W, f.x.data(), T, f.pos.data(), f.q.data(), f.kv.data());
   mla_->write_cache(pool, 0, slices, f.first.data(), f.kv.data());
+  part.emplace(profile_, ForwardProfile::Attention);
   mla_->attend(cx, W, pool, 0, slices, f.first.data(), MlaForm::Absorb, 0, f.q.data(), f.attn.data());
+  part.emplace(profile_, ForwardProfile::OProj);
   mla_->o_proj(cx, W, f.attn.data(), T, f.delta.data());
   add_residual();
   cpu::rmsnorm(cx, h, T, D, D, W.post_attention_norm.data(), eps, f.x.data(), D);
   if (W.moe) {
+    part.emplace(profile_, ForwardProfile::Router);
     moe_->route(cx, W, f.x.data(), T);
+    count_routed_experts(T);
+    part.emplace(profile_, ForwardProfile::Experts);
     moe_->experts(cx, W, f.x.data(), T, f.delta.data(), mlp_scratch_);
   } else {
+    part.emplace(profile_, ForwardProfile::DenseMlp);
     mlp(W.dense, f.x.data(), T, f.delta.data(), false);
   }
   add_residual();
   for (auto& s : batch) s.seq->length += int64_t(s.ids.size());
 
   // shared_head: norm, then the head on the rows asked for.
+  part.emplace(profile_, ForwardProfile::LmHead);
   f.xn.resize(size_t(T * D));
   cpu::rmsnorm(cx, h, T, D, D, M.head_norm.data(), eps, f.xn.data(), D);
   if (out_hidden) out_hidden->assign(f.xn.begin(), f.xn.begin() + T * D);
@@ -97,8 +111,33 @@ void Model::mtp_forward(std::span<const MtpSlice> batch, LatentPool& pool, bool 
   for (size_t r = 0; r < f.rows.size(); ++r)
     std::copy(f.xn.begin() + f.rows[r] * D, f.xn.begin() + (f.rows[r] + 1) * D, f.x.begin() + int64_t(r) * D);
   logits.resize(f.rows.size() * size_t(c.vocab_size));
-  cpu::matmul(cx, f.x.data(), int64_t(f.rows.size()), M.head, logits.data());
+  cpu::matmul(cx, f.x.data(), int64_t(f.rows.size()), mtp_draft_head(), logits.data());
+  part.reset();
+  if (profile_) profile_->passes++;
   pass_ctx_ = &ctx_;
+}
+
+const MatrixView& Model::mtp_draft_head() const {
+  if (w_.mtp.empty()) throw std::logic_error("mtp_draft_head: the model has no MTP module loaded");
+  return mtp_head_copy_ ? mtp_head_view_ : w_.mtp[0].head;
+}
+
+double Model::set_mtp_draft_head(quant::QuantFormat f) {
+  if (w_.mtp.empty()) throw std::logic_error("set_mtp_draft_head: the model has no MTP module loaded");
+  const MatrixView& head = w_.mtp[0].head;
+  const WeightFormat want = f == quant::QuantFormat::INT4  ? WeightFormat::INT4_GROUP
+                            : f == quant::QuantFormat::FP8 ? WeightFormat::FP8_BLOCK128
+                                                           : head.format;
+  // INT4 groups need whole groups of 32 per row: another width keeps the head as stored.
+  if (want == head.format || (want == WeightFormat::INT4_GROUP && head.cols % 32 != 0)) {
+    mtp_head_copy_.reset();
+    return 0;
+  }
+  if (mtp_head_copy_ && mtp_head_copy_->format == want) return std::sqrt(mtp_head_copy_->err2 / mtp_head_copy_->ref2);
+  mtp_head_copy_ = std::make_unique<quant::QuantizedMatrix>(
+      quant::quantize_matrix(head, f, quant::ScaleRule::Search, 32, ctx_.threads));
+  mtp_head_view_ = mtp_head_copy_->view();
+  return mtp_head_copy_->ref2 > 0 ? std::sqrt(mtp_head_copy_->err2 / mtp_head_copy_->ref2) : 0;
 }
 
 }  // namespace mla

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -96,7 +97,7 @@ std::vector<std::pair<std::string, double>> per_pass_ms(const ForwardProfile& p,
 
 std::string parts_line(const char* what, const std::vector<std::pair<std::string, double>>& parts) {
   std::ostringstream o;
-  char buf[96];
+  char buf[256];
   double total = 0;
   for (auto& [k, v] : parts) total += v;
   std::snprintf(buf, sizeof buf, "  %s: %.2f ms:", what, total);
@@ -135,24 +136,28 @@ inline void read_lines(const uint8_t* p, size_t n, __m512& a0, __m512& a1, __m51
 
 // Every weight one decoded token reads but its routed experts and its embedding row, with the
 // part of the model it belongs to: f(part, view) for each view that holds data.
+// The same for one decoder layer.
 template <class F>
-void each_fixed_weight(const ModelWeights& w, F&& f) {
+void each_fixed_layer_weight(const LayerWeights& L, F&& f) {
   auto visit = [&](const char* part, const MatrixView& m) {
     if (m.data) f(part, m);
   };
   auto mlp = [&](const char* part, const Mlp& p) {
     for (const MatrixView* m : {&p.gate, &p.up, &p.down}) visit(part, *m);
   };
-  for (const auto& L : w.layers) {
-    for (const MatrixView* m : {&L.q_a, &L.q_b, &L.q, &L.kv_a, &L.kv_b, &L.o}) visit("attention", *m);
-    if (L.moe) {
-      visit("router", L.router);
-      if (L.has_shared) mlp("shared experts", L.shared);
-    } else {
-      mlp("dense mlp", L.dense);
-    }
+  for (const MatrixView* m : {&L.q_a, &L.q_b, &L.q, &L.kv_a, &L.kv_b, &L.o}) visit("attention", *m);
+  if (L.moe) {
+    visit("router", L.router);
+    if (L.has_shared) mlp("shared experts", L.shared);
+  } else {
+    mlp("dense mlp", L.dense);
   }
-  visit("lm_head", w.lm_head);
+}
+
+template <class F>
+void each_fixed_weight(const ModelWeights& w, F&& f) {
+  for (const auto& L : w.layers) each_fixed_layer_weight(L, f);
+  if (w.lm_head.data) f("lm_head", w.lm_head);
 }
 
 // The MTP module beside the benchmark's checkpoint: the decoder layer `layers` of the same
@@ -362,6 +367,109 @@ double GemmProbe::measure(int passes) {
     if (p > 0) best = std::max(best, 2.0 * double(n_) * double(n_) * double(n_) / s / 1e9);
   }
   return best;
+}
+
+// One routed expert's bytes (gate, up, down) in a layer; 0 for a dense layer.
+double expert_bytes(const LayerWeights& L) {
+  if (!L.moe || L.experts.empty()) return 0;
+  const Mlp& e = L.experts[0];
+  return view_bytes(e.gate) + view_bytes(e.up) + view_bytes(e.down);
+}
+
+// Where a speculative step's time goes (Report::spec_costs), batch 1, k draft tokens: passes of
+// the three kinds in turn (spec_tokens / 4 of each per run, at least 4, after a warm-up run),
+// each profiled by part. A plain pass decodes one sequence; the verify pass runs the 1 + k rows
+// of another as the engine does (one-token kernels, absorbed attention, logits of every row, the
+// final hidden rows) and keeps one row, as a step whose drafts were all wrong; the draft runs
+// the MTP module on the row the verify pass kept (the catch-up), then chains k - 1 more and takes
+// them out of the MTP cache, as MtpDrafts does. Bytes: each pass's weights with the routed
+// experts at the count it read.
+SpecCosts measure_spec_costs(Model& model, const Options& opt, const ActiveWeights& active,
+                             const std::function<std::vector<int32_t>(int64_t)>& ids) {
+  const ModelConfig& c = model.config();
+  const ModelWeights& w = model.weights();
+  const int64_t k = opt.draft_tokens, passes = std::max<int64_t>(opt.spec_tokens / 4, 4), D = c.hidden_size;
+  const int64_t total = opt.context + (opt.runs + 1) * passes + k + 1;
+  LatentPool pool = model.make_pool(2 * (pages_for_tokens(total, 64) + 1), 64);
+  LatentPool mtp_pool = model.make_mtp_pool(pages_for_tokens(total, 64) + 1, 64);
+  // Two sequences of the same prompt: one decoded plainly, one speculatively.
+  PageTable plain, spec, mtp_seq;
+  int64_t mtp_first = -1;  // the position of the MTP cache's row 0
+  std::vector<float> logits, hidden, mtp_hidden, h;
+  auto prompt = ids(opt.context);
+  ForwardOptions fo;
+  fo.last_logits_only = true;
+  for (PageTable* t : {&plain, &spec}) {
+    SeqSlice s{t, prompt};
+    model.forward(std::span<SeqSlice>(&s, 1), pool, fo, logits);
+  }
+  cpu::Context one = model.context();
+  one.one_token_kernels = true;
+  ForwardOptions vo;
+  vo.context = &one;
+  vo.path = AttnPath::Absorb;
+  const std::vector<int64_t> last{k + 1};
+  vo.logits_last = last;
+  vo.final_hidden = &hidden;
+  ForwardProfile pp, pv, pd;
+  for (int r = 0; r <= opt.runs; ++r)
+    for (int64_t i = 0; i < passes; ++i) {
+      auto tok = ids(1);
+      SeqSlice d{&plain, tok};
+      model.set_profile(r > 0 ? &pp : nullptr);
+      model.forward(std::span<SeqSlice>(&d, 1), pool, fo, logits);
+      const int64_t pos = spec.length;
+      auto rows = ids(k + 1);
+      SeqSlice v{&spec, rows};
+      model.set_profile(r > 0 ? &pv : nullptr);
+      model.forward(std::span<SeqSlice>(&v, 1), pool, vo, logits);
+      model.set_profile(nullptr);
+      pool.truncate(spec, pos + 1);  // every draft rejected: the last token's row stays
+      if (mtp_first < 0) mtp_first = pos;
+      auto next = ids(1);
+      MtpSlice m{&mtp_seq, next, hidden.data(), pos};
+      model.set_profile(r > 0 ? &pd : nullptr);
+      model.mtp_forward(std::span<const MtpSlice>(&m, 1), mtp_pool, true, logits, &mtp_hidden);
+      for (int64_t j = 1; j < k; ++j) {
+        auto t = ids(1);
+        h.assign(mtp_hidden.end() - D, mtp_hidden.end());
+        MtpSlice chain{&mtp_seq, t, h.data(), mtp_first + mtp_seq.length};
+        model.mtp_forward(std::span<const MtpSlice>(&chain, 1), mtp_pool, true, logits, &mtp_hidden);
+      }
+      model.set_profile(nullptr);
+      mtp_pool.truncate(mtp_seq, pos + 1 - mtp_first);  // the chained rows out again
+    }
+  // Bytes. Routed experts: the main layers' at the measured count per MoE layer, the module's
+  // likewise; the embedding rows of the pass's tokens.
+  double routed = 0, expert = 0;
+  int64_t moe_layers = 0;
+  for (const auto& L : w.layers)
+    if (expert_bytes(L) > 0) expert = expert_bytes(L), ++moe_layers;
+  if (active.bytes_by_part.count("routed experts")) routed = active.bytes_by_part.at("routed experts");
+  // per: module passes per step (the draft's k).
+  auto fill = [&](PassCost& pc, const ForwardProfile& p, int64_t per) {
+    pc.parts_ms = per_pass_ms(p, double(p.passes) / double(per));
+    for (auto& [part, ms] : pc.parts_ms) pc.ms += ms;
+    pc.experts_per_layer = p.moe_layers ? double(p.routed_experts) / double(p.moe_layers) : 0;
+  };
+  SpecCosts sc;
+  fill(sc.plain, pp, 1);
+  fill(sc.verify, pv, 1);
+  fill(sc.draft, pd, k);
+  const double embed_row = double(w.embed.row_bytes());
+  sc.plain.bytes = active.bytes - routed + double(moe_layers) * sc.plain.experts_per_layer * expert;
+  sc.verify.bytes = sc.plain.bytes - double(moe_layers) * sc.plain.experts_per_layer * expert +
+                    double(moe_layers) * sc.verify.experts_per_layer * expert + double(k) * embed_row;
+  if (model.has_mtp()) {
+    const MtpWeights& M = w.mtp[0];
+    double layer = 0;
+    each_fixed_layer_weight(M.layer, [&](const char*, const MatrixView& m) { layer += view_bytes(m); });
+    const double per_pass = layer + view_bytes(M.eh_proj) + sc.draft.experts_per_layer * expert_bytes(M.layer) +
+                            view_bytes(model.mtp_draft_head()) + embed_row;
+    sc.draft.bytes = double(k) * per_pass;
+    sc.draft_head = weight_format_name(model.mtp_draft_head().format);
+  }
+  return sc;
 }
 
 Report run(const Options& opt) {
@@ -580,11 +688,13 @@ Report run(const Options& opt) {
       rep.spec.push_back(row);
       say("  acceptance " + std::to_string(a) + (adaptive ? "" : " (gate off)") + ": " + std::to_string(row.ratio.median) + "x plain");
     }
+    const quant::QuantFormat head = quant::parse_quant_format(opt.draft_head, "--draft-head");
     if (model->has_mtp()) {
       rep.have_mtp = true;
       EngineOptions so = eo;
       so.speculative.enabled = true;
       so.speculative.draft_tokens = opt.draft_tokens;
+      so.speculative.draft_head = head;
       so.speculative.adaptive = false;  // every step drafts: the draft's cost per step
       const EngineStats st = measure(rep.mtp, so);
       rep.mtp.adaptive = false;
@@ -593,6 +703,10 @@ Report run(const Options& opt) {
       rep.mtp_acceptance = st.spec_acceptance_rate();
       say("  MTP drafts: " + std::to_string(rep.mtp_draft_ms) + " ms per step");
     }
+    say("  where a speculative step's time goes (model-level passes) ...");
+    const double head_error = model->has_mtp() ? model->set_mtp_draft_head(head) : 0;
+    rep.spec_costs = measure_spec_costs(*model, opt, rep.active, ids);
+    rep.spec_costs.draft_head_error = head_error;
   }
 
   // Prompt processing: a fresh sequence of prompt_tokens per run, logits of the last token.
@@ -742,22 +856,52 @@ std::string format_report(const Report& r) {
                   "(alternating runs with plain decode; the machine's other load moves both):\n",
                   (long long)r.draft_tokens);
     o << buf;
-    auto row_line = [&](const char* what, const SpecRow& s) {
-      std::snprintf(buf, sizeof buf,
+    const SpecCosts& sc = r.spec_costs;
+    // The ceilings at the row's tokens per step: by bytes, and by the model-level pass times; a
+    // gated row may also decode plainly, so its ceiling is at least 1.
+    auto row_line = [&](const char* what, const SpecRow& s, bool with_draft) {
+      const double t = s.tokens_per_step, floor = s.adaptive ? 1.0 : 0.0;
+      char line[512];
+      std::snprintf(line, sizeof line,
                     "  %-34s acceptance %.2f, %.2f tokens per verify step: %.2f tokens/s against %.2f plain, ratio %.2f "
-                    "(median, range %.2f-%.2f)%s\n",
-                    what, s.acceptance, s.tokens_per_step, s.spec_tps.median, s.plain_tps.median, s.ratio.median,
-                    s.ratio.min, s.ratio.max, s.identical ? "" : "  TOKENS DIFFER FROM PLAIN DECODE");
-      o << buf;
+                    "(median, range %.2f-%.2f); ceiling by bytes %.2f, by pass times %.2f%s\n",
+                    what, s.acceptance, t, s.spec_tps.median, s.plain_tps.median, s.ratio.median, s.ratio.min,
+                    s.ratio.max, std::max(floor, sc.bytes_ratio(t, with_draft)), std::max(floor, sc.time_ratio(t, with_draft)),
+                    s.identical ? "" : "  TOKENS DIFFER FROM PLAIN DECODE");
+      o << line;
     };
+    auto pass_line = [&](const char* what, const PassCost& p) {
+      char line[160];
+      std::snprintf(line, sizeof line, "%s (%s, %.1f routed experts per MoE layer)", what, gb(p.bytes).c_str(),
+                    p.experts_per_layer);
+      o << parts_line(line, p.parts_ms);
+    };
+    if (sc.plain.ms > 0) {
+      o << "  where a step's time goes (model-level passes in turn, ms per pass by part; bytes read with the routed "
+           "experts at the count read):\n";
+      pass_line("plain decode pass", sc.plain);
+      pass_line("verify pass (1 + k rows)", sc.verify);
+      if (sc.draft.ms > 0) {
+        char what[96];
+        std::snprintf(what, sizeof what, "MTP draft (k module passes, %s head, error %.3f)", sc.draft_head.c_str(),
+                      sc.draft_head_error);
+        pass_line(what, sc.draft);
+      }
+      std::snprintf(buf, sizeof buf,
+                    "  against a plain pass: verify %.2fx by time, %.2fx by bytes; MTP draft %.2fx by time, %.2fx by "
+                    "bytes\n",
+                    sc.verify.ms / sc.plain.ms, sc.verify.bytes / sc.plain.bytes, sc.draft.ms / sc.plain.ms,
+                    sc.draft.bytes / sc.plain.bytes);
+      o << buf;
+    }
     for (const SpecRow& s : r.spec) {
       char what[64];
       std::snprintf(what, sizeof what, "injected drafts right %.0f%%%s:", 100 * s.target_acceptance,
                     s.adaptive ? "" : " (gate off)");
-      row_line(what, s);
+      row_line(what, s, false);
     }
     if (r.have_mtp) {
-      row_line("the MTP module's drafts (gate off):", r.mtp);
+      row_line("the MTP module's drafts (gate off):", r.mtp, true);
       std::snprintf(buf, sizeof buf,
                     "  MTP draft cost: %.2f ms per verify step, %.2f of a plain decode step (acceptance on random "
                     "weights %.2f)\n",

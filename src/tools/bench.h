@@ -115,6 +115,7 @@ struct Options {
   // draft tokens per verify pass.
   int64_t spec_tokens = 64;
   int64_t draft_tokens = 1;
+  std::string draft_head = "int4";  // the MTP drafts' head: bf16 (as stored) | fp8 | int4
   bool quiet = false;
   LoadQuantization quantize;  // quantize at load (weights as stored when unset)
 };
@@ -127,6 +128,35 @@ struct SpecRow {
   double acceptance = 0, tokens_per_step = 0;  // as measured (Engine::stats)
   Summary plain_tps, spec_tps, ratio;          // ratio: per pair of runs
   bool identical = true;                       // greedy tokens equal plain decode's
+};
+
+// One kind of pass of a speculative step, timed at the model level (mla bench): ms per pass by
+// part, routed experts read per MoE layer, and the weight bytes it reads (routed experts at the
+// measured count, scales included).
+struct PassCost {
+  std::vector<std::pair<std::string, double>> parts_ms;
+  double ms = 0, experts_per_layer = 0, bytes = 0;
+};
+
+// A speculative step against a plain decode step, from the model-level passes: the plain pass,
+// the verify pass (1 + k rows, one-token kernels, draft tokens drawn at random so the rows route
+// as unrelated tokens do) and the MTP draft (k passes of the module: the catch-up row, then k - 1
+// chained, with its draft head).
+struct SpecCosts {
+  PassCost plain, verify, draft;
+  std::string draft_head;        // the draft head's format
+  double draft_head_error = 0;   // its relative RMS error against the head as stored
+  // Tokens per second against plain decode at t tokens per step, by bytes (the ceiling a
+  // bandwidth-bound machine allows) and by the measured pass times; with_draft: the MTP draft's
+  // cost counted (injected drafts cost nothing).
+  double bytes_ratio(double t, bool with_draft) const {
+    const double step = verify.bytes + (with_draft ? draft.bytes : 0);
+    return step > 0 ? t * plain.bytes / step : 0;
+  }
+  double time_ratio(double t, bool with_draft) const {
+    const double step = verify.ms + (with_draft ? draft.ms : 0);
+    return step > 0 ? t * plain.ms / step : 0;
+  }
 };
 
 struct Report {
@@ -158,6 +188,7 @@ struct Report {
   bool have_mtp = false;
   double mtp_draft_ms = 0, mtp_cost_ratio = 0, mtp_acceptance = 0;
   SpecRow mtp;
+  SpecCosts spec_costs;
   double load_seconds = 0, write_seconds = 0;
   // Milliseconds per decoded token, and per prompt, in each part of the forward pass (timed runs).
   std::vector<std::pair<std::string, double>> decode_parts_ms, prompt_parts_ms;

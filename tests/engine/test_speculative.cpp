@@ -8,7 +8,10 @@
 //  - stop conditions (EOS, max tokens, stop strings) cut inside a run of accepted tokens;
 //  - rejection sampling leaves the distribution unchanged (chi-square test);
 //  - the grammar processor rolls back the drafts it saw and the engine rejected;
-//  - the adaptive gate switches speculation off when plain decoding is faster.
+//  - the adaptive gate switches speculation off when plain decoding is faster, and back on;
+//  - the MTP drafts' head in a cheaper format (INT4, FP8) changes drafts only, never the output,
+//    and on logits with a trained-like margin picks the same token as the head as stored;
+//  - preempted sequences give their MTP cache back at once and keep their tokens.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,6 +24,8 @@
 #include "engine/grammar_processor.h"
 #include "engine/speculative.h"
 #include "grammar/grammar.h"
+#include "tensor/dtype.h"
+#include "tensor/quantize.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -424,25 +429,178 @@ TEST(Speculative, GateSwitchesOffWhenPlainIsFaster) {
   for (int i = 0; i < 200; ++i) {
     const bool s = g.speculate_next();
     (s ? spec : plain)++;
-    // Speculation yields 1.05 tokens per pass at 1.4x the pass time: slower.
-    g.record(s, s ? 105 : 100, s ? 1.4 : 1.0);
+    // Speculation yields 1.05 tokens per sequence and step at 1.4x the pass time: slower.
+    g.record(s, 100, s ? 105 : 100, s ? 1.4 : 1.0);
   }
   EXPECT_GT(plain, 170);
   EXPECT_GT(spec, 5) << "it keeps exploring";
+  EXPECT_NEAR(g.expected_tokens(), 1.05, 1e-9);
+  EXPECT_NEAR(g.cost_ratio(), 1.4, 1e-9);
+  EXPECT_LT(g.gain(), 1.0);
   SpecGate h;
   spec = plain = 0;
   for (int i = 0; i < 200; ++i) {
     const bool s = h.speculate_next();
     (s ? spec : plain)++;
-    h.record(s, s ? 180 : 100, s ? 1.1 : 1.0);  // 1.8 tokens per pass at 1.1x: faster
+    h.record(s, 100, s ? 180 : 100, s ? 1.1 : 1.0);  // 1.8 tokens per step at 1.1x: faster
   }
   EXPECT_GT(spec, 170);
   EXPECT_GT(plain, 5);
+  EXPECT_NEAR(h.gain(), 1.8 / 1.1, 1e-9);
   SpecGate off(false);
   for (int i = 0; i < 50; ++i) {
     EXPECT_TRUE(off.speculate_next());
-    off.record(true, 1, 10.0);
+    off.record(true, 1, 1, 10.0);
   }
+}
+
+// Off while the drafts are wrong, back on within a few explorations once they are right; the
+// step costs (t_spec / t_plain = 1.3) stay the same throughout.
+TEST(Speculative, GateComesBackOnWhenDraftsTurnRight) {
+  SpecGate g;
+  auto pass = [&](double tokens_per_seq) {
+    const bool s = g.speculate_next();
+    g.record(s, 2, s ? int64_t(2 * tokens_per_seq) : 2, s ? 1.3 : 1.0);
+    return s;
+  };
+  for (int i = 0; i < 100; ++i) pass(1.0);
+  EXPECT_LT(g.gain(), 1.0);
+  int last_plain = -1;
+  for (int i = 0; i < 200; ++i)
+    if (!pass(2.0)) last_plain = i;
+  EXPECT_GT(g.gain(), 1.0);
+  // After the turn: one exploration (at most kExplore passes away) measures E = 2 (> 1.3), and
+  // from then on plain passes are only the explorations, one per kExplore + 1.
+  int plain_after = 0;
+  for (int i = 0; i < 170; ++i) plain_after += !pass(2.0);
+  EXPECT_LE(plain_after, 170 / SpecGate::kExplore + 1);
+  EXPECT_GE(last_plain, 0);
+}
+
+// ---- the draft head ----
+
+// Greedy output stays the model's whatever the drafts' head: verification reads lm_head as
+// stored.
+TEST(Speculative, DraftHeadFormatsKeepGreedyOutput) {
+  for (const char* fx : {"deepseek-v3-tiny", "glm-4.7-flash-tiny"}) {
+    Model& m = mtp_model(fx);
+    const Request r = greedy(prompt_ids(12, 21), 40);
+    const auto plain = run(m, options(64, 8, KvDType::F32), r);
+    for (quant::QuantFormat f : {quant::QuantFormat::BF16, quant::QuantFormat::FP8, quant::QuantFormat::INT4})
+      for (int64_t k : {1, 2}) {
+        EngineOptions o = options(64, 8, KvDType::F32, k);
+        o.speculative.draft_head = f;
+        EngineStats st;
+        EXPECT_EQ(run(m, o, r, &st), plain) << fx << " " << quant::quant_format_name(f) << " k=" << k;
+        EXPECT_GT(st.spec_steps, 0);
+        const WeightFormat want = f == quant::QuantFormat::INT4  ? WeightFormat::INT4_GROUP
+                                  : f == quant::QuantFormat::FP8 ? WeightFormat::FP8_BLOCK128
+                                                                 : m.weights().mtp[0].head.format;
+        EXPECT_EQ(m.mtp_draft_head().format, want);
+      }
+    const double err = m.set_mtp_draft_head(quant::QuantFormat::INT4);
+    EXPECT_GT(err, 0.0);
+    EXPECT_LT(err, 0.2);  // INT4 groups of 32 with the scale search: ~0.1 on Gaussian-like rows
+    EXPECT_EQ(m.set_mtp_draft_head(quant::QuantFormat::BF16), 0.0);
+    EXPECT_EQ(m.mtp_draft_head().data, m.weights().mtp[0].head.data);
+  }
+}
+
+// A draft is right about as often with the INT4 head as with the head as stored where the
+// draft's logits carry a trained-like signal: hidden rows h = beta w_t + noise, beta chosen so
+// the stored head gives the target t a softmax probability near 0.5-0.9 (a confident trained
+// draft). The two heads' argmaxes are then the same on almost every row; on pure noise rows
+// (beta = 0: near-ties among 4096 logits, as random weights give) they differ far more often.
+TEST(Speculative, Int4DraftHeadAgreesOnTrainedLikeLogits) {
+  const int64_t V = 4096, D = 512;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::vector<uint16_t> w(size_t(V * D));
+  for (auto& v : w) v = f32_to_bf16(n01(rng) / std::sqrt(float(D)));
+  MatrixView head;
+  head.format = WeightFormat::BF16;
+  head.rows = V;
+  head.cols = D;
+  head.data = w.data();
+  const quant::QuantizedMatrix q4 = quant::quantize_matrix(head, quant::QuantFormat::INT4);
+  const MatrixView h4 = q4.view();
+  cpu::Context ctx;
+  auto agreement = [&](float beta, double* mean_p) {
+    const int rows = 300;
+    std::vector<float> x(size_t(rows * D)), a(size_t(rows * V)), b(size_t(rows * V)), wt(static_cast<size_t>(D));
+    for (int r = 0; r < rows; ++r) {
+      const int64_t t = int64_t(rng() % uint32_t(V));
+      head.dequant_row(t, wt.data());
+      for (int64_t d = 0; d < D; ++d) x[size_t(r * D + d)] = beta * wt[size_t(d)] * std::sqrt(float(D)) + n01(rng);
+    }
+    cpu::matmul(ctx, x.data(), rows, head, a.data());
+    cpu::matmul(ctx, x.data(), rows, h4, b.data());
+    int same = 0;
+    double psum = 0;
+    for (int r = 0; r < rows; ++r) {
+      const float* ra = a.data() + r * V;
+      const float* rb = b.data() + r * V;
+      const int64_t ia = std::max_element(ra, ra + V) - ra, ib = std::max_element(rb, rb + V) - rb;
+      same += ia == ib;
+      double z = 0;
+      for (int64_t v = 0; v < V; ++v) z += std::exp(double(ra[v] - ra[ia]));
+      psum += 1.0 / z;
+    }
+    *mean_p = psum / rows;
+    return double(same) / rows;
+  };
+  double p_trained = 0, p_noise = 0;
+  const double trained = agreement(0.45f, &p_trained), noise = agreement(0.0f, &p_noise);
+  EXPECT_GT(p_trained, 0.5) << "the rows meant to look trained";
+  EXPECT_LT(p_noise, 0.05);
+  EXPECT_GE(trained, 0.98) << "top-1 probability " << p_trained;
+  EXPECT_LT(noise, trained);
+  std::printf("INT4 draft head: argmax agreement %.3f on trained-like rows (top-1 probability %.2f), %.3f on noise rows\n",
+              trained, p_trained, noise);
+}
+
+// ---- preemption ----
+
+// Speculating sequences that outgrow a small pool are preempted and recompute: each gives its
+// MTP cache back in the step that preempts it, and every request still gets the tokens it gets
+// alone.
+TEST(Speculative, PreemptedSequencesReleaseTheirMtpCacheAtOnce) {
+  Model& m = mtp_model("deepseek-v3-tiny");
+  std::vector<Request> reqs;
+  for (uint32_t i = 0; i < 4; ++i) reqs.push_back(greedy(prompt_ids(14 + 3 * int(i), 300 + i), 26));
+  std::vector<std::vector<int32_t>> alone;
+  for (auto& r : reqs) alone.push_back(run(m, options(64, 8, KvDType::F32), r));
+  const int64_t pages = 10, ps = 8;  // 80 tokens: two or three of the requests at a time
+  auto mtp = std::make_shared<MtpDrafts>(m, pages, ps, KvDType::F32);
+  EngineOptions o = options(pages, ps, KvDType::F32, 2, mtp);
+  o.prefix_cache = false;
+  Engine e(m, nullptr, o);
+  std::vector<RequestResult> got(reqs.size());
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < reqs.size(); ++i) ids.push_back(e.submit(reqs[i], [&got, i](const RequestEvent& ev) { got[i].add(ev); }));
+  int64_t preemptions = 0, checked = 0;
+  while (e.step()) {
+    const EngineStats st = e.stats();
+    if (st.preemptions > preemptions) {
+      preemptions = st.preemptions;
+      // Whoever holds no pages now (preempted, queued or finished) holds no MTP rows either.
+      int64_t held = 0;
+      for (int64_t id : ids) {
+        if (e.pages_of(id).empty()) {
+          EXPECT_EQ(mtp->cached_rows(id), -1) << "request " << id;
+          ++checked;
+        } else if (mtp->cached_rows(id) > 0) {
+          held += pages_for_tokens(mtp->cached_rows(id), ps);
+        }
+      }
+      EXPECT_LE(held, pages - mtp->pool().free_pages());
+    }
+  }
+  EXPECT_GT(preemptions, 0) << "the pool was meant to run short";
+  EXPECT_GT(checked, 0);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, alone[i]) << "request " << i;
+  EXPECT_GT(e.stats().spec_steps, 0);
+  EXPECT_EQ(mtp->pool().free_pages(), pages) << "every MTP page came back";
 }
 
 // `mla run --speculative mtp`: the same text as without it (greedy, fast precision), and the

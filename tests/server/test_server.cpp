@@ -3,7 +3,8 @@
 // client sends completions, chat completions, streamed requests (checking the SSE framing),
 // concurrent requests and bad requests (OpenAI's error object). A client that closes its
 // connection, streamed or not, has its request cancelled and its pages back within bounded
-// time. A last test runs the `mla serve` binary and stops it with SIGTERM.
+// time. Speculative decoding under concurrent load loses and repeats no token. A last test runs
+// the `mla serve` binary and stops it with SIGTERM.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -557,11 +558,33 @@ TEST(ServeBinary, ServesAndStopsOnSigterm) {
   EXPECT_NE(text.find("stopped after 1 requests"), std::string::npos) << text;
 }
 
+
 }  // namespace
 }  // namespace mla
 
 namespace mla {
 namespace {
+
+// An engine on its own thread and the server over it on another, both stopped on every way out
+// of a test.
+struct RunningServer {
+  Engine& engine;
+  server::Server srv;
+  int port = 0;
+  std::thread http;
+  RunningServer(Engine& e, const Tokenizer& tok, const GenerationConfig& g, const ModelConfig& c,
+                const server::ServerOptions& opt)
+      : engine(e), srv(e, tok, g, c, opt) {
+    engine.start();
+    port = srv.bind();
+    http = std::thread([this] { srv.listen(); });
+  }
+  ~RunningServer() {
+    srv.stop();
+    http.join();
+    engine.stop();
+  }
+};
 
 // Kimi's tool-call markers are special tokens: a forced call in Kimi's format, with logit_bias
 // making the model write each marker as its special token where the grammar allows it, comes
@@ -596,24 +619,12 @@ TEST(ServerSpecialMarkers, KimiForcedCallWithSpecialMarkerTokens) {
   eo.kv_pages = 32;
   eo.page_size = 16;
   Engine engine(*model, &tokenizer, eo);
-  engine.start();
   server::ServerOptions opt;
   opt.port = 0;
   opt.model_name = "kimi";
   opt.tool_call_parser = "kimi_k2";
-  server::Server srv(engine, tokenizer, generation, model->config(), opt);
-  const int port = srv.bind();
-  std::thread http([&] { srv.listen(); });
-  struct Join {
-    Engine& engine;
-    server::Server& srv;
-    std::thread& t;
-    ~Join() {
-      srv.stop();
-      t.join();
-      engine.stop();
-    }
-  } join{engine, srv, http};
+  RunningServer live(engine, tokenizer, generation, model->config(), opt);
+  const int port = live.port;
 
   const json tools = {{{"type", "function"},
                        {"function",
@@ -664,6 +675,106 @@ TEST(ServerSpecialMarkers, KimiForcedCallWithSpecialMarkerTokens) {
     ASSERT_TRUE(a["n"].is_number_integer()) << args;
     EXPECT_EQ(content.find("<|"), std::string::npos) << content;
   }
+}
+
+
+// Speculative decoding (the MTP module's drafts, every step) under concurrent load: requests
+// sent at once, streamed and not, one with a long prompt sent while the others decode, so that
+// its prefill chunks share passes with their verify rows. Each gets exactly the tokens a plain
+// engine gives it alone: none lost, none repeated. (A verify row in a pass with prefill rows runs
+// on the batch's kernels as a plain decode row there does; on this fixture's logits the tokens
+// are the same.)
+TEST(ServerSpeculative, ConcurrentLoadLosesNoToken) {
+  auto model = Model::load(test::fixture("deepseek-v3-tiny"), {}, false, /*with_mtp=*/true);
+  test::TempDir dir("server-spec-tok");
+  Tokenizer::write_byte_level_tokenizer(dir.str(), 512);
+  Tokenizer tokenizer = Tokenizer::load(dir.str());
+  GenerationConfig generation = GenerationConfig::load(test::fixture("deepseek-v3-tiny"), model->config());
+  EngineOptions eo;
+  eo.kv_pages = 64;
+  eo.page_size = 16;
+  eo.kv_dtype = KvDType::F32;
+  eo.max_batch_tokens = 48;
+  std::string long_prompt;
+  for (int i = 0; i < 12; ++i) long_prompt += "a long prompt read in chunks ";
+  const std::vector<std::string> prompts = {"alpha beta", "x", "numbers 12345 67890", "the same prefix for two",
+                                            "the same prefix for one", long_prompt};
+  const int64_t max_tokens = 24;
+  std::vector<std::vector<int32_t>> want;
+  {
+    Engine plain(*model, &tokenizer, eo);
+    for (auto& p : prompts) {
+      Request r;
+      r.prompt = tokenizer.encode(p, true);
+      r.sampling.temperature = 0;
+      r.max_new_tokens = max_tokens;
+      want.push_back(plain.generate(r).tokens);
+      ASSERT_EQ(int64_t(want.back().size()), max_tokens);
+    }
+  }
+  eo.speculative.enabled = true;
+  eo.speculative.draft_tokens = 2;
+  eo.speculative.adaptive = false;  // every decode step drafts
+  Engine engine(*model, &tokenizer, eo);
+  server::ServerOptions opt;
+  opt.port = 0;
+  opt.model_name = "tiny";
+  RunningServer live(engine, tokenizer, generation, model->config(), opt);
+  const int port = live.port;
+
+  // Each request's tokens, from logprobs (one entry per token, in order), and its text.
+  std::vector<std::vector<std::string>> got(prompts.size());
+  std::vector<std::string> text(prompts.size());
+  std::vector<int64_t> usage(prompts.size(), -1);
+  auto send = [&](size_t i) {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(120, 0);
+    const bool stream = i % 2 == 1;
+    const json body = {{"prompt", prompts[i]}, {"max_tokens", max_tokens}, {"temperature", 0},
+                       {"ignore_eos", true}, {"stream", stream}, {"logprobs", 0}};
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    auto take = [&](const json& ch) {
+      text[i] += ch["text"].get<std::string>();
+      if (ch.contains("logprobs") && ch["logprobs"].is_object())
+        for (const json& t : ch["logprobs"]["tokens"]) got[i].push_back(t.get<std::string>());
+    };
+    if (!stream) {
+      const json j = json::parse(r->body);
+      take(j["choices"][0]);
+      usage[i] = j["usage"]["completion_tokens"].get<int64_t>();
+      return;
+    }
+    size_t pos = 0;
+    while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
+      const size_t end = r->body.find("\n\n", pos);
+      const std::string data = r->body.substr(pos + 6, end - pos - 6);
+      pos = end;
+      if (data == "[DONE]") break;
+      const json e = json::parse(data);
+      if (!e["choices"].empty()) take(e["choices"][0]);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i + 1 < prompts.size(); ++i) threads.emplace_back(send, i);
+  for (int i = 0; i < 1000 && engine.stats().generation_tokens < 4; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  threads.emplace_back(send, prompts.size() - 1);  // the long prompt, while the others decode
+  for (auto& t : threads) t.join();
+
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    EXPECT_EQ(text[i], tokenizer.decode(want[i]));
+    EXPECT_EQ(int64_t(got[i].size()), max_tokens) << "one logprobs entry per token";
+    if (usage[i] >= 0) {
+      EXPECT_EQ(usage[i], max_tokens);
+    }
+  }
+  const EngineStats st = engine.stats();
+  EXPECT_GT(st.spec_steps, 0);
+  EXPECT_GT(st.spec_passes_with_prefill, 0) << "the long prompt's chunks were meant to meet verify rows";
+  EXPECT_EQ(st.generation_tokens, int64_t(prompts.size()) * max_tokens) << "no token sampled twice";
 }
 
 }  // namespace
