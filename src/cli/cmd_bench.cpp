@@ -40,6 +40,12 @@ int run(int argc, char** argv) {
   app.add_option("--huge-pages", o.huge_pages,
                  "auto | on | off: copy the weights onto transparent huge pages at load (auto: when they take "
                  "under half the available memory)");
+  std::string amx = "on";
+  app.add_option("--amx", amx,
+                 "on | off: off runs the AVX-512 BF16 (VDPBF16PS) kernels where the CPU has AMX, the path of a CPU "
+                 "without it")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_flag("!--no-scaling", o.scaling, "skip decode and prompt on 1 thread against all");
   mla::cli::QuantizeOptions quantize;
   mla::cli::add_quantize_options(app, quantize);
   std::vector<int64_t> dsa_contexts;
@@ -71,6 +77,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   o.quantize = quantize.parsed();
+  o.amx = amx == "on";
   std::erase(o.batches, 0);
   auto rep = mla::bench::run(o);
   std::fputs(mla::bench::format_report(rep).c_str(), stdout);

@@ -20,6 +20,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "backend/cpu/compute_peak.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/index_score.h"
 #include "backend/cpu/ops.h"
@@ -497,6 +498,7 @@ Report run(const Options& opt) {
   else if (opt.huge_pages == "off") ctx.weights = cpu::WeightPlacement::Mapped;
   else throw std::invalid_argument("--huge-pages: unknown '" + opt.huge_pages + "' (auto, on, off)");
   ctx.precision = cpu::parse_precision(opt.precision);
+  ctx.amx = opt.amx;
   rep.threads = ctx.num_threads();
 
   rep.dir = opt.dir.empty() ? (std::filesystem::temp_directory_path() /
@@ -709,36 +711,100 @@ Report run(const Options& opt) {
     rep.spec_costs.draft_head_error = head_error;
   }
 
+  // One prompt of prompt_tokens on a fresh sequence (logits of the last token) in the pass
+  // context pc (nullptr: the model's), and one decode run of decode_tokens steps after `context`
+  // tokens: their seconds.
+  auto prompt_seconds = [&](const cpu::Context* pc) {
+    ForwardOptions po = fo;
+    po.context = pc;
+    LatentPool pool = model->make_pool(pages_for_tokens(opt.prompt_tokens, 64), 64);
+    PageTable seq;
+    auto prompt = ids(opt.prompt_tokens);
+    SeqSlice s{&seq, prompt};
+    auto t = Clock::now();
+    model->forward(std::span<SeqSlice>(&s, 1), pool, po, logits);
+    return seconds_since(t);
+  };
+  auto decode_seconds = [&](const cpu::Context* pc) {
+    ForwardOptions po = fo;
+    po.context = pc;
+    LatentPool pool = model->make_pool(pages_for_tokens(opt.context + opt.decode_tokens, 64), 64);
+    PageTable seq;
+    auto prompt = ids(opt.context);
+    SeqSlice s{&seq, prompt};
+    model->forward(std::span<SeqSlice>(&s, 1), pool, po, logits);
+    auto t = Clock::now();
+    for (int64_t i = 0; i < opt.decode_tokens; ++i) {
+      auto one = ids(1);
+      SeqSlice d{&seq, one};
+      model->forward(std::span<SeqSlice>(&d, 1), pool, po, logits);
+    }
+    return seconds_since(t);
+  };
+
   // Prompt processing: a fresh sequence of prompt_tokens per run, logits of the last token.
   if (opt.prompt_tokens > 0) {
     say("prompt processing (" + std::to_string(opt.prompt_tokens) + " tokens) ...");
-    std::vector<double> tps, gemm, ratios;
+    std::vector<double> tps, gemm, ratios, peaks, peak_ratios;
     ForwardProfile prof;
     GemmProbe probe(2048, ctx);
     rep.gemm_n = probe.n();
     rep.prompt_flops = prompt_flops(rep.active, c, opt.prompt_tokens);
+    // The compute peak of the instruction the prompt's products run on, a loop of about 20 ms.
+    const cpu::PeakPath path = cpu::prompt_peak_path(ctx);
+    rep.peak_path = cpu::peak_path_name(path);
+    const int64_t peak_iters = cpu::peak_iters(path, 20);
+    auto peak = [&] { return cpu::peak_gflops(path, rep.threads, 2, peak_iters); };
     for (int r = 0; r <= opt.runs; ++r) {
-      // Like decode against the read loop: each run is set against the GEMM rate around it.
-      const double g = probe.measure(2);
+      // Like decode against the read loop: each run is set against the GEMM rate and the peak
+      // around it (the better of before and after the run).
+      const double g = probe.measure(2), pk = peak();
       model->set_profile(r > 0 ? &prof : nullptr);
-      LatentPool pool = model->make_pool(pages_for_tokens(opt.prompt_tokens, 64), 64);
-      PageTable seq;
-      auto prompt = ids(opt.prompt_tokens);
-      SeqSlice s{&seq, prompt};
-      auto t = Clock::now();
-      model->forward(std::span<SeqSlice>(&s, 1), pool, fo, logits);
+      const double sec = prompt_seconds(nullptr);
       if (r == 0) continue;
-      const double sec = seconds_since(t);
+      const double gflops = rep.prompt_flops / sec / 1e9;
       tps.push_back(double(opt.prompt_tokens) / sec);
-      gemm.push_back(std::max(g, probe.measure(2)));  // the better of before and after the run
-      ratios.push_back(rep.prompt_flops / sec / 1e9 / gemm.back());
+      gemm.push_back(std::max(g, probe.measure(2)));
+      ratios.push_back(gflops / gemm.back());
+      peaks.push_back(std::max(pk, peak()));
+      peak_ratios.push_back(gflops / peaks.back());
     }
     rep.prompt_gemm_gflops = summarize(gemm);
     rep.prompt_ratio = summarize(ratios);
+    rep.prompt_peak_gflops = summarize(peaks);
+    rep.prompt_peak_ratio = summarize(peak_ratios);
+    for (int n = 1; n <= rep.threads; n = n < rep.threads ? std::min(2 * n, rep.threads) : n + 1)
+      rep.peak_by_threads.push_back({n, cpu::peak_gflops(path, n, 3, peak_iters)});
     model->set_profile(nullptr);
     rep.prompt_parts_ms = per_pass_ms(prof, double(prof.passes));
     rep.prompt_tps = summarize(tps);
     say("  " + std::to_string(rep.prompt_tps.median) + " tokens/s");
+  }
+
+  // Scaling: the same decode and prompt on one thread and on all of ctx's, alternating.
+  if (opt.scaling && rep.threads > 1 && (opt.decode_tokens > 0 || opt.prompt_tokens > 0)) {
+    say("scaling: 1 thread against " + std::to_string(rep.threads) + " ...");
+    cpu::Context one = ctx;
+    one.threads = 1;
+    std::vector<double> d1, dn, dr, p1, pn, pr;
+    for (int r = 0; r <= opt.runs; ++r) {  // run 0 warms up
+      if (opt.decode_tokens > 0) {
+        const double n = double(opt.decode_tokens) / decode_seconds(nullptr);
+        const double s = double(opt.decode_tokens) / decode_seconds(&one);
+        if (r > 0) dn.push_back(n), d1.push_back(s), dr.push_back(n / s);
+      }
+      if (opt.prompt_tokens > 0) {
+        const double n = double(opt.prompt_tokens) / prompt_seconds(nullptr);
+        const double s = double(opt.prompt_tokens) / prompt_seconds(&one);
+        if (r > 0) pn.push_back(n), p1.push_back(s), pr.push_back(n / s);
+      }
+    }
+    rep.scale_decode_1 = summarize(d1);
+    rep.scale_decode_n = summarize(dn);
+    rep.scale_decode_ratio = summarize(dr);
+    rep.scale_prompt_1 = summarize(p1);
+    rep.scale_prompt_n = summarize(pn);
+    rep.scale_prompt_ratio = summarize(pr);
   }
 
   // Batched decode: B sequences (8 cached tokens each), batch_steps steps of one token each.
@@ -920,7 +986,33 @@ std::string format_report(const Report& r) {
                   (long long)r.gemm_n, r.prompt_gemm_gflops.median, r.prompt_gemm_gflops.min, r.prompt_gemm_gflops.max,
                   r.prompt_ratio.median, r.prompt_ratio.min, r.prompt_ratio.max);
     o << buf;
+    std::snprintf(buf, sizeof buf,
+                  "  compute peak of the prompt's path, a register-only loop of %s on %d threads around each run: "
+                  "%.0f GFLOPS (median, range %.0f-%.0f); ratio to it per run %.3f (median, range %.3f-%.3f)\n",
+                  r.peak_path.c_str(), r.threads, r.prompt_peak_gflops.median, r.prompt_peak_gflops.min,
+                  r.prompt_peak_gflops.max, r.prompt_peak_ratio.median, r.prompt_peak_ratio.min, r.prompt_peak_ratio.max);
+    o << buf;
+    o << "  the peak by threads:";
+    for (auto& [n, g] : r.peak_by_threads) {
+      std::snprintf(buf, sizeof buf, " %d: %.0f GFLOPS (%.2fx one thread);", n, g,
+                    r.peak_by_threads.front().second > 0 ? g / r.peak_by_threads.front().second : 0.0);
+      o << buf;
+    }
+    o << "\n";
     o << parts_line("time per prompt by part", r.prompt_parts_ms);
+  }
+  auto scale_line = [&](const char* what, const Summary& one, const Summary& n, const Summary& ratio) {
+    if (ratio.median <= 0) return;
+    std::snprintf(buf, sizeof buf,
+                  "  %s: %.2f tokens/s on %d threads, %.2f on 1 (medians); ratio per pair %.2f (median, range "
+                  "%.2f-%.2f)\n",
+                  what, n.median, r.threads, one.median, ratio.median, ratio.min, ratio.max);
+    o << buf;
+  };
+  if (r.scale_decode_ratio.median > 0 || r.scale_prompt_ratio.median > 0) {
+    o << "scaling, 1 thread against " << r.threads << " (alternating runs):\n";
+    scale_line("decode, batch 1", r.scale_decode_1, r.scale_decode_n, r.scale_decode_ratio);
+    scale_line("prompt", r.scale_prompt_1, r.scale_prompt_n, r.scale_prompt_ratio);
   }
   if (!r.batched_tps.empty()) {
     o << "batched decode (tokens/s over all sequences, median and range):";

@@ -118,6 +118,9 @@ struct Options {
   std::string draft_head = "int4";  // the MTP drafts' head: bf16 (as stored) | fp8 | int4
   bool quiet = false;
   LoadQuantization quantize;  // quantize at load (weights as stored when unset)
+  bool amx = true;            // false: the AVX-512 BF16 kernels where the CPU has AMX (cpu::Context::amx)
+  // Decode and prompt on 1 thread against `threads`, alternating runs (skipped on one thread).
+  bool scaling = true;
 };
 
 // One acceptance rate of the speculative-decoding comparison: injected drafts that are right
@@ -179,6 +182,14 @@ struct Report {
   double prompt_flops = 0;                  // per prompt
   int64_t gemm_n = 0;
   Summary prompt_gemm_gflops, prompt_ratio;  // the GEMM probe before each prompt run; prompt GFLOPS over it
+  // The compute peak of the prompt's path (cpu::peak_gflops, a register-only loop): its name,
+  // around each prompt run on `threads` (the better of before and after) and the prompt's ratio
+  // to it per run; then on 1, 2, ... threads.
+  std::string peak_path;
+  Summary prompt_peak_gflops, prompt_peak_ratio;
+  std::vector<std::pair<int, double>> peak_by_threads;
+  // Scaling: tokens/s on 1 thread and on `threads` in alternating runs, and per pair the ratio.
+  Summary scale_decode_1, scale_decode_n, scale_decode_ratio, scale_prompt_1, scale_prompt_n, scale_prompt_ratio;
   size_t bandwidth_bytes = 0;
   std::vector<std::pair<int64_t, Summary>> batched_tps;  // batch size, tokens/s over all sequences
   int64_t draft_tokens = 0;

@@ -46,6 +46,7 @@ std::string row(const Context& ctx, const MatrixView& w, const CpuFeatures& f) {
       case Kernel::GemvBf16: s += " bf16"; break;
       case Kernel::GemvAmxFp8: s += " tile"; break;
       case Kernel::AmxGemm: s += " amx"; break;
+      case Kernel::Dpbf16Gemm: s += " dp"; break;
       case Kernel::OnednnBf16: s += " dnnl"; break;
       case Kernel::Sgemm: s += " sgemm"; break;
       case Kernel::DequantSgemm: s += " deq"; break;
@@ -79,18 +80,31 @@ TEST(Dispatch, FastWithAmx) {
 }
 
 TEST(Dispatch, FastWithoutAmx) {
-  // No tiles: FP8 keeps the GEMV up to 12 tokens like INT4, every GEMM goes to oneDNN.
+  // No tiles: FP8 keeps the GEMV up to 12 tokens like INT4, every GEMM with K % 32 == 0 goes to
+  // the VDPBF16PS GEMM at any token count, other K to oneDNN.
   const Context fast = context(mla::cpu::Precision::Fast);
   const CpuFeatures no_amx{false};
   const Row rows[] = {
-      {"f32", weight(WeightFormat::F32), "f32 f32 f32 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl"},
-      {"f16", weight(WeightFormat::F16), "f32 f32 f32 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl"},
-      {"bf16", weight(WeightFormat::BF16), "bf16 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl dnnl dnnl"},
-      {"fp8", weight(WeightFormat::FP8_BLOCK128), "bf16 f32 f32 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl"},
-      {"int4 g32", weight(WeightFormat::INT4_GROUP), "bf16 f32 f32 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl"},
+      {"f32", weight(WeightFormat::F32), "f32 f32 f32 f32 f32 dp dp dp dp dp dp"},
+      {"f16", weight(WeightFormat::F16), "f32 f32 f32 f32 f32 dp dp dp dp dp dp"},
+      {"bf16", weight(WeightFormat::BF16), "bf16 f32 f32 dp dp dp dp dp dp dp dp"},
+      {"fp8", weight(WeightFormat::FP8_BLOCK128), "bf16 f32 f32 f32 f32 dp dp dp dp dp dp"},
+      {"int4 g32", weight(WeightFormat::INT4_GROUP), "bf16 f32 f32 f32 f32 dp dp dp dp dp dp"},
       {"int4 g48", weight(WeightFormat::INT4_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
+      {"bf16 K=7150", weight(WeightFormat::BF16, 7150), "bf16 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl dnnl dnnl"},
   };
   for (const Row& r : rows) EXPECT_EQ(row(fast, r.w, no_amx), r.kernels) << r.name;
+}
+
+TEST(Dispatch, ContextWithoutAmxTakesThePathOfACpuWithout) {
+  // Context::amx false masks the host's AMX: the features the kernels see have none, so the
+  // table is the one above on any CPU.
+  Context ctx = context(mla::cpu::Precision::Fast);
+  ctx.amx = false;
+  EXPECT_FALSE(mla::cpu::features(ctx).amx);
+  EXPECT_EQ(row(ctx, weight(WeightFormat::BF16), mla::cpu::features(ctx)), "bf16 f32 f32 dp dp dp dp dp dp dp dp");
+  ctx.amx = true;
+  EXPECT_EQ(mla::cpu::features(ctx).amx, mla::cpu::host_features().amx);
 }
 
 TEST(Dispatch, PreciseIgnoresAmxAndTheBf16Threshold) {
@@ -115,7 +129,7 @@ TEST(Dispatch, Bf16ThresholdMovesTheGemvKernels) {
   const CpuFeatures amx{true}, no_amx{false};
   EXPECT_EQ(row(all, weight(WeightFormat::BF16), amx), "bf16 bf16 bf16 amx amx amx amx amx amx dnnl dnnl");
   EXPECT_EQ(row(all, weight(WeightFormat::FP8_BLOCK128), amx), "bf16 tile tile tile tile tile tile amx amx dnnl dnnl");
-  EXPECT_EQ(row(all, weight(WeightFormat::FP8_BLOCK128), no_amx), "bf16 bf16 bf16 bf16 bf16 dnnl dnnl dnnl dnnl dnnl dnnl");
+  EXPECT_EQ(row(all, weight(WeightFormat::FP8_BLOCK128), no_amx), "bf16 bf16 bf16 bf16 bf16 dp dp dp dp dp dp");
   EXPECT_EQ(row(all, weight(WeightFormat::INT4_GROUP), amx), "bf16 bf16 bf16 bf16 bf16 amx amx amx amx dnnl dnnl");
   EXPECT_EQ(row(all, weight(WeightFormat::F16), amx), "f32 f32 f32 f32 f32 amx amx amx amx dnnl dnnl");
   // gemv and gemv_batch take any token count; beyond 16 FP8 leaves the tiles.
@@ -150,7 +164,7 @@ TEST(Dispatch, GemvTokensAndGemmKernelAgreeWithMatmul) {
 TEST(Dispatch, KernelNamesAreDistinct) {
   std::vector<std::string> names;
   for (Kernel k : {Kernel::GemvReference, Kernel::GemvF32, Kernel::GemvBf16, Kernel::GemvAmxFp8, Kernel::AmxGemm,
-                   Kernel::OnednnBf16, Kernel::Sgemm, Kernel::DequantSgemm}) {
+                   Kernel::Dpbf16Gemm, Kernel::OnednnBf16, Kernel::Sgemm, Kernel::DequantSgemm}) {
     for (const auto& n : names) EXPECT_NE(n, mla::cpu::kernel_name(k));
     names.push_back(mla::cpu::kernel_name(k));
   }
@@ -162,6 +176,7 @@ TEST(Context, DefaultsAndThreads) {
   EXPECT_EQ(c.threads, 0);
   EXPECT_EQ(c.weights, mla::cpu::WeightPlacement::Auto);
   EXPECT_EQ(c.gemv_bf16_max_tokens, 1);
+  EXPECT_TRUE(c.amx);  // AMX wherever the CPU has it
   EXPECT_GE(c.num_threads(), 1);  // 0: OpenMP's default
   Context three;
   three.threads = 3;

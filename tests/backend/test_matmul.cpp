@@ -560,31 +560,52 @@ TEST(Matmul, BatchOfJobsEqualsEachAlone) {
   expect_close(m2.view, xs[0].data(), 1, 256, y_shared, ref_shared, 700, 1e-5, "batch job sharing x");
 }
 
-TEST(Matmul, FastPrecisionPromptSizedProducts) {
-  // The fast precision's GEMM paths (AMX tiles where the CPU has them, up to 127 tokens; oneDNN
-  // above and without AMX) over token counts that exercise the kernel's token groups of 16 and
-  // 48 and its passes of tokens (K = 7168: 48 tokens a pass), with a short last block of rows,
-  // against W x in double on bf16-rounded weights and activations. The sums run in float32 in
-  // another order: per output at most one rounding per pair of columns plus a few, (cols / 2 +
-  // 16) * 2^-24 of the sum of the terms' magnitudes.
+// The fast precision's GEMM paths over token counts that exercise the kernels' token groups of
+// 16 and 48 and their passes of tokens (K = 7168: 48 tokens a pass), with a short last block of
+// rows and odd row counts, against W x in double on bf16-rounded weights and activations.
+void check_prompt_sized_products(const mla::cpu::Context& ctx, double roundings_per_column) {
   std::mt19937 rng(11);
-  const mla::cpu::Context& ctx = kFastBf16;
   for (WeightFormat f : {WeightFormat::BF16, WeightFormat::FP8_BLOCK128, WeightFormat::INT4_GROUP})
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{77, 2048}, {40, 7168}, {64, 96}}) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{77, 2048}, {40, 7168}, {64, 96}, {33, 32}, {1, 160}}) {
       Owned m = random_matrix(f, rows, cols, rng);
-      for (int64_t T : {13, 16, 47, 48, 49, 100, 127, 300}) {
-        if (cols != 2048 && T > 127) continue;
+      for (int64_t T : {5, 13, 16, 17, 47, 48, 49, 100, 127, 300}) {
+        if (cols == 7168 && T > 127) continue;
         const int64_t ldx = cols + 3, ldy = rows + 5;
         auto x = random_vec(size_t(T * ldx), rng);
         std::vector<float> y(size_t(T * ldy), -1.0f);
         mla::cpu::matmul_bf16(ctx, x.data(), T, ldx, m.view, y.data(), ldy);
-        expect_close_bf16(m.view, x.data(), T, ldx, y, ldy, (double(cols) / 2 + 16) * std::ldexp(1.0, -24), 0.0, true,
+        expect_close_bf16(m.view, x.data(), T, ldx, y, ldy,
+                          (double(cols) * roundings_per_column + 16) * std::ldexp(1.0, -24), 0.0, true,
                           std::string(mla::weight_format_name(f)) + " " + std::to_string(rows) + "x" +
-                              std::to_string(cols) + " T=" + std::to_string(T));
+                              std::to_string(cols) + " T=" + std::to_string(T) + " on " +
+                              mla::cpu::kernel_name(mla::cpu::gemm_bf16_kernel(T, m.view, mla::cpu::features(ctx))));
         for (int64_t t = 0; t < T; ++t)
           for (int64_t n = rows; n < ldy; ++n) ASSERT_EQ(y[size_t(t * ldy + n)], -1.0f) << "wrote past the rows";
       }
     }
+}
+
+TEST(Matmul, FastPrecisionPromptSizedProducts) {
+  // AMX tiles where the CPU has them (up to 127 tokens; oneDNN above), VDPBF16PS without. The
+  // sums run in float32 in another order: TDPBF16PS rounds once per pair of columns, so per
+  // output at most cols / 2 roundings plus a few, (cols / 2 + 16) * 2^-24 of the sum of the
+  // terms' magnitudes; VDPBF16PS adds the pair's two products one at a time (two roundings per
+  // pair, one chain per output): (cols + 16) * 2^-24.
+  const bool amx = mla::cpu::features(kFastBf16).amx;
+  check_prompt_sized_products(kFastBf16, amx ? 0.5 : 1.0);
+}
+
+TEST(Matmul, FastPrecisionPromptSizedProductsOnVdpbf16ps) {
+  // The path of a CPU with AVX-512 BF16 and no AMX, chosen by the context on any CPU: every
+  // product past the GEMV's tokens on dpbf16_gemm_rows32, bounded as above for VDPBF16PS.
+  mla::cpu::Context ctx = kFastBf16;
+  ctx.amx = false;
+  MatrixView w;  // the rule reads the format and the columns
+  w.format = WeightFormat::BF16;
+  w.rows = 1;
+  w.cols = 64;
+  ASSERT_EQ(mla::cpu::gemm_bf16_kernel(300, w, mla::cpu::features(ctx)), mla::cpu::Kernel::Dpbf16Gemm);
+  check_prompt_sized_products(ctx, 1.0);
 }
 
 TEST(Precision, ParsesNames) {

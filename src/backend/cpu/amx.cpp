@@ -218,6 +218,39 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_gemv_fp8_rows16(const uint
   for (int64_t v = 0; v < T; ++v) _mm512_storeu_ps(c + 16 * v, acc[v]);
 }
 
+__attribute__((target("amx-tile,amx-bf16"))) double amx_peak_loop(int64_t iters, float b) {
+  alignas(64) uint16_t ones[kBlock * 32], bs[kBlock * 32];
+  std::fill(ones, ones + kBlock * 32, f32_to_bf16(1.0f));
+  std::fill(bs, bs + kBlock * 32, f32_to_bf16(b));
+  alignas(64) float c[4][kBlock * kBlock];
+  load_tile_config();
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  barrier();
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_loadd(6, bs, 64);
+  _tile_loadd(7, bs, 64);
+  for (int64_t i = 0; i < iters; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c[0], 64);
+  _tile_stored(1, c[1], 64);
+  _tile_stored(2, c[2], 64);
+  _tile_stored(3, c[3], 64);
+  release_tiles();
+  barrier();
+  double sum = 0;
+  for (auto& tile : c)
+    for (float v : tile) sum += v;
+  return sum;
+}
+
 bool amx_available() {
   static const bool ok = request_amx();
   return ok;

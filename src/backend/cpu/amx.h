@@ -53,4 +53,10 @@ void amx_gemv_end();
 void amx_gemv_fp8_rows16(const uint8_t* w, int64_t row_bytes, int64_t nr, int64_t S, int64_t T, const uint16_t* xb,
                          const float* scales, int64_t prefetch, float* c, float* fix);
 
+// ---- The compute peak (compute_peak.h) ----------------------------------------------------
+// `iters` rounds of 4 TDPBF16PS on full tiles (16 x 16 float32 += 16 x 32 bf16 . 16 pairs x 16
+// x 2 bf16) into 4 accumulator tiles, operands loaded once: registers only. The A tiles hold
+// 1.0, the B tiles `b`; returns the sum of every accumulator element at the end.
+double amx_peak_loop(int64_t iters, float b);
+
 }  // namespace mla::cpu

@@ -108,7 +108,7 @@ const char* expand_kernel_name(ExpandKernel k) { return k == ExpandKernel::Amx ?
 bool amx_expand_supported(const ExpandArgs& a) { return (a.nope + a.rope) % 32 == 0 && host_features().amx; }
 
 ExpandKernel expand_kernel(const Context& ctx, const ExpandArgs& a) {
-  return ctx.fast() && amx_expand_supported(a) ? ExpandKernel::Amx : ExpandKernel::F32;
+  return ctx.fast() && ctx.amx && amx_expand_supported(a) ? ExpandKernel::Amx : ExpandKernel::F32;
 }
 
 void attention_expand(const Context& ctx, const ExpandArgs& a, float* out, float* lse) {

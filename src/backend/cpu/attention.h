@@ -30,7 +30,7 @@ void attention_expand(const Context& ctx, const ExpandArgs& a, float* out, float
 //  F32: float32 products (AVX-512 sgemm), softmax in float32;
 //  Amx: bf16 products with float32 sums on AMX tiles, the softmax in float32 between them. It
 //       needs AMX on the CPU and (nope + rope) % 32 == 0.
-// attention_expand picks Amx in the fast precision where it can run, else F32.
+// attention_expand picks Amx in the fast precision where it can run and ctx.amx allows, else F32.
 enum class ExpandKernel { F32, Amx };
 const char* expand_kernel_name(ExpandKernel k);
 bool amx_expand_supported(const ExpandArgs& a);

@@ -37,6 +37,10 @@ struct Context {
   // the same token for token with and without speculation. Slower than the usual choice past a
   // few tokens.
   bool one_token_kernels = false;
+  // Whether the fast precision may use AMX tiles where the CPU has them (the GEMMs, the FP8
+  // GEMV tiles, the expanded attention). False runs the kernels of a CPU with AVX-512 BF16 and
+  // no AMX (VDPBF16PS), so that path is measured and tested on an AMX machine too.
+  bool amx = true;
 
   // The thread count the kernels use: threads, or OpenMP's default when it is 0 (at least 1).
   int num_threads() const;

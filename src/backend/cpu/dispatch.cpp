@@ -23,6 +23,12 @@ CpuFeatures host_features() {
   return f;
 }
 
+CpuFeatures features(const Context& ctx) {
+  CpuFeatures f = host_features();
+  f.amx = f.amx && ctx.amx;
+  return f;
+}
+
 const char* kernel_name(Kernel k) {
   switch (k) {
     case Kernel::GemvReference: return "gemv-reference";
@@ -30,6 +36,7 @@ const char* kernel_name(Kernel k) {
     case Kernel::GemvBf16: return "gemv-bf16";
     case Kernel::GemvAmxFp8: return "gemv-amx-fp8";
     case Kernel::AmxGemm: return "amx-gemm";
+    case Kernel::Dpbf16Gemm: return "vdpbf16ps-gemm";
     case Kernel::OnednnBf16: return "onednn-bf16";
     case Kernel::Sgemm: return "sgemm";
     case Kernel::DequantSgemm: return "dequant-sgemm";
@@ -67,7 +74,9 @@ Kernel gemv_kernel(const Context& ctx, int64_t T, const MatrixView& W, const Cpu
 }
 
 Kernel gemm_bf16_kernel(int64_t T, const MatrixView& W, const CpuFeatures& f) {
-  return f.amx && W.cols % kChunk == 0 && T < kAmxGemmMaxTokens ? Kernel::AmxGemm : Kernel::OnednnBf16;
+  if (W.cols % kChunk != 0) return Kernel::OnednnBf16;
+  if (!f.amx) return Kernel::Dpbf16Gemm;
+  return T < kAmxGemmMaxTokens ? Kernel::AmxGemm : Kernel::OnednnBf16;
 }
 
 Kernel matmul_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f) {

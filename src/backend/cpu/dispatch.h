@@ -16,6 +16,8 @@ struct CpuFeatures {
   bool amx = false;  // AMX-BF16 tiles, granted to this process by the kernel
 };
 CpuFeatures host_features();  // this machine's (detected once)
+// The features the kernels of ctx may use: the host's, without AMX where ctx.amx is false.
+CpuFeatures features(const Context& ctx);
 
 enum class Kernel {
   GemvReference,  // MatrixView::dequant_row and a float dot product: INT4 groups not a multiple of 32
@@ -23,6 +25,7 @@ enum class Kernel {
   GemvBf16,       // the GEMV's VDPBF16PS kernels on bf16 activations (fast; bf16, FP8, INT4)
   GemvAmxFp8,     // FP8 rows decoded onto AMX tiles, 2 to 16 tokens (fast; amx.h)
   AmxGemm,        // bf16 GEMM on AMX tiles, amx_gemm_rows32, 32 weight rows at a time (fast; gemm.h)
+  Dpbf16Gemm,     // bf16 GEMM on VDPBF16PS, dpbf16_gemm_rows32, the same packing (fast, no AMX; dpbf16_gemm.h)
   OnednnBf16,     // oneDNN's bf16 matmul primitive (fast; gemm.h)
   Sgemm,          // float32 weights straight into oneDNN's sgemm (precise)
   DequantSgemm,   // blocks of rows dequantized to float32, then sgemm (precise)
@@ -38,13 +41,13 @@ int64_t gemv_max_tokens(const Context& ctx, const MatrixView& W, const CpuFeatur
 // The kernel of the GEMV family that gemv and gemv_batch run a product of T tokens on (any T).
 Kernel gemv_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f);
 
-// The bf16 GEMM of a product past the GEMV's tokens (matmul_bf16, gemm.h): AmxGemm up to 127
-// tokens where the CPU has AMX and K is a multiple of 32, else OnednnBf16.
+// The bf16 GEMM of a product past the GEMV's tokens (matmul_bf16, gemm.h) where K is a multiple
+// of 32: AmxGemm up to 127 tokens where the CPU has AMX (OnednnBf16 from 128 on), Dpbf16Gemm at
+// any token count without AMX. Other K: OnednnBf16.
 Kernel gemm_bf16_kernel(int64_t T, const MatrixView& W, const CpuFeatures& f);
 
 // The kernel matmul runs a product of T tokens on: the GEMV's up to gemv_max_tokens; past it,
-// in the fast precision, the AMX GEMM up to 127 tokens where the CPU has AMX and K is a multiple
-// of 32, else oneDNN; in the precise precision sgemm (float32 weights) or blocks dequantized to
+// in the fast precision, the bf16 GEMM of gemm_bf16_kernel; in the precise precision sgemm (float32 weights) or blocks dequantized to
 // float32 for sgemm. INT4 groups not a multiple of 32 have no bf16 GEMM: dequantized sgemm.
 // Reads only W's format, cols and group_size.
 Kernel matmul_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f);

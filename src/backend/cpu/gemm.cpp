@@ -19,6 +19,7 @@
 #include "backend/cpu/amx.h"
 #include "backend/cpu/decode_avx512.h"
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/dpbf16_gemm.h"
 #include "backend/cpu/onednn_threads.h"
 #include "backend/cpu/parallel.h"
 
@@ -91,11 +92,13 @@ constexpr int64_t kAmxRows = 32;
 // tokens 1.05.
 int64_t amx_pass_tokens(int64_t K) { return std::clamp<int64_t>((int64_t(1) << 19) / K / 48 * 48, 48, 512); }
 
-// The AMX path of matmul_bf16: activations packed once per pass of tokens, the weight rows split
-// across the threads 32 at a time. bf16 weights are read where they lie; other formats are
-// decoded to bf16 32 rows at a time into a per-thread buffer. A short last block is padded.
-void matmul_amx(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy,
-                Scratch& s) {
+// The AMX and VDPBF16PS paths of matmul_bf16 (amx_gemm_rows32 or dpbf16_gemm_rows32, which take
+// the same operands): activations packed once per pass of tokens, the weight rows split across
+// the threads 32 at a time. bf16 weights are read where they lie; other formats are decoded to
+// bf16 32 rows at a time into a per-thread buffer. A short last block is padded.
+void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y,
+                   int64_t ldy, Kernel kernel, Scratch& s) {
+  const auto rows32 = kernel == Kernel::AmxGemm ? amx_gemm_rows32 : dpbf16_gemm_rows32;
   const int64_t N = W.rows, K = W.cols;
   const bool direct = W.format == WeightFormat::BF16;
   const int64_t blocks = (N + kAmxRows - 1) / kAmxRows;
@@ -127,7 +130,7 @@ void matmul_amx(const Context& ctx, const float* x, int64_t T, int64_t ldx, cons
         std::fill(rows.begin() + nr * K, rows.begin() + kAmxRows * K, uint16_t(0));
         w = rows.data();
       }
-      amx_gemm_rows32(xp, tn, K, w, K, nr, direct && nr == kAmxRows, y + t0 * ldy + n0, ldy);
+      rows32(xp, tn, K, w, K, nr, direct && nr == kAmxRows, y + t0 * ldy + n0, ldy);
     }
     });
   }
@@ -254,8 +257,10 @@ void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
   // 932 and 935 GFLOPS at 64, 128 and 256 tokens against oneDNN's 820, 1006 and 1213; on 186
   // experts of that shape read from DRAM, 48 tokens each, one per thread (bench/matmul), ours
   // read 19.9 GB/s of weights and oneDNN, which packs the weights on every call, 14.3.
-  if (gemm_bf16_kernel(T, W, host_features()) == Kernel::AmxGemm) {
-    matmul_amx(ctx, x, T, ldx, W, y, ldy, s);
+  // Without AMX (or with ctx.amx false) every product with K % 32 == 0 runs on VDPBF16PS, so
+  // that path's figures are its own (oneDNN would pick AMX on a machine that has it).
+  if (const Kernel k = gemm_bf16_kernel(T, W, features(ctx)); k == Kernel::AmxGemm || k == Kernel::Dpbf16Gemm) {
+    matmul_packed(ctx, x, T, ldx, W, y, ldy, k, s);
     return;
   }
   const bool direct = W.format == WeightFormat::BF16;  // used in place, natural column order

@@ -1,6 +1,7 @@
-// Prompt-sized matrix products in fast precision: bf16 x bf16 -> float32 GEMMs, on our AMX
-// kernel (amx.h) where the CPU has AMX and the inner dimension is a multiple of 32, else on
-// oneDNN's matmul primitive. Weights in bf16 are used in place; other formats are dequantized
+// Prompt-sized matrix products in fast precision: bf16 x bf16 -> float32 GEMMs where the inner
+// dimension is a multiple of 32 on our AMX kernel (amx.h, up to 127 tokens) where the CPU has AMX
+// and Context::amx allows, on our VDPBF16PS kernel (dpbf16_gemm.h, any token count) where not;
+// otherwise on oneDNN's matmul primitive. Weights in bf16 are used in place; other formats are dequantized
 // block by block into bf16 with the AVX-512 decoders.
 #pragma once
 #include <cstdint>
@@ -12,7 +13,7 @@ namespace mla::cpu {
 
 // y[t, :] = W x[t, :] for t < T, activations and weights rounded to bf16 (round to nearest even),
 // float32 accumulation. x: [T, W.cols] stride ldx; y: [T, W.rows] stride ldy. On the kernel
-// gemm_bf16_kernel(T, W, host_features()) names (dispatch.h), on ctx's threads.
+// gemm_bf16_kernel(T, W, features(ctx)) names (dispatch.h), on ctx's threads.
 void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy);
 
 // C[M, N] (float32, stride ldc) = A[M, K] (bf16, stride lda) . B[N, K]^T (bf16, stride ldb).

@@ -545,8 +545,8 @@ void gemv_batch(const Context& ctx, std::span<const GemvJob> jobs) {
   thread_local std::vector<double> cum;  // weight bytes before each fast job
   thread_local std::vector<std::pair<bool, size_t>> order;  // (bf16 kernel, index) of each job in cum
   thread_local std::vector<Unit> units;
-  const CpuFeatures features = host_features();
-  auto kernel_of = [&](const GemvJob& j) { return gemv_kernel(ctx, j.T, j.W, features); };
+  const CpuFeatures feats = features(ctx);
+  auto kernel_of = [&](const GemvJob& j) { return gemv_kernel(ctx, j.T, j.W, feats); };
   size_t need = 0, need16 = 0;
   for (const auto& j : jobs) {
     if (j.T <= 0 || j.W.rows <= 0) continue;

@@ -3,7 +3,7 @@
 // converted in registers (AVX-512) and dotted with every token. Bound by memory bandwidth.
 // Output rows are split across the context's threads (context.h). Every WeightFormat has a fast
 // kernel (INT4 when its group size is a multiple of 32; other group sizes use the reference).
-// Which kernel runs a product is gemv_kernel(ctx, T, W, host_features()) (dispatch.h).
+// Which kernel runs a product is gemv_kernel(ctx, T, W, features(ctx)) (dispatch.h).
 // Precision (Context::precision): precise: float32 activations, weights decoded to float32, FMA.
 // fast: for bf16, FP8 and INT4 weights, the activations are rounded to bf16 (nearest even) once
 // per call and the weights decoded exactly to bf16 and dotted by VDPBF16PS (products exact,

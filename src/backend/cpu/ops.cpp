@@ -41,12 +41,12 @@ constexpr int64_t kBlockRows = 64;
 void matmul(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy) {
   const int64_t N = W.rows, K = W.cols;
   if (T <= 0 || N <= 0) return;
-  const Kernel kernel = matmul_kernel(ctx, T, W, host_features());
+  const Kernel kernel = matmul_kernel(ctx, T, W, features(ctx));
   if (is_gemv(kernel)) {
     gemv(ctx, x, T, ldx, W, y, ldy);
     return;
   }
-  if (kernel == Kernel::AmxGemm || kernel == Kernel::OnednnBf16) {
+  if (kernel == Kernel::AmxGemm || kernel == Kernel::Dpbf16Gemm || kernel == Kernel::OnednnBf16) {
     matmul_bf16(ctx, x, T, ldx, W, y, ldy);
     return;
   }
@@ -74,10 +74,10 @@ void matmul(const Context& ctx, const float* x, int64_t T, int64_t ldx, const Ma
 void matmul_batch(const Context& ctx, std::span<const MatmulJob> jobs) {
   thread_local std::vector<GemvJob> small;
   small.clear();
-  const CpuFeatures features = host_features();
+  const CpuFeatures feats = features(ctx);
   for (const auto& j : jobs) {
     if (j.T <= 0 || j.W.rows <= 0) continue;
-    if (j.T <= gemv_max_tokens(ctx, j.W, features)) small.push_back(j);
+    if (j.T <= gemv_max_tokens(ctx, j.W, feats)) small.push_back(j);
     else matmul(ctx, j.x, j.T, j.ldx, j.W, j.y, j.ldy);
   }
   gemv_batch(ctx, small);

@@ -13,7 +13,7 @@
 namespace mla::cpu {
 
 // y[t, :] = W x[t, :] for t < T.  x: [T, W.cols] with row stride ldx; y: [T, W.rows], stride ldy.
-// Runs on the kernel matmul_kernel(ctx, T, W, host_features()) names (dispatch.h): small T
+// Runs on the kernel matmul_kernel(ctx, T, W, features(ctx)) names (dispatch.h): small T
 // (decode) streams each weight row once through the fused AVX-512 kernels of gemv.h; larger T,
 // in the fast precision a bf16 GEMM on AMX or oneDNN (gemm.h), in the precise one row blocks
 // dequantized to float32 and an sgemm.
