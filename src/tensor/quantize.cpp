@@ -244,37 +244,19 @@ QuantizedMatrix quantize_matrix(const MatrixView& src, QuantFormat to, ScaleRule
       }
       break;
     }
-    case QuantFormat::INT4: {
-      if (group <= 0 || C % group || C % 8)
-        throw std::invalid_argument("INT4: in-features " + std::to_string(C) + " not a multiple of 8 and of the group size " +
-                                    std::to_string(group));
-      out.format = WeightFormat::INT4_GROUP;
-      out.group_size = group;
-      out.data.resize(size_t(R * C / 2));
-      out.scales.resize(size_t(R * (C / group)) * 2);
-      uint32_t* words = reinterpret_cast<uint32_t*>(out.data.data());
-      uint16_t* sc = reinterpret_cast<uint16_t*>(out.scales.data());
-#pragma omp parallel num_threads(nt) reduction(+ : err2, ref2)
-      {
-        std::vector<float> row(static_cast<size_t>(C));
-#pragma omp for schedule(dynamic, 16)
-        for (int64_t r = 0; r < R; ++r) {
-          src.dequant_row(r, row.data());
-          err2 += quantize_int4_row(row.data(), C, group, rule, words + r * (C / 8), sc + r * (C / group));
-          for (float v : row) ref2 += double(v) * v;
-        }
-      }
-      break;
-    }
+    case QuantFormat::INT4:
     case QuantFormat::INT8: {
-      if (group <= 0 || C % group)
-        throw std::invalid_argument("INT8: in-features " + std::to_string(C) + " not a multiple of the group size " +
+      const bool int4 = to == QuantFormat::INT4;
+      if (group <= 0 || C % group || (int4 && C % 8))
+        throw std::invalid_argument(std::string(int4 ? "INT4" : "INT8") + ": in-features " + std::to_string(C) +
+                                    (int4 ? " not a multiple of 8 and of the group size " : " not a multiple of the group size ") +
                                     std::to_string(group));
-      out.format = WeightFormat::INT8_GROUP;
+      out.format = weight_format(to);
       out.group_size = group;
-      out.data.resize(size_t(R * C));
+      const int64_t row_bytes = int4 ? C / 2 : C;
+      out.data.resize(size_t(R * row_bytes));
       out.scales.resize(size_t(R * (C / group)) * 2);
-      int8_t* q = reinterpret_cast<int8_t*>(out.data.data());
+      uint8_t* d = out.data.data();
       uint16_t* sc = reinterpret_cast<uint16_t*>(out.scales.data());
 #pragma omp parallel num_threads(nt) reduction(+ : err2, ref2)
       {
@@ -282,7 +264,9 @@ QuantizedMatrix quantize_matrix(const MatrixView& src, QuantFormat to, ScaleRule
 #pragma omp for schedule(dynamic, 16)
         for (int64_t r = 0; r < R; ++r) {
           src.dequant_row(r, row.data());
-          err2 += quantize_int8_row(row.data(), C, group, rule, q + r * C, sc + r * (C / group));
+          uint8_t* out_row = d + r * row_bytes;
+          err2 += int4 ? quantize_int4_row(row.data(), C, group, rule, reinterpret_cast<uint32_t*>(out_row), sc + r * (C / group))
+                       : quantize_int8_row(row.data(), C, group, rule, reinterpret_cast<int8_t*>(out_row), sc + r * (C / group));
           for (float v : row) ref2 += double(v) * v;
         }
       }

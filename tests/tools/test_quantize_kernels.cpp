@@ -38,6 +38,19 @@ TEST(QuantizeKernels, Fp8FastConversionMatchesTheReference) {
   EXPECT_EQ(quant::f32_to_fp8e4m3_fast(NAN), f32_to_fp8e4m3(NAN));
 }
 
+// One row of `cols` values in an integer-group format (INT4, INT8), groups of 32.
+MatrixView group_row(WeightFormat f, const void* data, const uint16_t* scales, int64_t cols) {
+  MatrixView m;
+  m.format = f;
+  m.rows = 1;
+  m.cols = cols;
+  m.data = data;
+  m.scales = scales;
+  m.scale_cols = cols / 32;
+  m.group_size = 32;
+  return m;
+}
+
 TEST(QuantizeKernels, Int4PackUnpackRoundTrip) {
   std::mt19937 rng(1);
   std::vector<int8_t> q(64), back(64);
@@ -54,14 +67,7 @@ TEST(QuantizeKernels, Int4PackUnpackRoundTrip) {
   for (auto& v : x) v = nd(rng);
   std::vector<uint16_t> sc(2);
   quant::quantize_int4_row(x.data(), 64, 32, ScaleRule::Search, w.data(), sc.data());
-  MatrixView m;
-  m.format = WeightFormat::INT4_GROUP;
-  m.rows = 1;
-  m.cols = 64;
-  m.data = w.data();
-  m.scales = sc.data();
-  m.scale_cols = 2;
-  m.group_size = 32;
+  const MatrixView m = group_row(WeightFormat::INT4_GROUP, w.data(), sc.data(), 64);
   std::vector<float> a(64), b(64);
   m.dequant_row(0, a.data());
   quant::dequantize_int4_row(w.data(), sc.data(), 64, 32, b.data());
@@ -81,14 +87,7 @@ TEST(QuantizeKernels, Int8RowRoundTrip) {
   std::vector<int8_t> q(96);
   std::vector<uint16_t> sc(3);
   const double err = quant::quantize_int8_row(x.data(), 96, 32, ScaleRule::Search, q.data(), sc.data());
-  MatrixView m;
-  m.format = WeightFormat::INT8_GROUP;
-  m.rows = 1;
-  m.cols = 96;
-  m.data = q.data();
-  m.scales = sc.data();
-  m.scale_cols = 3;
-  m.group_size = 32;
+  const MatrixView m = group_row(WeightFormat::INT8_GROUP, q.data(), sc.data(), 96);
   EXPECT_EQ(m.bytes() + m.scale_bytes(), size_t(96 + 3 * 2));
   std::vector<float> a(96);
   m.dequant_row(0, a.data());
@@ -156,8 +155,8 @@ TEST(QuantizeKernels, Int4ScaleSearchNeverWorseThanAbsmax) {
 }
 
 TEST(QuantizeKernels, Int8ScaleSearchNeverWorseThanAbsmax) {
-  // 256 levels leave less to gain: measured on these groups, MEASURED.
-  expect_search_pays(8, 0, 1.0);
+  // Measured on these groups: better in 1718 of 2000, 12.5% less squared error in all.
+  expect_search_pays(8, 1500, 0.92);
 }
 
 TEST(QuantizeKernels, Fp8BandSearchNeverWorseThanAbsmax) {
