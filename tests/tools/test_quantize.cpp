@@ -51,13 +51,19 @@ json read_json(const std::string& path) {
   return json::parse(f);
 }
 
+// The quantization_config `mla quantize` wrote into dir's config.json (compressed-tensors).
+json written_quantization_config(const std::filesystem::path& dir) {
+  const json q = read_json((dir / "config.json").string())["quantization_config"];
+  EXPECT_EQ(q["quant_method"], "compressed-tensors");
+  return q;
+}
+
 TEST(Quantize, Int4ExpertsFp8OthersReloadWithinMeasuredBound) {
   test::TempDir out("quantize");
   const std::string in = test::fixture("deepseek-v3-tiny");
   const auto rep = quantize(in, out.str(), QuantFormat::INT4, QuantFormat::FP8);
   // The config says exactly this: an INT4 group over the routed experts, an FP8 group over the rest.
-  const json q = read_json(out / "config.json")["quantization_config"];
-  EXPECT_EQ(q["quant_method"], "compressed-tensors");
+  const json q = written_quantization_config(out.path);
   EXPECT_EQ(q["format"], "mixed-precision");
   EXPECT_EQ(q["config_groups"]["group_0"]["weights"]["num_bits"], 4);
   EXPECT_EQ(q["config_groups"]["group_0"]["targets"].size(), 1u);
@@ -276,8 +282,7 @@ TEST(QuantizeInt8, OthersReloadWithinMeasuredBoundAndBeatFp8) {
   const std::string in = test::fixture("deepseek-v3-tiny");
   const auto rep = quantize(in, out.str(), QuantFormat::BF16, QuantFormat::INT8);
   // One int-quantized group over attention, shared experts and dense MLPs.
-  const json q = read_json(out / "config.json")["quantization_config"];
-  EXPECT_EQ(q["quant_method"], "compressed-tensors");
+  const json q = written_quantization_config(out.path);
   EXPECT_EQ(q["format"], "int-quantized");
   ASSERT_EQ(q["config_groups"].size(), 1u);
   const json& g = q["config_groups"]["group_2"];
