@@ -236,26 +236,35 @@ TEST(Quantize, AtLoadPeakMemoryIsTheQuantizedSize) {
 namespace mla {
 namespace {
 
+// Writes the benchmark's random checkpoint of layout w (demo config) into dir, loads it, checks
+// the formats of the routed experts and of the other projections (router, embeddings and lm_head
+// bf16) and that its logits are finite.
+std::unique_ptr<Model> check_random_layout(const test::TempDir& dir, RandomWeights w, WeightFormat experts,
+                                           WeightFormat others) {
+  RandomCheckpointOptions ro;
+  ro.weights = w;
+  write_random_checkpoint(dir.str(), demo_config(512), ro);
+  auto m = Model::load(dir.str(), one_thread());
+  const auto& L = m->weights().layers[1];
+  EXPECT_EQ(L.experts[5].down.format, experts);
+  EXPECT_EQ(L.q_b.format, others);
+  EXPECT_EQ(L.shared.gate.format, others);
+  EXPECT_EQ(m->weights().layers[0].dense.gate.format, others);
+  EXPECT_EQ(L.router.format, WeightFormat::BF16);
+  EXPECT_EQ(m->weights().lm_head.format, WeightFormat::BF16);
+  const auto logits = run_logits(*m, {1, 2, 3}, {});
+  for (float v : logits) EXPECT_TRUE(std::isfinite(v));
+  return m;
+}
+
 TEST(Quantize, RandomInt4Fp8CheckpointLoads) {
   // The benchmark's int4-fp8 layout, written directly: INT4 experts, FP8 projections with
   // compressed-tensors' weight_scale, bf16 router, embeddings and lm_head.
   test::TempDir dir("random-int4-fp8");
-  RandomCheckpointOptions ro;
-  ro.weights = RandomWeights::INT4_FP8;
-  write_random_checkpoint(dir.str(), demo_config(512), ro);
+  check_random_layout(dir, RandomWeights::INT4_FP8, WeightFormat::INT4_GROUP, WeightFormat::FP8_BLOCK128);
   Checkpoint ck(dir.str());
   EXPECT_NE(ck.find("model.layers.1.self_attn.o_proj.weight_scale"), nullptr);
   EXPECT_EQ(ck.find("model.layers.1.self_attn.o_proj.weight_scale_inv"), nullptr);
-  auto m = Model::load(dir.str(), one_thread());
-  const auto& L = m->weights().layers[1];
-  EXPECT_EQ(L.experts[5].down.format, WeightFormat::INT4_GROUP);
-  EXPECT_EQ(L.q_b.format, WeightFormat::FP8_BLOCK128);
-  EXPECT_EQ(L.shared.gate.format, WeightFormat::FP8_BLOCK128);
-  EXPECT_EQ(m->weights().layers[0].dense.gate.format, WeightFormat::FP8_BLOCK128);
-  EXPECT_EQ(L.router.format, WeightFormat::BF16);
-  EXPECT_EQ(m->weights().lm_head.format, WeightFormat::BF16);
-  const auto logits = run_logits(*m, {1, 2, 3}, {});
-  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
 }
 
 TEST(Quantize, UnsupportedFp8GroupIsRefused) {
@@ -414,29 +423,19 @@ TEST(QuantizeInt8, RandomInt8CheckpointLoads) {
   // The benchmark's int8 layout, written directly: every decoder projection INT8 (group 32),
   // bf16 router, embeddings and lm_head; the codes and scales give weights of about the std asked.
   test::TempDir dir("random-int8");
-  RandomCheckpointOptions ro;
-  ro.weights = RandomWeights::INT8;
-  write_random_checkpoint(dir.str(), demo_config(512), ro);
+  auto m = check_random_layout(dir, RandomWeights::INT8, WeightFormat::INT8_GROUP, WeightFormat::INT8_GROUP);
   Checkpoint ck(dir.str());
   EXPECT_EQ(ck.get("model.layers.1.self_attn.o_proj.weight").dtype, DType::I8);
   EXPECT_EQ(ck.get("model.layers.1.self_attn.o_proj.weight_scale").dtype, DType::BF16);
-  auto m = Model::load(dir.str(), one_thread());
-  const auto& L = m->weights().layers[1];
-  EXPECT_EQ(L.experts[5].down.format, WeightFormat::INT8_GROUP);
-  EXPECT_EQ(L.q_b.format, WeightFormat::INT8_GROUP);
-  EXPECT_EQ(m->weights().layers[0].dense.gate.format, WeightFormat::INT8_GROUP);
-  EXPECT_EQ(L.router.format, WeightFormat::BF16);
-  EXPECT_EQ(m->weights().lm_head.format, WeightFormat::BF16);
-  std::vector<float> row(size_t(L.o.cols));
+  const MatrixView& o = m->weights().layers[1].o;
+  std::vector<float> row(size_t(o.cols));
   double sq = 0;
-  for (int64_t r = 0; r < L.o.rows; ++r) {
-    L.o.dequant_row(r, row.data());
+  for (int64_t r = 0; r < o.rows; ++r) {
+    o.dequant_row(r, row.data());
     for (float v : row) sq += double(v) * v;
   }
   // std 0.02 asked; the scales are uniform within +-17% of their mean: within 10% of 0.02.
-  EXPECT_NEAR(std::sqrt(sq / double(L.o.rows * L.o.cols)), 0.02, 0.002);
-  const auto logits = run_logits(*m, {1, 2, 3}, {});
-  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_NEAR(std::sqrt(sq / double(o.rows * o.cols)), 0.02, 0.002);
 }
 
 }  // namespace
