@@ -50,7 +50,7 @@ Set make_set(mla::WeightFormat f, int64_t rows, int64_t cols, int count, bool hu
   v.rows = rows;
   v.cols = cols;
   if (f == mla::WeightFormat::FP8_BLOCK128) v.scale_cols = (cols + 127) / 128;
-  if (f == mla::WeightFormat::INT4_GROUP) {
+  if (mla::is_int_group(f)) {
     v.group_size = 32;
     v.scale_cols = cols / 32;
   }
@@ -70,7 +70,7 @@ Set make_set(mla::WeightFormat f, int64_t rows, int64_t cols, int count, bool hu
       if (f == mla::WeightFormat::FP8_BLOCK128) {
         pool[k] = mla::f32_to_fp8e4m3(x * 5000.0f);
         pool[k + 1] = mla::f32_to_fp8e4m3(nd(r) * 5000.0f);
-      } else if (f == mla::WeightFormat::INT4_GROUP) {
+      } else if (mla::is_int_group(f)) {
         pool[k] = uint8_t(r());
         pool[k + 1] = uint8_t(r());
       } else {
@@ -86,7 +86,7 @@ Set make_set(mla::WeightFormat f, int64_t rows, int64_t cols, int count, bool hu
         float one = 1e-2f;
         std::memcpy(w + wb + k, &one, 4);
       }
-    if (f == mla::WeightFormat::INT4_GROUP)
+    if (mla::is_int_group(f))
       for (size_t k = 0; k < sb; k += 2) {
         uint16_t h = mla::f32_to_bf16(1e-2f);
         std::memcpy(w + wb + k, &h, 2);
@@ -135,14 +135,15 @@ int main(int argc, char** argv) {
   // (activations rounded to bf16, weights decoded to bf16, VDPBF16PS; f32/f16 weights excepted;
   // by default only for 1 token, see cpu::Context::gemv_bf16_max_tokens: fast at T = 4 is the float32 kernel).
   std::printf("\n%-6s %-12s %3s %-8s %9s %9s %6s\n", "format", "shape", "T", "prec", "ms/pass", "GB/s", "ratio");
-  for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP}) {
+  for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP,
+                 mla::WeightFormat::INT8_GROUP}) {
     if (l2_only) break;
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1408, 2048}, {2048, 1408}}) {
       mla::MatrixView probe;
       probe.format = f;
       probe.rows = rows;
       probe.cols = cols;
-      const size_t one = probe.bytes() + (f == mla::WeightFormat::INT4_GROUP ? size_t(rows * cols / 16) : 0);
+      const size_t one = probe.bytes() + (mla::is_int_group(f) ? size_t(rows * cols / 16) : 0);
       const int count = int(std::max<size_t>(1, target / one));
       Set s = make_set(f, rows, cols, count, huge);
       for (int64_t T : {1, 4})
@@ -163,7 +164,8 @@ int main(int argc, char** argv) {
   // needs this well above it per thread). Fast here runs the bf16 kernels at every T.
   {
     std::printf("\nin L2, 1 thread:\n%-6s %-12s %3s %-8s %9s %9s\n", "format", "shape", "T", "prec", "us/pass", "GB/s");
-    for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP}) {
+    for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP,
+                 mla::WeightFormat::INT8_GROUP}) {
       const int64_t rows = 256, cols = 2048;
       Set s = make_set(f, rows, cols, 1, false);
       for (int64_t T : {1, 2, 4})

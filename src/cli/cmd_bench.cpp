@@ -22,7 +22,7 @@ int run(int argc, char** argv) {
   app.add_option("--dir", o.dir, "checkpoint folder (default: <tmp>/mla-bench-v2lite-<L>L-<weights>); reused when present");
   app.add_option("--layers", o.layers, "layers (the first dense, the rest MoE)");
   app.add_option("--weights", o.weights, "bf16 | fp8 (block-128 FP8 projections) | int4 (INT4 routed experts) | int4-fp8 (INT4 routed experts, FP8 "
-                 "projections: mla quantize's layout)");
+                 "projections: mla quantize's layout) | int8 (INT8 projections, group 32: as fp8's)");
   mla::cli::CpuOptions cpu;
   cpu.precision = o.precision;
   mla::cli::add_cpu_options(app, cpu, "fast (bf16 AMX GEMMs for prompt-sized products) | precise (float32 everywhere)");

@@ -13,8 +13,8 @@
 namespace {
 
 int run(int argc, char** argv) {
-  CLI::App app{"Write a copy of a checkpoint with its weights quantized (INT4 or FP8 routed experts, FP8 "
-               "projections), in the hub layout with a compressed-tensors quantization_config",
+  CLI::App app{"Write a copy of a checkpoint with its weights quantized (INT4, INT8 or FP8 routed experts, INT8 or "
+               "FP8 projections), in the hub layout with a compressed-tensors quantization_config",
                "mla quantize"};
   mla::QuantizeOptions o;
   std::string experts = "int4", others = "fp8", embed = "bf16", rule = "search";
@@ -22,9 +22,9 @@ int run(int argc, char** argv) {
   bool compare = false, quiet = false;
   mla::cli::add_model_option(app, o.in, mla::cli::kCheckpointHelp);
   app.add_option("-o,--out", o.out, "output folder (created; its safetensors files are replaced)")->required();
-  app.add_option("--experts", experts, "routed experts: int4 (group 32) | fp8 (128x128 blocks) | bf16");
-  app.add_option("--others", others, "attention, shared experts, dense MLPs: fp8 | bf16");
-  app.add_option("--embed", embed, "token embeddings and lm_head: bf16 | fp8");
+  app.add_option("--experts", experts, "routed experts: int4 (group 32) | int8 (group 32) | fp8 (128x128 blocks) | bf16");
+  app.add_option("--others", others, "attention, shared experts, dense MLPs: fp8 | int8 (group 32) | bf16");
+  app.add_option("--embed", embed, "token embeddings and lm_head: bf16 | fp8 | int8");
   app.add_option("--scales", rule, "search (the least squared error of a few candidate scales per group) | absmax (plain RTN)");
   app.add_option("--shard-gb", shard_gb, "largest shard, GB");
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
@@ -37,7 +37,7 @@ int run(int argc, char** argv) {
   o.formats.others = mla::quant::parse_quant_format(others, "--others");
   o.formats.embed_head = mla::quant::parse_quant_format(embed, "--embed");
   if (*o.formats.others == mla::quant::QuantFormat::INT4 || *o.formats.embed_head == mla::quant::QuantFormat::INT4)
-    throw std::invalid_argument("int4 is for --experts only (--others, --embed: fp8 or bf16)");
+    throw std::invalid_argument("int4 is for --experts only (--others, --embed: int8, fp8 or bf16)");
   if (rule == "search") o.formats.rule = mla::quant::ScaleRule::Search;
   else if (rule == "absmax") o.formats.rule = mla::quant::ScaleRule::Absmax;
   else throw std::invalid_argument("--scales: unknown '" + rule + "' (search, absmax)");
@@ -56,6 +56,6 @@ int run(int argc, char** argv) {
   return 0;
 }
 
-mla::cli::Command reg("quantize", "write a quantized copy of a checkpoint (INT4 / FP8) and report its error", run);
+mla::cli::Command reg("quantize", "write a quantized copy of a checkpoint (INT4 / INT8 / FP8) and report its error", run);
 
 }  // namespace

@@ -106,7 +106,7 @@ struct QuantizeOptions {
 
 inline void add_quantize_options(CLI::App& app, QuantizeOptions& o) {
   app.add_option("--quantize", o.spec,
-                 "quantize at load: experts=int4|fp8|bf16,others=fp8|bf16[,embed=fp8|bf16] (the formats of mla "
+                 "quantize at load: experts=int4|int8|fp8|bf16,others=int8|fp8|bf16[,embed=int8|fp8|bf16] (the formats of mla "
                  "quantize; classes left out stay as stored)");
 }
 

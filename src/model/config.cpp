@@ -184,9 +184,10 @@ void parse_quantization(const json& q, const std::string& src, ModelConfig& c) {
     }
   } else if (method == "compressed-tensors") {
     std::string format = q.value("format", "");
-    if (format != "pack-quantized" && format != "float-quantized" && format != "mixed-precision")
+    if (format != "pack-quantized" && format != "float-quantized" && format != "int-quantized" &&
+        format != "mixed-precision")
       format_error(src, "", "quantization_config.format '" + format +
-                                "' is not supported (only pack-quantized, float-quantized, mixed-precision)");
+                                "' is not supported (only pack-quantized, float-quantized, int-quantized, mixed-precision)");
     if (!q.contains("config_groups") || !q["config_groups"].is_object() || q["config_groups"].empty())
       format_error(src, "", "quantization_config.config_groups is missing");
     for (auto& [gname, g] : q["config_groups"].items()) {
@@ -211,7 +212,8 @@ void parse_quantization(const json& q, const std::string& src, ModelConfig& c) {
         c.fp8_block_weights = true;
         continue;
       }
-      if (w.value("num_bits", 0) != 4) bad("num_bits", "4");
+      const int bits = w.value("num_bits", 0);
+      if (bits != 4 && bits != 8) bad("num_bits", "4 or 8");
       if (w.value("type", "") != "int") bad("type", "\"int\"");
       if (!w.value("symmetric", false)) bad("symmetric", "true");
       if (w.value("strategy", "") != "group") bad("strategy", "\"group\"");
@@ -221,6 +223,12 @@ void parse_quantization(const json& q, const std::string& src, ModelConfig& c) {
       if (w.contains("actorder") && !w["actorder"].is_null()) bad("actorder", "null");
       if (g.contains("input_activations") && !g["input_activations"].is_null())
         format_error(src, "", "quantization_config.config_groups." + gname + ".input_activations is not supported");
+      if (bits == 8) {  // INT8 (int-quantized): I8 weights, told by their dtype as FP8's are
+        const int gs = w["group_size"].get<int>();
+        if (c.int8_group_size && c.int8_group_size != gs) bad("group_size", "the same in every INT8 group");
+        c.int8_group_size = gs;
+        continue;
+      }
       c.int4.enabled = true;
       c.int4.group_size = w["group_size"].get<int>();
       if (g.contains("targets"))

@@ -51,6 +51,10 @@ struct ModelConfig {
   int64_t bos_token_id = -1;
   bool fp8_block_weights = false;  // quantization_config quant_method fp8, 128x128 blocks
   Int4Quant int4;
+  // compressed-tensors int-quantized INT8 groups (num_bits 8, symmetric, strategy group): the
+  // group size; 0 when the config has no such group. The loader tells those tensors by their
+  // dtype (I8 weight, BF16 weight_scale).
+  int int8_group_size = 0;
   bool ue8m0_scales = false;  // quantization_config scale_fmt "ue8m0": block scales are powers of two
 
   // DeepSeek Sparse Attention (deepseek_v32, glm_moe_dsa; model/indexer.h): the lightning

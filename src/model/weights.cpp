@@ -296,11 +296,36 @@ class Loader {
         count("fp8-block128", s.nbytes);
         break;
       }
+      case DType::I8: int8_groups(base, t, m); break;
       default:
         format_error(t.file, t.name, std::string("dtype ") + dtype_name(t.dtype) + " is not supported for a weight");
     }
     count(weight_format_name(m.format), t.nbytes);
     return place(base, m);
+  }
+
+  // compressed-tensors int-quantized INT8 (an I8 `weight`): one BF16 `weight_scale` per group of
+  // the config's group size along a row; a `weight_zero_point`, where saved, must be all zero
+  // (symmetric). In-features that are not whole groups are an error.
+  void int8_groups(const std::string& base, const TensorInfo& t, MatrixView& m) {
+    const int64_t gs = cfg_.int8_group_size, rows = m.rows, cols = m.cols;
+    if (gs <= 0)
+      format_error(t.file, t.name, "is INT8 but config.json has no int-quantized group (num_bits 8, strategy group)");
+    if (cols % gs)
+      format_error(t.file, t.name, "in-features " + std::to_string(cols) + " not a multiple of the INT8 group size " +
+                                       std::to_string(gs));
+    const TensorInfo& scale = ckpt_.get(base + ".weight_scale");
+    if (scale.dtype != DType::BF16) format_error(scale.file, scale.name, std::string("dtype ") + dtype_name(scale.dtype) + " must be BF16");
+    expect_shape(scale, {rows, cols / gs});
+    if (const TensorInfo* zp = ckpt_.find(base + ".weight_zero_point")) {
+      for (size_t i = 0; i < zp->nbytes; ++i)
+        if (zp->data[i] != 0) format_error(zp->file, zp->name, "is not zero: only symmetric INT8 is supported");
+    }
+    m.format = WeightFormat::INT8_GROUP;
+    m.scales = scale.data;
+    m.scale_cols = cols / gs;
+    m.group_size = gs;
+    count("int8-group", scale.nbytes);
   }
 
   // Whether an INT4 config group targets the layer: "Linear" targets every one; otherwise a name
@@ -319,10 +344,7 @@ class Loader {
     MatrixView out = m;
     const WeightClass wc = weight_class(base);
     const auto to = quantize_ ? quantize_->target(wc) : std::nullopt;
-    const WeightFormat want = !to ? m.format
-                              : *to == quant::QuantFormat::INT4 ? WeightFormat::INT4_GROUP
-                              : *to == quant::QuantFormat::FP8  ? WeightFormat::FP8_BLOCK128
-                                                                : WeightFormat::BF16;
+    const WeightFormat want = to ? quant::weight_format(*to) : m.format;
     if (want != m.format) {
       quant::QuantizedMatrix q;
       try {
@@ -453,7 +475,7 @@ LoadQuantization LoadQuantization::parse(const std::string& spec) {
     else if (cls == "embed") q.embed_head = f;
     else throw std::invalid_argument("--quantize: unknown class '" + cls + "' (experts, others, embed)");
     if (f == quant::QuantFormat::INT4 && cls != "experts")
-      throw std::invalid_argument("--quantize " + cls + "=int4: INT4 is for the routed experts only (others: fp8 or bf16)");
+      throw std::invalid_argument("--quantize " + cls + "=int4: INT4 is for the routed experts only (others: int8, fp8 or bf16)");
     at = comma + 1;
   }
   return q;

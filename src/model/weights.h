@@ -102,10 +102,10 @@ const char* weight_class_name(WeightClass c);  // "routed experts", "attention",
 struct LoadQuantization {
   std::optional<quant::QuantFormat> experts, others, embed_head;
   quant::ScaleRule rule = quant::ScaleRule::Search;
-  int64_t group_size = 32;  // INT4
+  int64_t group_size = 32;  // INT4 and INT8
   bool any() const { return experts || others || embed_head; }
   std::optional<quant::QuantFormat> target(WeightClass c) const;
-  // "experts=int4,others=fp8[,embed=fp8]": throws std::invalid_argument naming the bad part.
+  // "experts=int4,others=fp8[,embed=fp8]" (int8 for any class): throws std::invalid_argument naming the bad part.
   static LoadQuantization parse(const std::string& spec);
   std::string str() const;  // the same form
 };

@@ -11,6 +11,7 @@ const char* weight_format_name(WeightFormat f) {
     case WeightFormat::F16: return "f16";
     case WeightFormat::FP8_BLOCK128: return "fp8-block128";
     case WeightFormat::INT4_GROUP: return "int4-group";
+    case WeightFormat::INT8_GROUP: return "int8-group";
   }
   return "?";
 }
@@ -19,7 +20,7 @@ size_t MatrixView::row_bytes() const {
   switch (format) {
     case WeightFormat::F32: return size_t(cols) * 4;
     case WeightFormat::BF16: case WeightFormat::F16: return size_t(cols) * 2;
-    case WeightFormat::FP8_BLOCK128: return size_t(cols);
+    case WeightFormat::FP8_BLOCK128: case WeightFormat::INT8_GROUP: return size_t(cols);
     case WeightFormat::INT4_GROUP: return size_t(cols) / 2;
   }
   return 0;
@@ -28,7 +29,7 @@ size_t MatrixView::row_bytes() const {
 size_t MatrixView::scale_bytes() const {
   switch (format) {
     case WeightFormat::FP8_BLOCK128: return size_t((rows + 127) / 128) * size_t(scale_cols) * 4;
-    case WeightFormat::INT4_GROUP: return size_t(rows) * size_t(scale_cols) * 2;
+    case WeightFormat::INT4_GROUP: case WeightFormat::INT8_GROUP: return size_t(rows) * size_t(scale_cols) * 2;
     default: return 0;
   }
 }
@@ -63,6 +64,12 @@ void MatrixView::dequant_row(int64_t r, float* out) const {
         int q = int((w[k / 8] >> (4 * (k % 8))) & 0xF) - 8;
         out[k] = float(q) * bf16_to_f32(sc[k / group_size]);
       }
+      break;
+    }
+    case WeightFormat::INT8_GROUP: {
+      const int8_t* q = reinterpret_cast<const int8_t*>(p);
+      const uint16_t* sc = static_cast<const uint16_t*>(scales) + (row0 + r) * scale_cols;
+      for (int64_t k = 0; k < cols; ++k) out[k] = float(q[k]) * bf16_to_f32(sc[k / group_size]);
       break;
     }
   }

@@ -1,6 +1,6 @@
 // A non-owning view of a weight matrix as the checkpoint stores it, [rows = out, cols = in],
 // used as y = W x. Weights stay in their stored format (BF16, F16, F32, block-FP8 with 128x128
-// scales, or INT4 groups) and are dequantized on the fly, a row at a time, by the kernels.
+// scales, INT4 or INT8 groups) and are dequantized on the fly, a row at a time, by the kernels.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -16,7 +16,11 @@ enum class WeightFormat {
   F16,
   FP8_BLOCK128,  // e4m3 values; scales float32 [ceil(rows/128), ceil(cols/128)] of the whole tensor
   INT4_GROUP,    // int32 words of 8 nibbles (q + 8), low nibble first; scales bf16 [rows, cols/group]
+  INT8_GROUP,    // int8 q per weight (value q x scale); scales bf16 [rows, cols/group]
 };
+
+// The formats of integer groups with one bf16 scale per group of a row (INT4, INT8).
+inline bool is_int_group(WeightFormat f) { return f == WeightFormat::INT4_GROUP || f == WeightFormat::INT8_GROUP; }
 
 const char* weight_format_name(WeightFormat f);
 
@@ -24,10 +28,10 @@ struct MatrixView {
   WeightFormat format = WeightFormat::F32;
   int64_t rows = 0, cols = 0;
   const void* data = nullptr;    // row r starts at data + r * row_bytes()
-  const void* scales = nullptr;  // FP8_BLOCK128: f32 block scales; INT4_GROUP: bf16 group scales
+  const void* scales = nullptr;  // FP8_BLOCK128: f32 block scales; INT4/INT8_GROUP: bf16 group scales
   int64_t row0 = 0;              // first row within the whole stored tensor (for FP8 block scales)
-  int64_t scale_cols = 0;        // FP8: ceil(cols/128); INT4: cols / group_size
-  int64_t group_size = 0;        // INT4 only
+  int64_t scale_cols = 0;        // FP8: ceil(cols/128); INT4, INT8: cols / group_size
+  int64_t group_size = 0;        // INT4 and INT8 only
 
   size_t row_bytes() const;
   size_t bytes() const { return row_bytes() * size_t(rows); }  // weight bytes, scales not counted
@@ -39,7 +43,7 @@ struct MatrixView {
 
 // a's rows then b's as one view, when b's rows follow a's directly in memory (a checkpoint
 // stores gate_proj then up_proj: one product instead of two). Formats without scales only
-// (FP8 and INT4 keep their scales beside each tensor); otherwise nullopt.
+// (FP8, INT4 and INT8 keep their scales beside each tensor); otherwise nullopt.
 std::optional<MatrixView> concat_rows(const MatrixView& a, const MatrixView& b);
 
 }  // namespace mla

@@ -41,8 +41,8 @@ void unpack_int4(const uint32_t* words, int64_t n, int8_t* q) {
 
 namespace {
 
-// q = clamp(round(x / s), -8, 7) for the scale as stored (bf16 bits h); the squared error.
-double int4_error(const float* x, int64_t n, uint16_t h, int8_t* q) {
+// q = clamp(round(x / s), qmin, qmax) for the scale as stored (bf16 bits h); the squared error.
+double int_error(const float* x, int64_t n, uint16_t h, int qmin, int qmax, int8_t* q) {
   const float s = bf16_to_f32(h);
   double e = 0;
   if (s == 0.0f || !std::isfinite(s)) {
@@ -52,9 +52,9 @@ double int4_error(const float* x, int64_t n, uint16_t h, int8_t* q) {
     }
     return e;
   }
-  const float inv = 1.0f / s;
+  const float inv = 1.0f / s, lo = float(qmin), hi = float(qmax);
   for (int64_t i = 0; i < n; ++i) {
-    const float r = std::clamp(std::nearbyint(x[i] * inv), -8.0f, 7.0f);
+    const float r = std::clamp(std::nearbyint(x[i] * inv), lo, hi);
     q[i] = int8_t(r);
     const float d = x[i] - r * s;
     e += double(d) * d;
@@ -62,14 +62,17 @@ double int4_error(const float* x, int64_t n, uint16_t h, int8_t* q) {
   return e;
 }
 
-}  // namespace
-
-uint16_t quantize_int4_group(const float* x, int64_t n, ScaleRule rule, int8_t* q, double* err2) {
+// One group of signed integers in [qmin, qmax] = [-2^(b-1), 2^(b-1) - 1] with one bf16 scale:
+// the plain rule absmax / ((qmax - qmin) / 2), and with Search the candidates absmax / d for d
+// in qmax - 1 .. qmax + 1 in quarter steps, the rule of llama.cpp's Q4_0 (the value m of largest
+// magnitude maps to qmin: s = -m / -qmin) and its neighbours, and the least-squares rescale
+// sum(x q) / sum(q q) of the best so far.
+uint16_t quantize_int_group(const float* x, int64_t n, ScaleRule rule, int qmin, int qmax, int8_t* q, double* err2) {
   float amax = 0, m = 0;  // largest magnitude, and the value that has it
   for (int64_t i = 0; i < n; ++i)
     if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), m = x[i];
-  uint16_t best = f32_to_bf16(amax / 7.5f);
-  double best_e = int4_error(x, n, best, q);
+  uint16_t best = f32_to_bf16(amax / (0.5f * float(qmax - qmin)));
+  double best_e = int_error(x, n, best, qmin, qmax, q);
   if (rule == ScaleRule::Search && amax > 0) {
     int8_t tq[256];
     std::vector<int8_t> heap;
@@ -78,15 +81,15 @@ uint16_t quantize_int4_group(const float* x, int64_t n, ScaleRule rule, int8_t* 
     auto consider = [&](float s) {
       const uint16_t h = f32_to_bf16(s);
       if (h == best) return;
-      const double e = int4_error(x, n, h, t);
+      const double e = int_error(x, n, h, qmin, qmax, t);
       if (e < best_e) {
         best_e = e;
         best = h;
         std::memcpy(q, t, size_t(n));
       }
     };
-    for (float d = 6.0f; d <= 8.0f; d += 0.25f) consider(amax / d);
-    for (float d : {7.5f, 8.0f, 8.5f}) consider(-m / d);  // Q4_0: m maps to -8 (then 8 / 8.5: less clipping)
+    for (float d = float(qmax - 1); d <= float(qmax + 1); d += 0.25f) consider(amax / d);
+    for (float d : {-0.5f, 0.0f, 0.5f}) consider(-m / (float(-qmin) + d));  // m maps to qmin (then less clipping)
     for (int it = 0; it < 2; ++it) {  // least squares for the codes of the best
       double xq = 0, qq = 0;
       for (int64_t i = 0; i < n; ++i) xq += double(x[i]) * q[i], qq += double(q[i]) * q[i];
@@ -95,6 +98,16 @@ uint16_t quantize_int4_group(const float* x, int64_t n, ScaleRule rule, int8_t* 
   }
   if (err2) *err2 = best_e;
   return best;
+}
+
+}  // namespace
+
+uint16_t quantize_int4_group(const float* x, int64_t n, ScaleRule rule, int8_t* q, double* err2) {
+  return quantize_int_group(x, n, rule, -8, 7, q, err2);
+}
+
+uint16_t quantize_int8_group(const float* x, int64_t n, ScaleRule rule, int8_t* q, double* err2) {
+  return quantize_int_group(x, n, rule, -128, 127, q, err2);
 }
 
 double quantize_int4_row(const float* x, int64_t n, int64_t group, ScaleRule rule, uint32_t* words,
@@ -114,6 +127,17 @@ double quantize_int4_row(const float* x, int64_t n, int64_t group, ScaleRule rul
 void dequantize_int4_row(const uint32_t* words, const uint16_t* scales, int64_t n, int64_t group, float* out) {
   for (int64_t k = 0; k < n; ++k)
     out[k] = float(int((words[k / 8] >> (4 * (k % 8))) & 0xF) - 8) * bf16_to_f32(scales[k / group]);
+}
+
+double quantize_int8_row(const float* x, int64_t n, int64_t group, ScaleRule rule, int8_t* q, uint16_t* scales) {
+  if (group <= 0 || n % group) throw std::invalid_argument("quantize_int8_row: bad row length or group");
+  double e = 0;
+  for (int64_t g = 0; g < n / group; ++g) {
+    double ge = 0;
+    scales[g] = quantize_int8_group(x + g * group, group, rule, q + g * group, &ge);
+    e += ge;
+  }
+  return e;
 }
 
 double quantize_fp8_band(const float* x, int64_t rows, int64_t cols, ScaleRule rule, uint8_t* codes, float* scales) {
@@ -156,15 +180,27 @@ const char* quant_format_name(QuantFormat f) {
     case QuantFormat::BF16: return "bf16";
     case QuantFormat::FP8: return "fp8";
     case QuantFormat::INT4: return "int4";
+    case QuantFormat::INT8: return "int8";
   }
   return "?";
+}
+
+WeightFormat weight_format(QuantFormat f) {
+  switch (f) {
+    case QuantFormat::INT4: return WeightFormat::INT4_GROUP;
+    case QuantFormat::INT8: return WeightFormat::INT8_GROUP;
+    case QuantFormat::FP8: return WeightFormat::FP8_BLOCK128;
+    case QuantFormat::BF16: return WeightFormat::BF16;
+  }
+  return WeightFormat::BF16;
 }
 
 QuantFormat parse_quant_format(const std::string& s, const std::string& what) {
   if (s == "bf16") return QuantFormat::BF16;
   if (s == "fp8") return QuantFormat::FP8;
   if (s == "int4") return QuantFormat::INT4;
-  throw std::invalid_argument(what + ": unknown format '" + s + "' (bf16, fp8, int4)");
+  if (s == "int8") return QuantFormat::INT8;
+  throw std::invalid_argument(what + ": unknown format '" + s + "' (bf16, fp8, int4, int8)");
 }
 
 MatrixView QuantizedMatrix::view() const {
@@ -175,7 +211,7 @@ MatrixView QuantizedMatrix::view() const {
   v.data = data.data();
   v.scales = scales.empty() ? nullptr : scales.data();
   if (format == WeightFormat::FP8_BLOCK128) v.scale_cols = (cols + 127) / 128;
-  if (format == WeightFormat::INT4_GROUP) v.scale_cols = cols / group_size, v.group_size = group_size;
+  if (is_int_group(format)) v.scale_cols = cols / group_size, v.group_size = group_size;
   return v;
 }
 
@@ -225,18 +261,24 @@ QuantizedMatrix quantize_matrix(const MatrixView& src, QuantFormat to, ScaleRule
       });
       break;
     }
-    case QuantFormat::INT4: {
-      if (group <= 0 || C % group || C % 8)
-        throw std::invalid_argument("INT4: in-features " + std::to_string(C) + " not a multiple of 8 and of the group size " +
+    case QuantFormat::INT4:
+    case QuantFormat::INT8: {
+      const bool int4 = to == QuantFormat::INT4;
+      if (group <= 0 || C % group || (int4 && C % 8))
+        throw std::invalid_argument(std::string(int4 ? "INT4" : "INT8") + ": in-features " + std::to_string(C) +
+                                    (int4 ? " not a multiple of 8 and of the group size " : " not a multiple of the group size ") +
                                     std::to_string(group));
-      out.format = WeightFormat::INT4_GROUP;
+      out.format = weight_format(to);
       out.group_size = group;
-      out.data.resize(size_t(R * C / 2));
+      const int64_t row_bytes = int4 ? C / 2 : C;
+      out.data.resize(size_t(R * row_bytes));
       out.scales.resize(size_t(R * (C / group)) * 2);
-      uint32_t* words = reinterpret_cast<uint32_t*>(out.data.data());
+      uint8_t* d = out.data.data();
       uint16_t* sc = reinterpret_cast<uint16_t*>(out.scales.data());
       for_each_row(src, nt, err2, ref2, [&](int64_t r, const float* row, double& e2) {
-        e2 += quantize_int4_row(row, C, group, rule, words + r * (C / 8), sc + r * (C / group));
+        uint8_t* out_row = d + r * row_bytes;
+        e2 += int4 ? quantize_int4_row(row, C, group, rule, reinterpret_cast<uint32_t*>(out_row), sc + r * (C / group))
+                   : quantize_int8_row(row, C, group, rule, reinterpret_cast<int8_t*>(out_row), sc + r * (C / group));
       });
       break;
     }

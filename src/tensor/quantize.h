@@ -1,8 +1,13 @@
-// Weight quantization kernels: float32 values into the two quantized formats the engine runs
+// Weight quantization kernels: float32 values into the quantized formats the engine runs
 // (tensor/matrix.h), with a plain reference beside each fast path.
 // - INT4 groups (compressed-tensors pack-quantized): per group of `group` values of a row one
 //   bf16 scale s; q = clamp(round(x / s), -8, 7), stored as the nibble q + 8, element k of a row
 //   in bits 4 (k % 8) of 32-bit word k / 8. Value = q x s.
+// - INT8 groups (compressed-tensors int-quantized): the same with q = clamp(round(x / s), -128,
+//   127) stored as one int8 per weight. bf16 scales as INT4's (the model's dtype, which
+//   compressed-tensors stores its scales in): 8.5 bits per weight, as llama.cpp's Q8_0 with its
+//   f16 scale; the codes are chosen against the scale as stored, so its rounding costs only
+//   which candidate wins, not a systematic error.
 // - Block FP8: e4m3 codes with one float32 scale per 128 x 128 block; value = fp8(code) x scale.
 // Scales are chosen by round to nearest plus a search: a few candidate scales per group (or
 // block), each scored by the squared error of the values it reproduces (with the scale rounded
@@ -38,11 +43,19 @@ enum class ScaleRule {
 // steps, Q4_0's rule (the value of largest magnitude maps to -8: s = -m / 8) and its
 // neighbours, and the least-squares rescale sum(x q) / sum(q q) of the best so far.
 uint16_t quantize_int4_group(const float* x, int64_t n, ScaleRule rule, int8_t* q, double* err2);
+// The same over [-128, 127]: plain rule absmax / 127.5, candidates absmax / d for d in 126 .. 128,
+// -m / (128 +- 0.5) and the least-squares rescale.
+uint16_t quantize_int8_group(const float* x, int64_t n, ScaleRule rule, int8_t* q, double* err2);
 // A row of n values (n % group == 0, n % 8 == 0): words[n / 8], scales[n / group]; returns the
 // squared error of the row.
 double quantize_int4_row(const float* x, int64_t n, int64_t group, ScaleRule rule, uint32_t* words,
                          uint16_t* scales);
 void dequantize_int4_row(const uint32_t* words, const uint16_t* scales, int64_t n, int64_t group, float* out);
+
+// ---- INT8 groups
+
+// A row of n values (n % group == 0): q[n], scales[n / group]; returns the squared error.
+double quantize_int8_row(const float* x, int64_t n, int64_t group, ScaleRule rule, int8_t* q, uint16_t* scales);
 
 // ---- block FP8
 
@@ -54,9 +67,10 @@ double quantize_fp8_band(const float* x, int64_t rows, int64_t cols, ScaleRule r
 
 // ---- whole matrices
 
-enum class QuantFormat { BF16, FP8, INT4 };
-const char* quant_format_name(QuantFormat f);  // "bf16", "fp8", "int4"
-// "bf16" | "fp8" | "int4"; throws std::invalid_argument naming `what` otherwise.
+enum class QuantFormat { BF16, FP8, INT4, INT8 };
+const char* quant_format_name(QuantFormat f);  // "bf16", "fp8", "int4", "int8"
+WeightFormat weight_format(QuantFormat f);     // the WeightFormat it produces
+// "bf16" | "fp8" | "int4" | "int8"; throws std::invalid_argument naming `what` otherwise.
 QuantFormat parse_quant_format(const std::string& s, const std::string& what);
 
 // A matrix in a quantized format, owning its bytes; err2 / ref2 are the squared error and the
@@ -70,8 +84,9 @@ struct QuantizedMatrix {
 };
 
 // Dequantizes src (any format) a row band at a time and quantizes it to `to` (INT4: group
-// `group`, cols % group == 0 and cols % 8 == 0, else std::invalid_argument). Working memory: one
-// band of 128 rows as float32 per thread. OpenMP over rows (INT4, BF16) or bands (FP8) on
+// `group`, cols % group == 0 and cols % 8 == 0; INT8: cols % group == 0; else
+// std::invalid_argument). Working memory: one
+// band of 128 rows as float32 per thread. OpenMP over rows (INT4, INT8, BF16) or bands (FP8) on
 // `threads` threads (0: OpenMP's default).
 QuantizedMatrix quantize_matrix(const MatrixView& src, QuantFormat to, ScaleRule rule = ScaleRule::Search,
                                 int64_t group = 32, int threads = 0);

@@ -485,7 +485,8 @@ Report run(const Options& opt) {
   else if (opt.weights == "fp8") kind = RandomWeights::FP8;
   else if (opt.weights == "int4") kind = RandomWeights::INT4_EXPERTS;
   else if (opt.weights == "int4-fp8") kind = RandomWeights::INT4_FP8;
-  else throw std::invalid_argument("--weights: unknown '" + opt.weights + "' (bf16, fp8, int4, int4-fp8)");
+  else if (opt.weights == "int8") kind = RandomWeights::INT8;
+  else throw std::invalid_argument("--weights: unknown '" + opt.weights + "' (bf16, fp8, int4, int4-fp8, int8)");
   if (opt.layers < 2) throw std::invalid_argument("--layers must be at least 2 (a dense layer, then MoE)");
   if (opt.runs < 1) throw std::invalid_argument("--runs must be at least 1");
   auto say = [&](const std::string& s) {

@@ -132,6 +132,20 @@ struct Builder {
                 std * std::sqrt(3.0) / 448.0);
       return;
     }
+    if (opt.weights == RandomWeights::INT8 && quantizable) {
+      uint64_t s = name_seed(opt.seed, base);
+      out.push_back({prefix + base + ".weight", DType::I8, {rows, cols}, [s, rows, cols](uint8_t* p) {
+#pragma omp parallel for schedule(static)
+                       for (int64_t i = 0; i < rows * cols / 8; ++i) {
+                         const uint64_t w = mix(s ^ mix(uint64_t(i)));
+                         std::memcpy(p + 8 * i, &w, 8);
+                       }
+                       for (int64_t i = rows * cols / 8 * 8; i < rows * cols; ++i) p[i] = uint8_t(mix(s ^ uint64_t(i)));
+                     }});
+      // Codes -128..127 have std about 73.9: scales of std / 73.9 give the std asked for.
+      f_uniform(base + ".weight_scale", DType::BF16, {rows, cols / 32}, std / 73.9 * 0.1, std / 73.9);
+      return;
+    }
     if ((opt.weights == RandomWeights::INT4_EXPERTS || opt.weights == RandomWeights::INT4_FP8) && expert) {
       uint64_t s = name_seed(opt.seed, base);
       const int64_t g = 32;
@@ -228,10 +242,10 @@ std::vector<TensorSpec> random_tensors(const json& c, const RandomCheckpointOpti
 
 void write_random_checkpoint(const std::string& dir, json config, const RandomCheckpointOptions& opt) {
   auto tensors = random_tensors(config, opt);
-  if (opt.weights == RandomWeights::INT4_FP8) {
+  if (opt.weights == RandomWeights::INT4_FP8 || opt.weights == RandomWeights::INT8) {
     LoadQuantization f;
-    f.experts = quant::QuantFormat::INT4;
-    f.others = quant::QuantFormat::FP8;
+    f.experts = opt.weights == RandomWeights::INT8 ? quant::QuantFormat::INT8 : quant::QuantFormat::INT4;
+    f.others = opt.weights == RandomWeights::INT8 ? quant::QuantFormat::INT8 : quant::QuantFormat::FP8;
     config["quantization_config"] = quantization_config(f);
   }
   std::shared_ptr<Progress> bar;

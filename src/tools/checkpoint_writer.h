@@ -35,6 +35,9 @@ enum class RandomWeights {
   // projections block-FP8 (scales named weight_scale), a compressed-tensors mixed-precision
   // config; DeepSeek's flat config (no wrapper, no prefix).
   INT4_FP8,
+  // `mla quantize --experts int8 --others int8`: every decoder projection compressed-tensors
+  // int-quantized INT8 (I8 weight, BF16 weight_scale per group of 32), embeddings and lm_head bf16.
+  INT8,
 };
 
 struct RandomCheckpointOptions {

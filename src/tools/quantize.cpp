@@ -23,6 +23,7 @@ namespace mla {
 using nlohmann::json;
 namespace fs = std::filesystem;
 using quant::QuantFormat;
+using quant::weight_format;
 
 namespace {
 
@@ -56,17 +57,9 @@ struct Matrix {
   QuantFormat to = QuantFormat::BF16;
 };
 
-WeightFormat weight_format(QuantFormat f) {
-  switch (f) {
-    case QuantFormat::INT4: return WeightFormat::INT4_GROUP;
-    case QuantFormat::FP8: return WeightFormat::FP8_BLOCK128;
-    case QuantFormat::BF16: return WeightFormat::BF16;
-  }
-  return WeightFormat::BF16;
-}
-
 // The view of a stored matrix (any format the loader reads), as the loader builds it.
-MatrixView source_view(const Checkpoint& ck, const std::string& base, int64_t int4_group, std::vector<std::string>& inputs) {
+MatrixView source_view(const Checkpoint& ck, const std::string& base, int64_t int4_group, int64_t int8_group,
+                       std::vector<std::string>& inputs) {
   MatrixView m;
   if (const TensorInfo* p = ck.find(base + ".weight_packed")) {
     const TensorInfo& s = ck.get(base + ".weight_scale");
@@ -106,6 +99,19 @@ MatrixView source_view(const Checkpoint& ck, const std::string& base, int64_t in
       inputs.push_back(s->name);
       break;
     }
+    case DType::I8: {
+      const TensorInfo& s = ck.get(base + ".weight_scale");
+      if (int8_group <= 0 || m.cols % int8_group || s.dtype != DType::BF16 ||
+          s.shape != std::vector<int64_t>{m.rows, m.cols / int8_group})
+        format_error(s.file, s.name, "INT8 groups need an int-quantized group in config.json and BF16 scales [out, in/group]");
+      m.format = WeightFormat::INT8_GROUP;
+      m.group_size = int8_group;
+      m.scale_cols = m.cols / int8_group;
+      m.scales = s.data;
+      inputs.push_back(s.name);
+      if (const TensorInfo* zp = ck.find(base + ".weight_zero_point")) inputs.push_back(zp->name);
+      break;
+    }
     default: format_error(t.file, t.name, std::string("dtype ") + dtype_name(t.dtype) + " is not supported for a weight");
   }
   return m;
@@ -114,7 +120,7 @@ MatrixView source_view(const Checkpoint& ck, const std::string& base, int64_t in
 // The matrix in its target format: converted, or its bytes copied when already in it.
 quant::QuantizedMatrix materialize(const Matrix& m, const LoadQuantization& f, int threads) {
   if (m.src.format != weight_format(m.to) ||
-      (m.to == QuantFormat::INT4 && m.src.group_size != f.group_size))
+      (is_int_group(m.src.format) && m.src.group_size != f.group_size))
     return quant::quantize_matrix(m.src, m.to, f.rule, f.group_size, threads);
   quant::QuantizedMatrix q;
   q.format = m.src.format;
@@ -130,6 +136,17 @@ quant::QuantizedMatrix materialize(const Matrix& m, const LoadQuantization& f, i
   return q;
 }
 
+// The tensors a matrix in format f is written as: INT4 weight_packed, weight_scale and
+// weight_shape; INT8 and FP8 weight and weight_scale; bf16 weight.
+int tensors_of(QuantFormat f) {
+  switch (f) {
+    case QuantFormat::INT4: return 3;
+    case QuantFormat::INT8: case QuantFormat::FP8: return 2;
+    case QuantFormat::BF16: return 1;
+  }
+  return 1;
+}
+
 json read_json(const fs::path& p) {
   std::ifstream f(p);
   if (!f) format_error(p.string(), "", "cannot open");
@@ -143,35 +160,39 @@ json read_json(const fs::path& p) {
 }  // namespace
 
 json quantization_config(const LoadQuantization& f) {
-  std::vector<std::string> int4, fp8;
+  std::map<QuantFormat, std::vector<std::string>> targets;  // by format, bf16 left out
   for (WeightClass c : kClasses) {
     const auto to = f.target(c);
-    auto& list = to == QuantFormat::INT4 ? int4 : fp8;
     if (to && *to != QuantFormat::BF16)
-      for (auto& t : class_targets(c)) list.push_back(t);
+      for (auto& t : class_targets(c)) targets[*to].push_back(t);
   }
-  if (int4.empty() && fp8.empty()) return nullptr;
+  if (targets.empty()) return nullptr;
+  const char* observer = f.rule == quant::ScaleRule::Search ? "mse" : "minmax";
+  auto int_group = [&](int bits) {
+    return json{{"num_bits", bits}, {"type", "int"}, {"symmetric", true}, {"strategy", "group"},
+                {"group_size", f.group_size}, {"dynamic", false}, {"actorder", nullptr}, {"observer", observer}};
+  };
   json groups = json::object();
-  if (!int4.empty())
-    groups["group_0"] = {{"targets", int4},
-                         {"weights",
-                          {{"num_bits", 4}, {"type", "int"}, {"symmetric", true}, {"strategy", "group"},
-                           {"group_size", f.group_size}, {"dynamic", false}, {"actorder", nullptr},
-                           {"observer", f.rule == quant::ScaleRule::Search ? "mse" : "minmax"}}},
-                         {"input_activations", nullptr},
-                         {"output_activations", nullptr},
-                         {"format", "pack-quantized"}};
-  if (!fp8.empty())
-    groups["group_1"] = {{"targets", fp8},
-                         {"weights",
-                          {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"strategy", "block"},
-                           {"block_structure", {128, 128}}, {"dynamic", false},
-                           {"observer", f.rule == quant::ScaleRule::Search ? "mse" : "minmax"}}},
-                         {"input_activations", nullptr},
-                         {"output_activations", nullptr},
-                         {"format", "float-quantized"}};
+  std::string format;
+  for (auto& [q, list] : targets) {
+    json weights;
+    std::string name, fmt;
+    switch (q) {
+      case QuantFormat::INT4: name = "group_0", fmt = "pack-quantized", weights = int_group(4); break;
+      case QuantFormat::FP8:
+        name = "group_1", fmt = "float-quantized";
+        weights = {{"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"strategy", "block"},
+                   {"block_structure", {128, 128}}, {"dynamic", false}, {"observer", observer}};
+        break;
+      case QuantFormat::INT8: name = "group_2", fmt = "int-quantized", weights = int_group(8); break;
+      case QuantFormat::BF16: continue;
+    }
+    groups[name] = {{"targets", list}, {"weights", weights}, {"input_activations", nullptr},
+                    {"output_activations", nullptr}, {"format", fmt}};
+    format = format.empty() ? fmt : "mixed-precision";
+  }
   return {{"quant_method", "compressed-tensors"},
-          {"format", int4.empty() ? "float-quantized" : fp8.empty() ? "pack-quantized" : "mixed-precision"},
+          {"format", format},
           {"quantization_status", "compressed"},
           {"config_groups", groups},
           {"ignore", json::array()},
@@ -203,10 +224,13 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& opt) {
     m.base = base;
     m.cls = c;
     m.to = *to;
-    m.src = source_view(ck, base, cfg.int4.group_size, m.inputs);
+    m.src = source_view(ck, base, cfg.int4.group_size, cfg.int8_group_size, m.inputs);
     if (m.to == QuantFormat::INT4 && (m.src.cols % f.group_size || m.src.cols % 8))
       format_error(opt.in, base, "in-features " + std::to_string(m.src.cols) + " are not a multiple of the INT4 group " +
                                      std::to_string(f.group_size) + " (choose --experts fp8)");
+    if (m.to == QuantFormat::INT8 && m.src.cols % f.group_size)
+      format_error(opt.in, base, "in-features " + std::to_string(m.src.cols) + " are not a multiple of the INT8 group " +
+                                     std::to_string(f.group_size) + " (choose fp8 for this class)");
     for (auto& i : m.inputs) consumed.insert(i);
     matrices.push_back(std::move(m));
   }
@@ -234,7 +258,7 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& opt) {
           p.q = std::make_shared<quant::QuantizedMatrix>(materialize(*mp, f, threads));
           release_mapped_range(mp->src.data, mp->src.bytes());  // read once: RSS stays near the output's
           if (mp->src.scales) release_mapped_range(mp->src.scales, mp->src.scale_bytes());
-          p.left = mp->to == QuantFormat::INT4 ? 3 : mp->to == QuantFormat::FP8 ? 2 : 1;
+          p.left = tensors_of(mp->to);
           ClassStats& s = (*stats)[weight_class_name(mp->cls)];
           s.err2 += p.q->err2;
           s.ref2 += p.q->ref2;
@@ -261,9 +285,13 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& opt) {
         specs.push_back({m.base + ".weight_scale", DType::BF16, {R, C / f.group_size}, part(1)});
         specs.push_back({m.base + ".weight_shape", DType::I32, {2}, part(2)});
         break;
+      case QuantFormat::INT8:
+        specs.push_back({m.base + ".weight", DType::I8, {R, C}, part(0)});
+        specs.push_back({m.base + ".weight_scale", DType::BF16, {R, C / f.group_size}, part(1)});
+        break;
     }
     size_t out_bytes = 0;
-    for (size_t i = specs.size() - (m.to == QuantFormat::INT4 ? 3 : m.to == QuantFormat::FP8 ? 2 : 1); i < specs.size(); ++i)
+    for (size_t i = specs.size() - size_t(tensors_of(m.to)); i < specs.size(); ++i)
       out_bytes += specs[i].nbytes();
     cs.bytes_out += out_bytes;
   }

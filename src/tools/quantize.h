@@ -1,5 +1,6 @@
 // `mla quantize`: rewrites a checkpoint with its weights quantized by class (routed experts to
-// INT4 or FP8, the other projections to FP8, optionally the embeddings and lm_head to FP8), in
+// INT4, INT8 or FP8, the other projections to INT8 or FP8, optionally the embeddings and lm_head
+// to INT8 or FP8), in
 // the hub layout `mla` and compressed-tensors read: sharded safetensors with
 // model.safetensors.index.json, config.json whose quantization_config says exactly which layers
 // are in which format, the tokenizer and generation files copied. Tensors are produced one at a
@@ -42,7 +43,8 @@ struct QuantizeReport {
 };
 
 // compressed-tensors' quantization_config for these formats (the INT4 group over the routed
-// experts, a block-FP8 group over the classes given fp8); null when every class is bf16.
+// experts, a block-FP8 group over the classes given fp8, an int-quantized INT8 group over those
+// given int8; "mixed-precision" when more than one); null when every class is bf16.
 nlohmann::json quantization_config(const LoadQuantization& formats);
 
 QuantizeReport quantize_checkpoint(const QuantizeOptions& opt);

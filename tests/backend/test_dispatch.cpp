@@ -19,11 +19,11 @@ using mla::cpu::CpuFeatures;
 using mla::cpu::Kernel;
 
 MatrixView weight(WeightFormat f, int64_t cols = 7168, int64_t group = 32) {
-  MatrixView w;  // the rule reads the format, the columns and the INT4 group size, never the data
+  MatrixView w;  // the rule reads the format, the columns and the INT4 / INT8 group size, never the data
   w.format = f;
   w.rows = 2048;
   w.cols = cols;
-  w.group_size = f == WeightFormat::INT4_GROUP ? group : 0;
+  w.group_size = mla::is_int_group(f) ? group : 0;
   return w;
 }
 
@@ -72,6 +72,9 @@ TEST(Dispatch, FastWithAmx) {
       {"int4 g32", weight(WeightFormat::INT4_GROUP), "bf16 f32 f32 f32 f32 amx amx amx amx dnnl dnnl"},
       {"int4 g128", weight(WeightFormat::INT4_GROUP, 7168, 128), "bf16 f32 f32 f32 f32 amx amx amx amx dnnl dnnl"},
       {"int4 g48", weight(WeightFormat::INT4_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
+      {"int8 g32", weight(WeightFormat::INT8_GROUP), "bf16 f32 f32 f32 f32 amx amx amx amx dnnl dnnl"},
+      {"int8 g64", weight(WeightFormat::INT8_GROUP, 7168, 64), "bf16 f32 f32 f32 f32 amx amx amx amx dnnl dnnl"},
+      {"int8 g48", weight(WeightFormat::INT8_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
       // K not a multiple of 32: no AMX GEMM; FP8 narrower than a 64-column step: no tiles.
       {"bf16 K=33", weight(WeightFormat::BF16, 33), "bf16 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl dnnl dnnl"},
       {"fp8 K=32", weight(WeightFormat::FP8_BLOCK128, 32), "bf16 f32 f32 f32 f32 f32 f32 amx amx dnnl dnnl"},
@@ -92,6 +95,8 @@ TEST(Dispatch, FastWithoutAmx) {
       {"int4 g32", weight(WeightFormat::INT4_GROUP), "bf16 f32 f32 f32 f32 dp dp dp dp dp dp"},
       {"int4 g48", weight(WeightFormat::INT4_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
       {"bf16 K=7150", weight(WeightFormat::BF16, 7150), "bf16 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl dnnl dnnl"},
+      {"int8 g32", weight(WeightFormat::INT8_GROUP), "bf16 f32 f32 f32 f32 dp dp dp dp dp dp"},
+      {"int8 g48", weight(WeightFormat::INT8_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
   };
   for (const Row& r : rows) EXPECT_EQ(row(fast, r.w, no_amx), r.kernels) << r.name;
 }
@@ -116,6 +121,8 @@ TEST(Dispatch, PreciseIgnoresAmxAndTheBf16Threshold) {
       {"fp8", weight(WeightFormat::FP8_BLOCK128), "f32 f32 f32 f32 f32 f32 f32 deq deq deq deq"},
       {"int4 g32", weight(WeightFormat::INT4_GROUP), "f32 f32 f32 f32 f32 f32 f32 deq deq deq deq"},
       {"int4 g48", weight(WeightFormat::INT4_GROUP, 7152, 48), "ref ref ref ref ref ref ref deq deq deq deq"},
+      {"int8 g32", weight(WeightFormat::INT8_GROUP), "f32 f32 f32 f32 f32 f32 f32 deq deq deq deq"},
+      {"int8 g48", weight(WeightFormat::INT8_GROUP, 7152, 48), "ref ref ref ref ref ref ref deq deq deq deq"},
   };
   for (const Context& ctx : {context(mla::cpu::Precision::Precise), context(mla::cpu::Precision::Precise, 1000)})
     for (bool amx : {true, false})
@@ -131,6 +138,8 @@ TEST(Dispatch, Bf16ThresholdMovesTheGemvKernels) {
   EXPECT_EQ(row(all, weight(WeightFormat::FP8_BLOCK128), amx), "bf16 tile tile tile tile tile tile amx amx dnnl dnnl");
   EXPECT_EQ(row(all, weight(WeightFormat::FP8_BLOCK128), no_amx), "bf16 bf16 bf16 bf16 bf16 dp dp dp dp dp dp");
   EXPECT_EQ(row(all, weight(WeightFormat::INT4_GROUP), amx), "bf16 bf16 bf16 bf16 bf16 amx amx amx amx dnnl dnnl");
+  EXPECT_EQ(row(all, weight(WeightFormat::INT8_GROUP), amx), "bf16 bf16 bf16 bf16 bf16 amx amx amx amx dnnl dnnl");
+  EXPECT_EQ(row(all, weight(WeightFormat::INT8_GROUP), no_amx), "bf16 bf16 bf16 bf16 bf16 dp dp dp dp dp dp");
   EXPECT_EQ(row(all, weight(WeightFormat::F16), amx), "f32 f32 f32 f32 f32 amx amx amx amx dnnl dnnl");
   // gemv and gemv_batch take any token count; beyond 16 FP8 leaves the tiles.
   EXPECT_EQ(mla::cpu::gemv_kernel(all, 100, weight(WeightFormat::BF16), amx), Kernel::GemvBf16);
@@ -144,7 +153,7 @@ TEST(Dispatch, GemvTokensAndGemmKernelAgreeWithMatmul) {
   const Context fast = context(mla::cpu::Precision::Fast), precise;
   for (bool amx : {true, false})
     for (WeightFormat f : {WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::FP8_BLOCK128,
-                           WeightFormat::INT4_GROUP})
+                           WeightFormat::INT4_GROUP, WeightFormat::INT8_GROUP})
       for (const Context* ctx : {&fast, &precise}) {
         const CpuFeatures feat{amx};
         const MatrixView w = weight(f);

@@ -1,6 +1,6 @@
 // The fast matrix products against the plain reference (MatrixView::dequant_row + dot) over
-// many shapes, odd sizes and every weight format; INT4 and FP8 unpacking against hand-packed
-// values; cpu::matmul on both of its paths and in both precisions.
+// many shapes, odd sizes and every weight format; INT4, INT8 and FP8 unpacking against
+// hand-packed values; cpu::matmul on both of its paths and in both precisions.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -70,7 +70,8 @@ Owned random_matrix(WeightFormat f, int64_t rows, int64_t cols, std::mt19937& rn
       }
       break;
     }
-    case WeightFormat::INT4_GROUP: {
+    case WeightFormat::INT4_GROUP:
+    case WeightFormat::INT8_GROUP: {  // every byte is a valid code (INT8: -128..127)
       for (auto& b : m.data) b = uint8_t(byte(rng));
       v.group_size = group;
       v.scale_cols = cols / group;
@@ -126,7 +127,7 @@ const mla::cpu::Context kFast = fast_context(1);
 const mla::cpu::Context kFastBf16 = fast_context(int64_t(1) << 40);
 
 bool has_bf16_kernel(WeightFormat f) {
-  return f == WeightFormat::BF16 || f == WeightFormat::FP8_BLOCK128 || f == WeightFormat::INT4_GROUP;
+  return f == WeightFormat::BF16 || f == WeightFormat::FP8_BLOCK128 || mla::is_int_group(f);
 }
 
 // y against W x in double on bf16-rounded activations (and, with round_weights, bf16-rounded
@@ -154,9 +155,9 @@ void expect_close_bf16(const MatrixView& W, const float* x, int64_t T, int64_t l
   }
 }
 
-// The fast precision's bf16 kernels (bf16, FP8, INT4 weights) against W x computed in double on
-// the activations rounded to bf16, as those kernels see them. Each product of a bf16 activation
-// and a decoded weight (exact in bf16; INT4's group scale and FP8's block scale multiply partial
+// The fast precision's bf16 kernels (bf16, FP8, INT4, INT8 weights) against W x computed in double
+// on the activations rounded to bf16, as those kernels see them. Each product of a bf16 activation
+// and a decoded weight (exact in bf16; INT4's and INT8's group scale and FP8's block scale multiply partial
 // sums) is exact in float32, so the only errors are float32 roundings along a summation chain
 // of the kernel: per lane 2 additions per 32 columns (VDPBF16PS), a scale multiply and add per
 // group, 4 in the horizontal sum, the FP8 subnormal codes' products (up to 3 roundings, summed
@@ -175,7 +176,7 @@ void expect_close_fast(const MatrixView& W, const float* x, int64_t T, int64_t l
 }
 
 const WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16, WeightFormat::FP8_BLOCK128,
-                                 WeightFormat::INT4_GROUP};
+                                 WeightFormat::INT4_GROUP, WeightFormat::INT8_GROUP};
 
 TEST(Gemv, MatchesReferenceOverShapesAndFormats) {
   const mla::cpu::Context& ctx = kPrecise;
@@ -186,7 +187,7 @@ TEST(Gemv, MatchesReferenceOverShapesAndFormats) {
   for (WeightFormat f : kFormats)
     for (int64_t rows : rows_list)
       for (int64_t cols : cols_list) {
-        if (f == WeightFormat::INT4_GROUP && cols % 32) continue;
+        if (mla::is_int_group(f) && cols % 32) continue;
         Owned m = random_matrix(f, rows, cols, rng);
         for (int64_t T : tokens) {
           const int64_t ldx = cols + 3, ldy = rows + 5;
@@ -213,7 +214,7 @@ TEST(Gemv, FastPrecisionMatchesBf16ReferenceOverShapesAndFormats) {
   for (WeightFormat f : kFormats)
     for (int64_t rows : rows_list)
       for (int64_t cols : cols_list) {
-        if (f == WeightFormat::INT4_GROUP && cols % 32) continue;
+        if (mla::is_int_group(f) && cols % 32) continue;
         Owned m = random_matrix(f, rows, cols, rng);
         for (int64_t T : tokens) {
           const int64_t ldx = cols + 3, ldy = rows + 5;
@@ -240,7 +241,7 @@ TEST(Gemv, FastPrecisionRowSlicesAcrossBlocksAndThreads) {
   std::mt19937 rng(19);
   for (WeightFormat f : kFormats)
     for (int64_t group : {32, 64, 128}) {
-      if (group != 32 && f != WeightFormat::INT4_GROUP) continue;
+      if (group != 32 && !mla::is_int_group(f)) continue;
       Owned m = random_matrix(f, 700, 576, rng, group);
       for (auto [first, count] : {std::pair<int64_t, int64_t>{0, 700}, {77, 500}, {129, 300}, {200, 1}}) {
         MatrixView v = m.view.slice_rows(first, count);
@@ -352,7 +353,8 @@ TEST(Gemv, FastPrecisionUsesBf16KernelsForSingleTokensByDefault) {
   const mla::cpu::Context& ctx = kFast;
   ASSERT_EQ(mla::cpu::Context().gemv_bf16_max_tokens, 1);
   std::mt19937 rng(23);
-  for (WeightFormat f : {WeightFormat::BF16, WeightFormat::FP8_BLOCK128, WeightFormat::INT4_GROUP}) {
+  for (WeightFormat f : {WeightFormat::BF16, WeightFormat::FP8_BLOCK128, WeightFormat::INT4_GROUP,
+                        WeightFormat::INT8_GROUP}) {
     Owned m = random_matrix(f, 150, 320, rng);
     for (int64_t T : {1, 3}) {
       auto x = random_vec(size_t(T * 320), rng);
@@ -376,7 +378,7 @@ TEST(Gemv, RowSlicesAcrossBlocksAndThreads) {
   std::mt19937 rng(11);
   for (WeightFormat f : kFormats)
     for (int64_t group : {32, 64, 128}) {
-      if (group != 32 && f != WeightFormat::INT4_GROUP) continue;
+      if (group != 32 && !mla::is_int_group(f)) continue;
       Owned m = random_matrix(f, 700, 512, rng, group);
       for (auto [first, count] : {std::pair<int64_t, int64_t>{0, 700}, {77, 500}, {129, 300}, {200, 1}}) {
         MatrixView v = m.view.slice_rows(first, count);
@@ -449,6 +451,62 @@ TEST(Int4, UnpacksHandPackedWords) {
   }
 }
 
+TEST(Int8, EveryCodeInEveryColumnOfEveryKernel) {
+  // Rows of 160 int8 codes (two bf16 steps of 64 columns, then a 32-column chunk: the scalar
+  // tail of the bf16 kernel), group 32 with power-of-two scales, so every product is exact:
+  // value i = r * 160 + k holds code 37 i % 256 - 128 (37 is odd: each run of 256 values takes
+  // every code from -128 to 127, five times over at varying columns). Each value is read back
+  // through a one-hot x by the float32 kernel, the bf16 kernel and the prompt path (the bf16
+  // GEMM on dequantized rows: AMX below 128 tokens where the CPU has it, oneDNN from 128), and
+  // must equal code * scale exactly.
+  constexpr int R = 8, C = 160, G = 32;
+  std::vector<int8_t> codes(size_t(R * C));
+  std::vector<uint16_t> sc(size_t(R * (C / G)));
+  for (int r = 0; r < R; ++r) {
+    for (int k = 0; k < C; ++k) codes[size_t(r * C + k)] = int8_t((r * C + k) * 37 % 256 - 128);
+    for (int g = 0; g < C / G; ++g) sc[size_t(r * (C / G) + g)] = mla::f32_to_bf16(std::ldexp(1.0f, g - r));
+  }
+  MatrixView v;
+  v.format = WeightFormat::INT8_GROUP;
+  v.rows = R;
+  v.cols = C;
+  v.data = codes.data();
+  v.scales = sc.data();
+  v.group_size = G;
+  v.scale_cols = C / G;
+  std::vector<float> row(C);
+  for (int r = 0; r < R; ++r) {
+    v.dequant_row(r, row.data());
+    for (int k = 0; k < C; ++k)
+      ASSERT_EQ(row[size_t(k)], float(codes[size_t(r * C + k)]) * std::ldexp(1.0f, k / G - r)) << "reference";
+  }
+  std::vector<float> x(size_t(C) * 130, 0.0f);  // up to 130 one-hot tokens (the prompt path)
+  for (int k = 0; k < C; ++k) {
+    std::fill(x.begin(), x.begin() + C, 0.0f);
+    x[size_t(k)] = 1.0f;
+    for (const mla::cpu::Context* ctx : {&kPrecise, &kFastBf16}) {
+      std::vector<float> y(R);
+      mla::cpu::gemv(*ctx, x.data(), 1, C, v, y.data(), R);
+      for (int r = 0; r < R; ++r)
+        EXPECT_EQ(y[size_t(r)], float(codes[size_t(r * C + k)]) * std::ldexp(1.0f, k / G - r))
+            << (ctx == &kPrecise ? "float32" : "bf16") << " kernel, row " << r << " column " << k;
+    }
+  }
+  // The prompt path: token t is one-hot at column t % C.
+  for (int T : {100, 130}) {
+    std::fill(x.begin(), x.end(), 0.0f);
+    for (int t = 0; t < T; ++t) x[size_t(t) * C + size_t(t % C)] = 1.0f;
+    std::vector<float> y(size_t(T * R));
+    mla::cpu::matmul_bf16(kFastBf16, x.data(), T, C, v, y.data(), R);
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) {
+        const int k = t % C;
+        EXPECT_EQ(y[size_t(t * R + r)], float(codes[size_t(r * C + k)]) * std::ldexp(1.0f, k / G - r))
+            << "prompt path, " << T << " tokens, token " << t << " row " << r;
+      }
+  }
+}
+
 TEST(Fp8, DecodesEveryCode) {
   // One row of 256 codes (all but the two NaNs mapped to 0), scale 1 then 3 per 128 columns.
   std::vector<uint8_t> codes(256);
@@ -502,7 +560,7 @@ TEST(Matmul, BothPathsBothPrecisions) {
     const double tol = p == mla::cpu::Precision::Fast ? 1.6e-2 : 1e-5;
     for (WeightFormat f : kFormats)
       for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 64}, {130, 96}, {257, 160}, {64, 33}}) {
-        if (f == WeightFormat::INT4_GROUP && cols % 32) continue;
+        if (mla::is_int_group(f) && cols % 32) continue;
         Owned m = random_matrix(f, rows, cols, rng);
         for (int64_t T : {1, 3, 8, 9, 17, 70}) {
           const int64_t ldx = cols + 1, ldy = rows + 2;
@@ -531,7 +589,8 @@ TEST(Matmul, BatchOfJobsEqualsEachAlone) {
   };
   const Case cases[] = {{WeightFormat::BF16, 700, 256, 1},         {WeightFormat::INT4_GROUP, 333, 512, 1},
                         {WeightFormat::FP8_BLOCK128, 300, 200, 3}, {WeightFormat::F32, 5, 64, 4},
-                        {WeightFormat::BF16, 64, 96, 12},          {WeightFormat::F16, 1000, 130, 2}};
+                        {WeightFormat::BF16, 64, 96, 12},          {WeightFormat::F16, 1000, 130, 2},
+                        {WeightFormat::INT8_GROUP, 500, 320, 1},   {WeightFormat::INT8_GROUP, 70, 96, 5}};
   std::vector<Owned> mats;
   std::vector<std::vector<float>> xs, ys, refs;
   std::vector<mla::cpu::MatmulJob> jobs;
@@ -565,7 +624,8 @@ TEST(Matmul, BatchOfJobsEqualsEachAlone) {
 // rows and odd row counts, against W x in double on bf16-rounded weights and activations.
 void check_prompt_sized_products(const mla::cpu::Context& ctx, double roundings_per_column) {
   std::mt19937 rng(11);
-  for (WeightFormat f : {WeightFormat::BF16, WeightFormat::FP8_BLOCK128, WeightFormat::INT4_GROUP})
+  for (WeightFormat f : {WeightFormat::BF16, WeightFormat::FP8_BLOCK128, WeightFormat::INT4_GROUP,
+                        WeightFormat::INT8_GROUP})
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{77, 2048}, {40, 7168}, {64, 96}, {33, 32}, {1, 160}}) {
       Owned m = random_matrix(f, rows, cols, rng);
       for (int64_t T : {5, 13, 16, 17, 47, 48, 49, 100, 127, 300}) {

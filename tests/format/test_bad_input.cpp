@@ -282,7 +282,7 @@ TEST(BadCheckpoint, Int4IgnoreListDisagreesWithTensors) {
 
 TEST(BadCheckpoint, Int4UnsupportedSchemes) {
   for (auto [key, value, fragment] : std::vector<std::tuple<std::string, json, std::string>>{
-           {"num_bits", 8, "num_bits = 8"},
+           {"num_bits", 6, "num_bits = 6"},  // 8 is an INT8 group (int-quantized)
            {"symmetric", false, "symmetric = false"},
            {"strategy", "channel", "strategy = \"channel\""},
            {"type", "float", "type = \"float\""},

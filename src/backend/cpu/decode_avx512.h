@@ -7,6 +7,7 @@
 //         indexes a 16-entry table of (q - 8) * scale (vpermps)
 //   fp8:  sign-extended byte << 20, masked: the e4m3 bits as a float32, 2^-120 times the value
 //         (block scales are applied by the caller)
+//   int8: natural order, each byte sign-extended and converted, times the chunk's scale
 //   f16, f32: natural order
 // Internal to src/backend/cpu.
 #pragma once
@@ -47,7 +48,7 @@ inline Layout layout_of(WeightFormat f) {
 }
 
 inline bool fast_supported(const MatrixView& W) {
-  return W.format != WeightFormat::INT4_GROUP || (W.group_size > 0 && W.group_size % kChunk == 0);
+  return !is_int_group(W.format) || (W.group_size > 0 && W.group_size % kChunk == 0);
 }
 
 // One weight, as MatrixView::dequant_row computes it (for the columns past the last full chunk).
@@ -65,6 +66,9 @@ inline float element(const MatrixView& W, int64_t r, int64_t k) {
       int q = int((w >> (4 * (k % 8))) & 0xF) - 8;
       return float(q) * bf16_to_f32(static_cast<const uint16_t*>(W.scales)[(W.row0 + r) * W.scale_cols + k / W.group_size]);
     }
+    case WeightFormat::INT8_GROUP:
+      return float(int8_t(p[k])) *
+             bf16_to_f32(static_cast<const uint16_t*>(W.scales)[(W.row0 + r) * W.scale_cols + k / W.group_size]);
   }
   return 0;
 }
@@ -77,6 +81,22 @@ inline float hsum(__m512 v) {
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));
   x = _mm_add_ss(x, _mm_movehdup_ps(x));
   return _mm_cvtss_f32(x);
+}
+
+// The group scales (INT4, INT8) of row n as float32, one per chunk of 32 columns.
+inline void group_chunk_scales(const MatrixView& W, int64_t n, int64_t Kc, float* s) {
+  const uint16_t* src = static_cast<const uint16_t*>(W.scales) + (W.row0 + n) * W.scale_cols;
+  if (W.group_size == kChunk) {
+    int64_t c = 0;
+    for (; c + 16 <= Kc; c += 16) {
+      __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c)));
+      _mm512_storeu_ps(s + c, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+    }
+    for (; c < Kc; ++c) s[c] = bf16_to_f32(src[c]);
+  } else {
+    const int64_t per = W.group_size / kChunk;
+    for (int64_t c = 0; c < Kc; ++c) s[c] = bf16_to_f32(src[c / per]);
+  }
 }
 
 // ---- decoders: decode(c, a, b) writes chunk c of the row -------------------------------------
@@ -154,6 +174,26 @@ struct DecInt4 {
   }
 };
 
+// Bytes c*32 .. c*32+31 of an int8 row as float32 (natural order).
+inline void int8_floats(const uint8_t* p, __m512& a, __m512& b) {
+  a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))));
+}
+
+struct DecInt8 {
+  const uint8_t* row;
+  const float* scale;  // per chunk, float32
+  void prefetch(int64_t c) const {
+    if ((c & 1) == 0) prefetch_at(row, c * kChunk);
+  }
+  void decode(int64_t c, __m512& a, __m512& b) const {
+    int8_floats(row + c * kChunk, a, b);
+    const __m512 s = _mm512_set1_ps(scale[c]);
+    a = _mm512_mul_ps(a, s);
+    b = _mm512_mul_ps(b, s);
+  }
+};
+
 // ---- bf16 decoders of the fast precision (cpu::Precision::Fast) -------------------------------
 // A step covers 64 columns of a row, decoded into two vectors of 32 bf16 words (a, b) that
 // VDPBF16PS dots with bf16 activations in the same layout: float lane i sums the products of
@@ -172,9 +212,13 @@ struct DecInt4 {
 //         zero-extended to words, through a 32-word table of bf16(q - 8) (vpermw reads 5 bits:
 //         the table repeats, so the next nibble's low bit does not matter). Lanes 0..7 hold
 //         columns 0..31 (group of chunk 2s), lanes 8..15 columns 32..63 (chunk 2s + 1).
+//   int8: a = columns 0..15 then 32..47, b = 16..31 then 48..63: each 16 bytes sign-extended,
+//         converted to float32 and packed to bf16 by VCVTNE2PS2BF16 (every int8 is exact in
+//         bf16's 8 significant bits). Lanes 0..7 hold chunk 2s, lanes 8..15 chunk 2s + 1, as
+//         for int4, so the two share the per-chunk scales.
 constexpr int64_t kStep = 64;
 
-enum class Layout64 { Natural, Fp8Unpack, EvenOdd };
+enum class Layout64 { Natural, Fp8Unpack, EvenOdd, Halves16 };
 
 // The column (0..63 within the step) held by word w: 0..31 of a, 32..63 of b.
 inline int layout64_col(Layout64 l, int w) {
@@ -183,6 +227,7 @@ inline int layout64_col(Layout64 l, int w) {
     case Layout64::Natural: return w;
     case Layout64::Fp8Unpack: return (j >> 3) * 16 + v * 8 + (j & 7);
     case Layout64::EvenOdd: return 2 * j + v;
+    case Layout64::Halves16: return (j >> 4) * 32 + v * 16 + (j & 15);
   }
   return w;
 }
@@ -191,6 +236,7 @@ inline Layout64 layout64_of(WeightFormat f) {
   switch (f) {
     case WeightFormat::FP8_BLOCK128: return Layout64::Fp8Unpack;
     case WeightFormat::INT4_GROUP: return Layout64::EvenOdd;
+    case WeightFormat::INT8_GROUP: return Layout64::Halves16;
     default: return Layout64::Natural;
   }
 }
@@ -198,7 +244,7 @@ inline Layout64 layout64_of(WeightFormat f) {
 // The formats with a bf16 kernel (f32 and f16 weights keep the float32 kernels in both modes).
 inline bool bf16_kernel(const MatrixView& W) {
   return W.format == WeightFormat::BF16 || W.format == WeightFormat::FP8_BLOCK128 ||
-         (W.format == WeightFormat::INT4_GROUP && W.group_size > 0 && W.group_size % kChunk == 0);
+         (is_int_group(W.format) && W.group_size > 0 && W.group_size % kChunk == 0);
 }
 
 inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
@@ -265,6 +311,12 @@ constexpr uint16_t bf16_of_small_int(int q) {
   return uint16_t(sign | (127 + e) << 7 | ((a << (7 - e)) & 0x7f));
 }
 
+// Lanes 0..7: the scale of chunk 2s, lanes 8..15: chunk 2s + 1 (INT4 and INT8 steps).
+inline __m512 chunk_pair_scale(const float* scales, int64_t s) {
+  const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(scales + 2 * s));
+}
+
 struct BfDecInt4 {
   static constexpr int kStepsPerScale = 1;
   const uint8_t* row;
@@ -286,11 +338,23 @@ struct BfDecInt4 {
     b = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table);
     return 0;
   }
-  // Lanes 0..7: the scale of chunk 2s, lanes 8..15: chunk 2s + 1.
-  __m512 scale(int64_t s) const {
-    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(scales + 2 * s));
+  __m512 scale(int64_t s) const { return chunk_pair_scale(scales, s); }
+};
+
+struct BfDecInt8 {
+  static constexpr int kStepsPerScale = 1;
+  const uint8_t* row;
+  const float* scales;  // per chunk of 32 columns, float32, readable 16 past the last chunk
+  void prefetch(int64_t s) const { prefetch_at(row, s * kStep); }
+  uint64_t decode(int64_t s, __m512i& a, __m512i& b) const {
+    __m512 f0, f1, f2, f3;
+    int8_floats(row + s * kStep, f0, f1);
+    int8_floats(row + s * kStep + 32, f2, f3);
+    a = (__m512i)_mm512_cvtne2ps_pbh(f2, f0);
+    b = (__m512i)_mm512_cvtne2ps_pbh(f3, f1);
+    return 0;
   }
+  __m512 scale(int64_t s) const { return chunk_pair_scale(scales, s); }
 };
 
 }  // namespace mla::cpu::avx512

@@ -56,6 +56,7 @@ const char* kernel_name(Kernel k) {
 // tokens/s at batch 64 with the GEMV up to 12, 106-124 with it up to 4 (alternating runs).
 // FP8 on AMX tiles (amx.h) costs about the same for 2 or 16 tokens: the GEMV takes up to 16
 // (batch 16: 92.8 and 88.6 tokens/s against 85.5 and 86.6 with 12; batch 64 within the noise).
+// INT8 groups (a byte a weight, as FP8) take FP8's and INT4's 12 without AMX tiles: not measured apart.
 int64_t gemv_max_tokens(const Context& ctx, const MatrixView& W, const CpuFeatures& f) {
   if (ctx.one_token_kernels) return std::numeric_limits<int64_t>::max();
   if (!ctx.fast()) return 16;

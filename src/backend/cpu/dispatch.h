@@ -20,9 +20,9 @@ CpuFeatures host_features();  // this machine's (detected once)
 CpuFeatures features(const Context& ctx);
 
 enum class Kernel {
-  GemvReference,  // MatrixView::dequant_row and a float dot product: INT4 groups not a multiple of 32
+  GemvReference,  // MatrixView::dequant_row and a float dot product: INT4 / INT8 groups not a multiple of 32
   GemvF32,        // fused dequantize-and-FMA GEMV on float32 activations (gemv.h)
-  GemvBf16,       // the GEMV's VDPBF16PS kernels on bf16 activations (fast; bf16, FP8, INT4)
+  GemvBf16,       // the GEMV's VDPBF16PS kernels on bf16 activations (fast; bf16, FP8, INT4, INT8)
   GemvAmxFp8,     // FP8 rows decoded onto AMX tiles, 2 to 16 tokens (fast; amx.h)
   AmxGemm,        // bf16 GEMM on AMX tiles, amx_gemm_rows32, 32 weight rows at a time (fast; gemm.h)
   Dpbf16Gemm,     // bf16 GEMM on VDPBF16PS, dpbf16_gemm_rows32, the same packing (fast, no AMX; dpbf16_gemm.h)
@@ -48,7 +48,7 @@ Kernel gemm_bf16_kernel(int64_t T, const MatrixView& W, const CpuFeatures& f);
 
 // The kernel matmul runs a product of T tokens on: the GEMV's up to gemv_max_tokens; past it,
 // in the fast precision, the bf16 GEMM of gemm_bf16_kernel; in the precise precision sgemm (float32 weights) or blocks dequantized to
-// float32 for sgemm. INT4 groups not a multiple of 32 have no bf16 GEMM: dequantized sgemm.
+// float32 for sgemm. INT4 / INT8 groups not a multiple of 32 have no bf16 GEMM: dequantized sgemm.
 // Reads only W's format, cols and group_size.
 Kernel matmul_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f);
 

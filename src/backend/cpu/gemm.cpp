@@ -193,12 +193,12 @@ void dequant_rows_bf16(const MatrixView& W, int64_t n0, int64_t n1, uint16_t* ds
         run_fp8(static_cast<const float*>(W.scales) + ((W.row0 + n) / 128) * W.scale_cols);
         break;
       }
-      case WeightFormat::INT4_GROUP: {
+      case WeightFormat::INT4_GROUP:
+      case WeightFormat::INT8_GROUP: {
         if (sbuf.size() < size_t(Kc)) sbuf.resize(size_t(Kc));
-        const uint16_t* src = static_cast<const uint16_t*>(W.scales) + (W.row0 + n) * W.scale_cols;
-        const int64_t per = W.group_size / kChunk;
-        for (int64_t c = 0; c < Kc; ++c) sbuf[size_t(c)] = bf16_to_f32(src[c / per]);
-        run(DecInt4{row, sbuf.data()}, unit);
+        group_chunk_scales(W, n, Kc, sbuf.data());
+        if (W.format == WeightFormat::INT4_GROUP) run(DecInt4{row, sbuf.data()}, unit);
+        else run(DecInt8{row, sbuf.data()}, unit);
         break;
       }
     }
@@ -248,8 +248,8 @@ void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
                  int64_t ldy) {
   const int64_t N = W.rows, K = W.cols;
   if (T <= 0 || N <= 0) return;
-  if (W.format == WeightFormat::INT4_GROUP && !fast_supported(W))
-    throw std::invalid_argument("matmul_bf16: INT4 group size " + std::to_string(W.group_size) +
+  if (is_int_group(W.format) && !fast_supported(W))
+    throw std::invalid_argument(std::string("matmul_bf16: ") + weight_format_name(W.format) + " group size " + std::to_string(W.group_size) +
                                 " is not a multiple of 32");
   thread_local Scratch s;
   // Our AMX kernel for up to 127 tokens (an expert's share of a prompt or of a batch; dispatch.h),

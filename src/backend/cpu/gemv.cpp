@@ -4,12 +4,12 @@
 // FP8 block scales are folded into the activations per 128-row block (times 2^64, the sum
 // times 2^56, keeping the 2^-120 of the decode far from float32's range limits).
 //
-// In the fast precision (Context::precision == Fast) bf16, FP8 and INT4 weights take a second
+// In the fast precision (Context::precision == Fast) bf16, FP8, INT4 and INT8 weights take a second
 // family of kernels: the activations are rounded to bf16 once per call (round to nearest even,
 // permuted into the format's word layout), each 64-column step of a row is decoded to bf16 in
-// registers (exactly: the weights' values, times 2^-120 for FP8, before the INT4 group scale)
+// registers (exactly: the weights' values, times 2^-120 for FP8, before the INT4 / INT8 group scale)
 // and dotted by VDPBF16PS, whose products of two bf16 are exact in float32 and summed in
-// float32. FP8 block scales and INT4 group scales multiply the float32 partial sums of their
+// float32. FP8 block scales and INT4 / INT8 group scales multiply the float32 partial sums of their
 // 128 / 32 columns. F32 and F16 weights keep the float32 kernels in both precisions, and so do
 // products of more tokens than Context::gemv_bf16_max_tokens (1 by default), except FP8
 // products of 2 to 16 tokens where the CPU has AMX: those run on tiles of 16 rows (amx.h), the
@@ -149,26 +149,10 @@ template <int TT, int R, class Dec>
   reduce_sums(acc, acc2, out);
 }
 
-// The INT4 scales of row n as float32, one per chunk of 32 columns.
-void int4_chunk_scales(const MatrixView& W, int64_t n, int64_t Kc, float* s) {
-  const uint16_t* src = static_cast<const uint16_t*>(W.scales) + (W.row0 + n) * W.scale_cols;
-  if (W.group_size == kChunk) {
-    int64_t c = 0;
-    for (; c + 16 <= Kc; c += 16) {
-      __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c)));
-      _mm512_storeu_ps(s + c, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
-    }
-    for (; c < Kc; ++c) s[c] = bf16_to_f32(src[c]);
-  } else {
-    const int64_t per = W.group_size / kChunk;
-    for (int64_t c = 0; c < Kc; ++c) s[c] = bf16_to_f32(src[c / per]);
-  }
-}
-
 // Per-thread scratch, reused across calls (no allocation once warm).
 struct Scratch {
   std::vector<float> xs;      // FP8: the prepared activations times a row block's scales
-  std::vector<float> scales;  // INT4: per-chunk float32 scales of the rows of a tile
+  std::vector<float> scales;  // INT4, INT8: per-chunk float32 scales of the rows of a tile
 };
 Scratch& scratch() {
   thread_local Scratch s;
@@ -193,7 +177,7 @@ struct Rows {
     else if constexpr (std::is_same_v<Dec, DecFP8>) return {row};
     else {
       float* s = sbuf + slot * Kc;
-      int4_chunk_scales(W, n, Kc, s);
+      group_chunk_scales(W, n, Kc, s);
       return {row, s};
     }
   }
@@ -228,7 +212,7 @@ struct Rows {
   void segment(int64_t s, int64_t e, const float* xseg, float post) const {
     Scratch& sc = scratch();
     float* sbuf = nullptr;
-    if constexpr (std::is_same_v<Dec, DecInt4>) {
+    if constexpr (std::is_same_v<Dec, DecInt4> || std::is_same_v<Dec, DecInt8>) {
       if (sc.scales.size() < size_t(4 * Kc)) sc.scales.resize(size_t(4 * Kc));
       sbuf = sc.scales.data();
     }
@@ -249,6 +233,7 @@ struct Rows {
       case WeightFormat::F16: segment<DecF16>(n0, n1, xp, 1.0f); break;
       case WeightFormat::BF16: segment<DecBF16>(n0, n1, xp, 1.0f); break;
       case WeightFormat::INT4_GROUP: segment<DecInt4>(n0, n1, xp, 1.0f); break;
+      case WeightFormat::INT8_GROUP: segment<DecInt8>(n0, n1, xp, 1.0f); break;
       case WeightFormat::FP8_BLOCK128: {
         // Rows of one 128-row block share their scales: fold them into the activations.
         Scratch& sc = scratch();
@@ -367,7 +352,7 @@ struct FastRows {
     else if constexpr (std::is_same_v<D, BfDecFP8>) return {row, bs};
     else {
       float* s = sbuf + slot * (Kc + 16);
-      int4_chunk_scales(*W, n, Kc, s);
+      group_chunk_scales(*W, n, Kc, s);
       return {row, s};
     }
   }
@@ -407,7 +392,7 @@ struct FastRows {
   template <class D>
   void segment(int64_t s, int64_t e, const float* bs, float post) const {
     float* sbuf = nullptr;
-    if constexpr (std::is_same_v<D, BfDecInt4>) {
+    if constexpr (std::is_same_v<D, BfDecInt4> || std::is_same_v<D, BfDecInt8>) {
       Scratch& sc = scratch();
       if (sc.scales.size() < size_t(4 * (Kc + 16))) sc.scales.resize(size_t(4 * (Kc + 16)));
       sbuf = sc.scales.data();
@@ -460,6 +445,7 @@ struct FastRows {
     switch (W->format) {
       case WeightFormat::BF16: segment<BfDecBF16>(n0, n1, nullptr, 1.0f); break;
       case WeightFormat::INT4_GROUP: segment<BfDecInt4>(n0, n1, nullptr, 1.0f); break;
+      case WeightFormat::INT8_GROUP: segment<BfDecInt8>(n0, n1, nullptr, 1.0f); break;
       case WeightFormat::FP8_BLOCK128: {
         const float* scales = static_cast<const float*>(W->scales);
         for (int64_t s = n0; s < n1;) {  // the rows of one 128-row block share their scales

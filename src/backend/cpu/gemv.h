@@ -2,10 +2,10 @@
 // weights dequantized inside the kernel: each weight row is read from memory once per call,
 // converted in registers (AVX-512) and dotted with every token. Bound by memory bandwidth.
 // Output rows are split across the context's threads (context.h). Every WeightFormat has a fast
-// kernel (INT4 when its group size is a multiple of 32; other group sizes use the reference).
+// kernel (INT4 and INT8 when the group size is a multiple of 32; other group sizes use the reference).
 // Which kernel runs a product is gemv_kernel(ctx, T, W, features(ctx)) (dispatch.h).
 // Precision (Context::precision): precise: float32 activations, weights decoded to float32, FMA.
-// fast: for bf16, FP8 and INT4 weights, the activations are rounded to bf16 (nearest even) once
+// fast: for bf16, FP8, INT4 and INT8 weights, the activations are rounded to bf16 (nearest even) once
 // per call and the weights decoded exactly to bf16 and dotted by VDPBF16PS (products exact,
 // sums float32): fewer instructions per weight byte. F32 and F16 weights: float32 in both.
 // With AMX, fast FP8 products of 2 to 16 tokens run on tiles instead (amx.h), also on bf16

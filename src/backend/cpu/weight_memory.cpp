@@ -31,7 +31,7 @@ constexpr size_t kMergeGap = 64;
 size_t scale_extent(const MatrixView& v) {
   switch (v.format) {
     case WeightFormat::FP8_BLOCK128: return size_t((v.row0 + v.rows + 127) / 128) * size_t(v.scale_cols) * 4;
-    case WeightFormat::INT4_GROUP: return size_t(v.row0 + v.rows) * size_t(v.scale_cols) * 2;
+    case WeightFormat::INT4_GROUP: case WeightFormat::INT8_GROUP: return size_t(v.row0 + v.rows) * size_t(v.scale_cols) * 2;
     default: return 0;
   }
 }
