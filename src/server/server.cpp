@@ -708,12 +708,12 @@ void Server::Impl::stream(std::shared_ptr<const ParsedRequest> p, std::shared_pt
                         {"finish_reason", nullptr}});
         }
         std::deque<Generation::Event> events;
+        // The watch is checked after every wait, not only an idle one: a stream whose tokens
+        // never stop coming must still see its client go, its timeout pass and the shutdown cut.
         while (ok && events.empty()) {
           events = gen->wait(kConnectionPoll);
-          if (events.empty()) {
-            watch->check(*gen);
-            if (watch->cut == Cut::ClientGone) ok = false;
-          }
+          watch->check(*gen);
+          if (watch->cut == Cut::ClientGone) ok = false;
         }
         for (Generation::Event& ev : events) {
           if (!ok) break;

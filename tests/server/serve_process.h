@@ -31,11 +31,19 @@ inline std::string read_all(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-// The deepseek-v3-tiny fixture (without its golden logits) and a byte-level tokenizer in dir.
-inline void make_served_model(const std::filesystem::path& dir) {
+// The deepseek-v3-tiny fixture (without its golden logits) and a byte-level tokenizer in dir;
+// context > 0 raises its max_position_embeddings (256) to that many tokens, for a test that
+// needs a generation long enough to still be running when something else happens.
+inline void make_served_model(const std::filesystem::path& dir, int context = 0) {
   for (auto& e : std::filesystem::directory_iterator(fixture("deepseek-v3-tiny")))
     if (e.path().filename() != "golden.safetensors") std::filesystem::copy(e.path(), dir / e.path().filename());
   Tokenizer::write_byte_level_tokenizer(dir.string(), 512);
+  if (context > 0) {
+    const std::string config = (dir / "config.json").string(), text = read_all(config);
+    const std::regex field(R"("max_position_embeddings"\s*:\s*[0-9]+)");
+    std::ofstream(config, std::ios::trunc)
+        << std::regex_replace(text, field, "\"max_position_embeddings\": " + std::to_string(context));
+  }
 }
 
 // `mla serve ARGS --port 0`, its standard error in `log`; port is the one it printed (0: it
