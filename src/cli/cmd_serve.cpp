@@ -182,7 +182,7 @@ int serve_cmd(int argc, char** argv) {
                "batches of up to %lld tokens, %lld sequences)\n",
                sopt.model_name.c_str(), o.host.c_str(), port, (long long)pages, (long long)eo.page_size,
                o.cache.kv_dtype.c_str(), (long long)engine.pool().bytes_per_token(), (long long)eo.max_batch_tokens,
-               (long long)eo.max_running);
+               (long long)engine.options().max_running);
   std::fflush(stderr);
   server.listen();
   engine.stop();

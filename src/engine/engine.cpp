@@ -40,15 +40,22 @@ LatentPool make_pool(const Model& model, const EngineOptions& opt) {
   return model.make_pool(pages, opt.page_size, opt.kv_dtype);
 }
 
+// The options as the engine runs them: no more sequences running than a pass has tokens (the
+// scheduler gives each running sequence a token in every pass).
+EngineOptions effective(EngineOptions opt) {
+  opt.max_running = std::min(opt.max_running, opt.max_batch_tokens);
+  return opt;
+}
+
 }  // namespace
 
 Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& opt)
     : model_(model),
       tokenizer_(tokenizer),
-      opt_(opt),
-      pool_(make_pool(model, opt)),
-      cache_(opt.prefix_cache ? std::make_unique<PrefixCache>(pool_, opt.prefix_cache_entries) : nullptr),
-      scheduler_(pool_, cache_.get(), SchedulerOptions{opt.max_batch_tokens, opt.max_running}),
+      opt_(effective(opt)),
+      pool_(make_pool(model, opt_)),
+      cache_(opt_.prefix_cache ? std::make_unique<PrefixCache>(pool_, opt_.prefix_cache_entries) : nullptr),
+      scheduler_(pool_, cache_.get(), SchedulerOptions{opt_.max_batch_tokens, opt_.max_running}),
       gate_(opt.speculative.adaptive),
       one_token_ctx_(model.context()) {
   one_token_ctx_.one_token_kernels = true;

@@ -52,7 +52,7 @@ struct EngineOptions {
   int64_t page_size = 64;
   KvDType kv_dtype = KvDType::BF16;
   int64_t max_batch_tokens = 512;  // new tokens per forward pass (decode tokens + prefill chunks)
-  int64_t max_running = 64;        // sequences decoding or prefilling at once
+  int64_t max_running = 64;        // sequences decoding or prefilling at once (the engine lowers it to max_batch_tokens)
   bool prefix_cache = true;
   int64_t prefix_cache_entries = 64;
   AttnPath path = AttnPath::Auto;

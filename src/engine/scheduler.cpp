@@ -10,6 +10,8 @@ Scheduler::Scheduler(LatentPool& pool, PrefixCache* cache, const SchedulerOption
     : pool_(pool), cache_(cache), opt_(opt) {
   if (opt_.max_batch_tokens < 1) throw std::invalid_argument("scheduler: max_batch_tokens must be at least 1");
   if (opt_.max_running < 1) throw std::invalid_argument("scheduler: max_running must be at least 1");
+  // Every running sequence advances in every pass: a pass holds one token for each of them.
+  opt_.max_running = std::min(opt_.max_running, opt_.max_batch_tokens);
 }
 
 void Scheduler::add(Sequence* s) { waiting_.push_back(s); }
@@ -101,17 +103,22 @@ Batch Scheduler::schedule() {
     running_.clear();
   }
 
-  // Decode tokens (oldest first), prefill chunks, then new admissions.
+  // Decoding sequences, oldest first: one token each (at most max_running <= max_batch_tokens of
+  // them, so none waits behind another's drafts), then their drafts (engine/speculative.h) as far
+  // as the budget goes; then prefill chunks, oldest first; then new admissions.
   int64_t budget = opt_.max_batch_tokens;
   for (Sequence* s : running_)
     if (s->pending() == 1 && budget > 0) {
-      // A decoding sequence's drafts ride along (engine/speculative.h), as far as the budget goes.
-      const int64_t n = std::min<int64_t>(1 + int64_t(s->draft.size()), budget);
-      s->draft.resize(size_t(n - 1));
-      if (s->draft_probs.size() > s->draft.size()) s->draft_probs.resize(s->draft.size());
-      batch.parts.push_back({s, n});
-      budget -= n;
+      batch.parts.push_back({s, 1});
+      --budget;
     }
+  for (BatchPart& p : batch.parts) {
+    Sequence& s = *p.seq;
+    p.n += std::min(int64_t(s.draft.size()), budget);
+    budget -= p.n - 1;
+    s.draft.resize(size_t(p.n - 1));
+    if (s.draft_probs.size() > s.draft.size()) s.draft_probs.resize(s.draft.size());
+  }
   for (Sequence* s : running_)
     if (s->pending() > 1 && budget > 0) {
       const int64_t n = std::min(s->pending(), budget);

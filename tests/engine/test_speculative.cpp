@@ -115,6 +115,25 @@ TEST(Speculative, MtpBatchedGreedyEqualsAlone) {
   EXPECT_EQ(e.stats().kv_pages_free + e.stats().kv_pages_prefix_cache, e.stats().kv_pages_total);
 }
 
+TEST(Speculative, DraftsNeverTakeAnotherSequencesToken) {
+  // Passes of two tokens and two sequences with drafts: each decodes a token in every pass and
+  // the drafts get what is left (here nothing), rather than one sequence's drafts filling the
+  // pass while the other waits.
+  Model& m = mtp_model("deepseek-v3-tiny");
+  EngineOptions o = options(64, 8, KvDType::F32, 2);
+  o.max_batch_tokens = 2;
+  std::vector<Request> reqs = {greedy(prompt_ids(1, 7), 20), greedy(prompt_ids(1, 8), 20)};
+  Engine e(m, nullptr, o);
+  EXPECT_EQ(e.options().max_running, 2) << "no more sequences run than a pass has tokens";
+  std::vector<RequestResult> got(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i)
+    e.submit(reqs[i], [&got, i](const RequestEvent& ev) { got[i].add(ev); });
+  for (int pass = 0; pass < 100 && e.step(); ++pass)
+    for (size_t i = 0; i < reqs.size(); ++i)
+      EXPECT_EQ(got[i].tokens.size(), std::min<size_t>(size_t(pass + 1), 20)) << "request " << i << " pass " << pass;
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, run(m, options(64, 8, KvDType::F32), reqs[i]));
+}
+
 // ---- injected drafts ----
 
 // Drafts from a known continuation of the prompt: position i of the output is cont[i]; `wrong`
