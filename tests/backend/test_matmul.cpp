@@ -620,7 +620,8 @@ TEST(Matmul, BatchOfJobsEqualsEachAlone) {
 }
 
 // The fast precision's GEMM paths over token counts that exercise the kernels' token groups of
-// 16 and 48 and their passes of tokens (K = 7168: 48 tokens a pass), with a short last block of
+// 16 and 48, a last block of at most 8 tokens (VDPBF16PS's half-width tail) and their passes of
+// tokens (K = 7168: 48 tokens a pass), with a short last block of
 // rows and odd row counts, against W x in double on bf16-rounded weights and activations.
 void check_prompt_sized_products(const mla::cpu::Context& ctx, double roundings_per_column) {
   std::mt19937 rng(11);
@@ -628,7 +629,7 @@ void check_prompt_sized_products(const mla::cpu::Context& ctx, double roundings_
                         WeightFormat::INT8_GROUP})
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{77, 2048}, {40, 7168}, {64, 96}, {33, 32}, {1, 160}}) {
       Owned m = random_matrix(f, rows, cols, rng);
-      for (int64_t T : {5, 13, 16, 17, 47, 48, 49, 100, 127, 300}) {
+      for (int64_t T : {5, 8, 13, 16, 17, 24, 40, 47, 48, 49, 56, 100, 127, 300}) {
         if (cols == 7168 && T > 127) continue;
         const int64_t ldx = cols + 3, ldy = rows + 5;
         auto x = random_vec(size_t(T * ldx), rng);

@@ -1,5 +1,7 @@
 // bf16 GEMM on VDPBF16PS (see dpbf16_gemm.h). A call covers 32 weight rows against the tokens in
-// groups of up to 3 blocks of 16. Register blocking: R weight rows x NT token blocks of float32
+// groups of up to 3 blocks of 16, and a last block of at most 8 tokens at half width (micro_half,
+// on ymm registers: routed experts get a few dozen tokens each, and a short last block otherwise
+// costs a whole one). Register blocking: R weight rows x NT token blocks of float32
 // accumulators (8 x 3 = 24, 8 x 2 = 16, 16 x 1 = 16 of the 32 zmm registers; a VDPBF16PS has a
 // latency of several cycles on 2 ports, so at least a dozen independent chains keep both busy),
 // per column pair NT loads of packed activations and R broadcasts of a weight pair, each
@@ -63,6 +65,35 @@ void micro(const uint16_t* w, int64_t ldw, const uint16_t* xp, int64_t bs, int64
     for (int j = 0; j < NT; ++j) _mm512_storeu_ps(c + r * 48 + j * kBlock, acc[r][j]);
 }
 
+// micro<16, 1> on the first 8 tokens of one block: a block's last tokens when no more than 8 are
+// left, on 256-bit registers (the packed block holds tokens 0-7 of a column pair in its first 32
+// bytes), so a short last block costs half a block.
+void micro_half(const uint16_t* w, int64_t ldw, const uint16_t* xp, int64_t Kc, bool prefetch, float* c) {
+  constexpr int R = 16;
+  __m256 acc[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < Kc; ++s) {
+    if (prefetch && s + kPrefetchSteps < Kc)
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + (s + kPrefetchSteps) * kStep), _MM_HINT_T1);
+    const uint16_t* xs = xp + s * kStepValues;
+    const uint16_t* ws = w + s * kStep;
+#pragma GCC unroll 2
+    for (int p = 0; p < 16; ++p) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + p * 32));
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        int32_t pair;
+        std::memcpy(&pair, ws + r * ldw + 2 * p, sizeof pair);
+        acc[r] = _mm256_dpbf16_ps(acc[r], (__m256bh)x, (__m256bh)_mm256_set1_epi32(pair));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(c + r * 48, acc[r]);
+}
+
 // The 32 rows of W against NT token blocks, R rows at a time.
 template <int R, int NT>
 void rows32(const uint16_t* W, int64_t ldw, const uint16_t* xp, int64_t bs, int64_t Kc, bool prefetch, float* c) {
@@ -75,16 +106,26 @@ void dpbf16_gemm_rows32(const uint16_t* xp, int64_t M, int64_t K, const uint16_t
                         bool prefetch, float* y, int64_t ldy) {
   const int64_t Kc = K / kStep, Mb = (M + kBlock - 1) / kBlock, bs = Kc * kStepValues;
   alignas(64) float c[32 * 48];
-  for (int64_t tb = 0; tb < Mb; tb += 3) {
-    const int nt = int(std::min<int64_t>(3, Mb - tb));
+  // A last block of at most 8 tokens runs on its own at half width.
+  const bool half_tail = M - (Mb - 1) * kBlock <= kBlock / 2;
+  const int64_t full = half_tail ? Mb - 1 : Mb;
+  auto store = [&](int64_t t0, int64_t tokens) {
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t r = 0; r < rows; ++r) y[(t0 + t) * ldy + r] = c[r * 48 + t];
+  };
+  for (int64_t tb = 0; tb < full; tb += 3) {
+    const int nt = int(std::min<int64_t>(3, full - tb));
     const uint16_t* x = xp + tb * bs;
     const bool pf = prefetch && tb == 0;  // later groups find the rows in L2
     if (nt == 3) rows32<8, 3>(W, ldw, x, bs, Kc, pf, c);
     else if (nt == 2) rows32<8, 2>(W, ldw, x, bs, Kc, pf, c);
     else rows32<16, 1>(W, ldw, x, bs, Kc, pf, c);
-    const int64_t t0 = tb * kBlock, nt_tokens = std::min(int64_t(nt) * kBlock, M - t0);
-    for (int64_t t = 0; t < nt_tokens; ++t)
-      for (int64_t r = 0; r < rows; ++r) y[(t0 + t) * ldy + r] = c[r * 48 + t];
+    store(tb * kBlock, std::min(int64_t(nt) * kBlock, M - tb * kBlock));
+  }
+  if (half_tail) {
+    const uint16_t* x = xp + full * bs;
+    for (int r0 = 0; r0 < 32; r0 += 16) micro_half(W + r0 * ldw, ldw, x, Kc, prefetch && full == 0, c + r0 * 48);
+    store(full * kBlock, M - full * kBlock);
   }
 }
 
