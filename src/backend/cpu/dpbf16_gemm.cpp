@@ -32,16 +32,18 @@ inline __m512i broadcast_pair(const uint16_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// c[r * 48 + j * 16 + t] = row r of w (R rows, ldw apart) . token t of block j (NT blocks of xp,
-// bs values apart), over Kc steps of 32 columns.
+// c[r * 48 + j * 16 + t] (+)= row r of w (R rows, ldw apart) . token t of block j (NT blocks of
+// xp, bs values apart), over steps s0..s1 of 32 columns (of Kc): set by the first steps, added
+// to by the later ones.
 template <int R, int NT>
-void micro(const uint16_t* w, int64_t ldw, const uint16_t* xp, int64_t bs, int64_t Kc, bool prefetch, float* c) {
+void micro(const uint16_t* w, int64_t ldw, const uint16_t* xp, int64_t bs, int64_t s0, int64_t s1, int64_t Kc,
+           bool prefetch, float* c) {
   __m512 acc[R][NT];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 3
-    for (int j = 0; j < NT; ++j) acc[r][j] = _mm512_setzero_ps();
-  for (int64_t s = 0; s < Kc; ++s) {
+    for (int j = 0; j < NT; ++j) acc[r][j] = s0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * 48 + j * kBlock);
+  for (int64_t s = s0; s < s1; ++s) {
     if (prefetch && s + kPrefetchSteps < Kc)
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r)
@@ -94,10 +96,16 @@ void micro_half(const uint16_t* w, int64_t ldw, const uint16_t* xp, int64_t Kc, 
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(c + r * 48, acc[r]);
 }
 
-// The 32 rows of W against NT token blocks, R rows at a time.
+// The 32 rows of W against NT token blocks, R rows at a time, over chunks of kChunkSteps steps:
+// a chunk's activations (NT x 8 KiB) and weights (16 KiB) stay in L1 while the R-row groups take
+// their turns, where whole rows of K would stream the activations from L2 once per group.
+constexpr int64_t kChunkSteps = 8;
 template <int R, int NT>
 void rows32(const uint16_t* W, int64_t ldw, const uint16_t* xp, int64_t bs, int64_t Kc, bool prefetch, float* c) {
-  for (int r0 = 0; r0 < 32; r0 += R) micro<R, NT>(W + r0 * ldw, ldw, xp, bs, Kc, prefetch, c + r0 * 48);
+  for (int64_t s0 = 0; s0 < Kc; s0 += kChunkSteps) {
+    const int64_t s1 = std::min(Kc, s0 + kChunkSteps);
+    for (int r0 = 0; r0 < 32; r0 += R) micro<R, NT>(W + r0 * ldw, ldw, xp, bs, s0, s1, Kc, prefetch, c + r0 * 48);
+  }
 }
 
 }  // namespace
