@@ -40,10 +40,9 @@ LatentPool make_pool(const Model& model, const EngineOptions& opt) {
   return model.make_pool(pages, opt.page_size, opt.kv_dtype);
 }
 
-// The options as the engine runs them: no more sequences running than a pass has tokens (the
-// scheduler gives each running sequence a token in every pass).
+// The options as the engine runs them: max_running as the scheduler limits it.
 EngineOptions effective(EngineOptions opt) {
-  opt.max_running = std::min(opt.max_running, opt.max_batch_tokens);
+  opt.max_running = SchedulerOptions{opt.max_batch_tokens, opt.max_running}.running_limit();
   return opt;
 }
 

@@ -10,8 +10,7 @@ Scheduler::Scheduler(LatentPool& pool, PrefixCache* cache, const SchedulerOption
     : pool_(pool), cache_(cache), opt_(opt) {
   if (opt_.max_batch_tokens < 1) throw std::invalid_argument("scheduler: max_batch_tokens must be at least 1");
   if (opt_.max_running < 1) throw std::invalid_argument("scheduler: max_running must be at least 1");
-  // Every running sequence advances in every pass: a pass holds one token for each of them.
-  opt_.max_running = std::min(opt_.max_running, opt_.max_batch_tokens);
+  opt_.max_running = opt_.running_limit();
 }
 
 void Scheduler::add(Sequence* s) { waiting_.push_back(s); }

@@ -16,6 +16,7 @@
 //  - Prefix cache (optional): a sequence's full pages go into it when its prompt has been read
 //    (postprocess) and when it leaves (remove); admission forks the longest cached prefix.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -31,6 +32,9 @@ namespace mla {
 struct SchedulerOptions {
   int64_t max_batch_tokens = 512;  // new tokens per forward pass (decode tokens + prefill chunks)
   int64_t max_running = 64;        // sequences decoding or prefilling at once
+  // What the scheduler runs: no more sequences than a pass has tokens, so that every running
+  // sequence advances in every pass.
+  int64_t running_limit() const { return std::min(max_running, max_batch_tokens); }
 };
 
 struct BatchPart {

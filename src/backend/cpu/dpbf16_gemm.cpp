@@ -32,6 +32,13 @@ inline __m512i broadcast_pair(const uint16_t* p) {
   return _mm512_set1_epi32(v);
 }
 
+// Fetches step s of R weight rows (ldw apart) towards L2, kPrefetchSteps ahead of its use.
+template <int R>
+inline void prefetch_rows(const uint16_t* w, int64_t ldw, int64_t s) {
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + s * kStep), _MM_HINT_T1);
+}
+
 // c[r * 48 + j * 16 + t] (+)= row r of w (R rows, ldw apart) . token t of block j (NT blocks of
 // xp, bs values apart), over steps s0..s1 of 32 columns (of Kc): set by the first steps, added
 // to by the later ones.
@@ -44,10 +51,7 @@ void micro(const uint16_t* w, int64_t ldw, const uint16_t* xp, int64_t bs, int64
 #pragma GCC unroll 3
     for (int j = 0; j < NT; ++j) acc[r][j] = s0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * 48 + j * kBlock);
   for (int64_t s = s0; s < s1; ++s) {
-    if (prefetch && s + kPrefetchSteps < Kc)
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + (s + kPrefetchSteps) * kStep), _MM_HINT_T1);
+    if (prefetch && s + kPrefetchSteps < Kc) prefetch_rows<R>(w, ldw, s + kPrefetchSteps);
     const uint16_t* xs = xp + s * kStepValues;
     const uint16_t* ws = w + s * kStep;
 #pragma GCC unroll 2
@@ -76,10 +80,7 @@ void micro_half(const uint16_t* w, int64_t ldw, const uint16_t* xp, int64_t Kc, 
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t s = 0; s < Kc; ++s) {
-    if (prefetch && s + kPrefetchSteps < Kc)
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + (s + kPrefetchSteps) * kStep), _MM_HINT_T1);
+    if (prefetch && s + kPrefetchSteps < Kc) prefetch_rows<R>(w, ldw, s + kPrefetchSteps);
     const uint16_t* xs = xp + s * kStepValues;
     const uint16_t* ws = w + s * kStep;
 #pragma GCC unroll 2
