@@ -619,17 +619,17 @@ TEST(Matmul, BatchOfJobsEqualsEachAlone) {
   expect_close(m2.view, xs[0].data(), 1, 256, y_shared, ref_shared, 700, 1e-5, "batch job sharing x");
 }
 
-// The fast precision's GEMM paths over token counts that exercise the kernels' token groups of
-// 16 and 48, a last block of at most 8 tokens (VDPBF16PS's half-width tail) and their passes of
-// tokens (K = 7168: 48 tokens a pass), with a short last block of
-// rows and odd row counts, against W x in double on bf16-rounded weights and activations.
+// The fast precision's GEMM paths over token counts that exercise the kernels' token groups
+// (AMX: 16 and 48; VDPBF16PS: up to 6, split evenly) and their passes of tokens (K = 7168: 48
+// tokens a pass), with a short last block of rows and row counts off a multiple of 4 (VDPBF16PS's
+// row group), against W x in double on bf16-rounded weights and activations.
 void check_prompt_sized_products(const mla::cpu::Context& ctx, double roundings_per_column) {
   std::mt19937 rng(11);
   for (WeightFormat f : {WeightFormat::BF16, WeightFormat::FP8_BLOCK128, WeightFormat::INT4_GROUP,
                         WeightFormat::INT8_GROUP})
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{77, 2048}, {40, 7168}, {64, 96}, {33, 32}, {1, 160}}) {
       Owned m = random_matrix(f, rows, cols, rng);
-      for (int64_t T : {5, 8, 13, 16, 17, 24, 40, 47, 48, 49, 56, 100, 127, 300}) {
+      for (int64_t T : {5, 7, 8, 13, 16, 17, 24, 33, 40, 47, 48, 49, 52, 56, 100, 127, 300}) {
         if (cols == 7168 && T > 127) continue;
         const int64_t ldx = cols + 3, ldy = rows + 5;
         auto x = random_vec(size_t(T * ldx), rng);
@@ -651,9 +651,10 @@ TEST(Matmul, FastPrecisionPromptSizedProducts) {
   // sums run in float32 in another order: TDPBF16PS rounds once per pair of columns, so per
   // output at most cols / 2 roundings plus a few, (cols / 2 + 16) * 2^-24 of the sum of the
   // terms' magnitudes; VDPBF16PS adds the pair's two products one at a time (two roundings per
-  // pair, one chain per output): (cols + 16) * 2^-24.
+  // pair) into one of 16 chains per output (lane i takes the pairs i mod 16), summed at the end in
+  // 4 more: (cols / 16 + 16) * 2^-24.
   const bool amx = mla::cpu::features(kFastBf16).amx;
-  check_prompt_sized_products(kFastBf16, amx ? 0.5 : 1.0);
+  check_prompt_sized_products(kFastBf16, amx ? 0.5 : 1.0 / 16);
 }
 
 TEST(Matmul, FastPrecisionPromptSizedProductsOnVdpbf16ps) {
@@ -666,7 +667,7 @@ TEST(Matmul, FastPrecisionPromptSizedProductsOnVdpbf16ps) {
   w.rows = 1;
   w.cols = 64;
   ASSERT_EQ(mla::cpu::gemm_bf16_kernel(300, w, mla::cpu::features(ctx)), mla::cpu::Kernel::Dpbf16Gemm);
-  check_prompt_sized_products(ctx, 1.0);
+  check_prompt_sized_products(ctx, 1.0 / 16);
 }
 
 TEST(Precision, ParsesNames) {

@@ -25,7 +25,7 @@ enum class Kernel {
   GemvBf16,       // the GEMV's VDPBF16PS kernels on bf16 activations (fast; bf16, FP8, INT4, INT8)
   GemvAmxFp8,     // FP8 rows decoded onto AMX tiles, 2 to 16 tokens (fast; amx.h)
   AmxGemm,        // bf16 GEMM on AMX tiles, amx_gemm_rows32, 32 weight rows at a time (fast; gemm.h)
-  Dpbf16Gemm,     // bf16 GEMM on VDPBF16PS, dpbf16_gemm_rows32, the same packing (fast, no AMX; dpbf16_gemm.h)
+  Dpbf16Gemm,     // bf16 GEMM on VDPBF16PS, dpbf16_gemm_rows32, activations row-major (fast, no AMX; dpbf16_gemm.h)
   OnednnBf16,     // oneDNN's bf16 matmul primitive (fast; gemm.h)
   Sgemm,          // float32 weights straight into oneDNN's sgemm (precise)
   DequantSgemm,   // blocks of rows dequantized to float32, then sgemm (precise)

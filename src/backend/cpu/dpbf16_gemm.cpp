@@ -1,17 +1,20 @@
-// bf16 GEMM on VDPBF16PS (see dpbf16_gemm.h). A call covers 32 weight rows against the tokens in
-// groups of up to 3 blocks of 16, and a last block of at most 8 tokens at half width (micro_half,
-// on ymm registers: routed experts get a few dozen tokens each, and a short last block otherwise
-// costs a whole one). Register blocking: R weight rows x NT token blocks of float32
-// accumulators (8 x 3 = 24, 8 x 2 = 16, 16 x 1 = 16 of the 32 zmm registers; a VDPBF16PS has a
-// latency of several cycles on 2 ports, so at least a dozen independent chains keep both busy),
-// per column pair NT loads of packed activations and R broadcasts of a weight pair, each
-// broadcast shared by NT products.
+// bf16 GEMM on VDPBF16PS (see dpbf16_gemm.h). Register blocking: 4 weight rows x up to 6 tokens
+// of float32 accumulators (24 of the 32 zmm registers); per step of 32 columns, 4 weight loads
+// and 6 token loads feed 24 VDPBF16PS. A group of 4 rows (16 KiB at K = 2048) stays in L1 while
+// every token group of the call passes over it, the tokens come from L2 (the caller bounds a
+// pass to about 1 MiB of them). The tokens are split into groups of nearly equal size, at most 6
+// (52 tokens: seven groups of 6 and two of 5), so no group is left with one or two tokens and
+// too few independent chains to keep the VDPBF16PS ports busy.
+//
+// The layout before this one broadcast one weight pair to 16 tokens of an activation block
+// packed for AMX: a token count off a multiple of 16 padded its last block, which cost an
+// expert with 33 tokens a third of its time (0.66 of the VDPBF16PS peak at 33 tokens, 0.99 at
+// 48, one thread, 2816 x 2048). This one ran 0.95-0.97 of the peak at 33, 37, 41, 48 and 52.
 #include "backend/cpu/dpbf16_gemm.h"
 
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "backend/cpu/decode_avx512.h"
 
@@ -21,120 +24,78 @@ namespace {
 
 using avx512::as_bh;
 
-constexpr int64_t kBlock = 16;        // tokens per block (a zmm of float32 lanes)
-constexpr int64_t kStep = 32;         // columns per packed step
-constexpr int64_t kStepValues = 512;  // bf16 values of one token block's step (16 pairs x 16 tokens x 2)
-constexpr int64_t kPrefetchSteps = 4; // weight lines fetched ahead (as the AMX kernel, amx.cpp)
+constexpr int kRows = 4;       // weight rows per register block
+constexpr int kTokens = 6;     // most tokens per register block
+constexpr int64_t kStep = 32;  // columns per VDPBF16PS
 
-inline __m512i broadcast_pair(const uint16_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return _mm512_set1_epi32(v);
+// The sums of four accumulators' lanes: {sum a, sum b, sum c, sum d}.
+inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const auto fold = [](__m512 v) {
+    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  };
+  const __m256 ab = _mm256_hadd_ps(fold(a), fold(b));  // a01 a23 b01 b23 | a45 a67 b45 b67
+  const __m256 cd = _mm256_hadd_ps(fold(c), fold(d));
+  const __m256 abcd = _mm256_hadd_ps(ab, cd);  // a b c d (lower half's lanes) | a b c d (upper's)
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
-// Fetches step s of R weight rows (ldw apart) towards L2, kPrefetchSteps ahead of its use.
-template <int R>
-inline void prefetch_rows(const uint16_t* w, int64_t ldw, int64_t s) {
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + r * ldw + s * kStep), _MM_HINT_T1);
-}
-
-// c[r * 48 + j * 16 + t] (+)= row r of w (R rows, ldw apart) . token t of block j (NT blocks of
-// xp, bs values apart), over steps s0..s1 of 32 columns (of Kc): set by the first steps, added
-// to by the later ones.
-template <int R, int NT>
-void micro(const uint16_t* w, int64_t ldw, const uint16_t* xp, int64_t bs, int64_t s0, int64_t s1, int64_t Kc,
-           bool prefetch, float* c) {
-  __m512 acc[R][NT];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 3
-    for (int j = 0; j < NT; ++j) acc[r][j] = s0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c + r * 48 + j * kBlock);
-  for (int64_t s = s0; s < s1; ++s) {
-    if (prefetch && s + kPrefetchSteps < Kc) prefetch_rows<R>(w, ldw, s + kPrefetchSteps);
-    const uint16_t* xs = xp + s * kStepValues;
-    const uint16_t* ws = w + s * kStep;
-#pragma GCC unroll 2
-    for (int p = 0; p < 16; ++p) {
-      __m512i x[NT];
-#pragma GCC unroll 3
-      for (int j = 0; j < NT; ++j) x[j] = _mm512_loadu_si512(xs + j * bs + p * 32);
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        const __m512i b = broadcast_pair(ws + r * ldw + 2 * p);
-#pragma GCC unroll 3
-        for (int j = 0; j < NT; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], as_bh(x[j]), as_bh(b));
-      }
+// y[t, r] for 4 rows of w and T tokens of x over all K columns; rows past `rows` are computed
+// but not stored. `pf`: 4 rows fetched towards L2 step by step alongside (nullptr: none).
+template <int T>
+void micro(const uint16_t* w, int64_t ldw, const uint16_t* x, int64_t ldx, int64_t K, const uint16_t* pf,
+           int rows, float* y, int64_t ldy) {
+  __m512 acc[kRows][T];
+#pragma GCC unroll 4
+  for (int r = 0; r < kRows; ++r)
+#pragma GCC unroll 6
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += kStep) {
+    if (pf != nullptr) {
+#pragma GCC unroll 4
+      for (int r = 0; r < kRows; ++r) _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw + k), _MM_HINT_T1);
+    }
+    __m512i wv[kRows];
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) wv[r] = _mm512_loadu_si512(w + r * ldw + k);
+#pragma GCC unroll 6
+    for (int t = 0; t < T; ++t) {
+      const __m512i xv = _mm512_loadu_si512(x + t * ldx + k);
+#pragma GCC unroll 4
+      for (int r = 0; r < kRows; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(wv[r]), as_bh(xv));
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NT; ++j) _mm512_storeu_ps(c + r * 48 + j * kBlock, acc[r][j]);
-}
-
-// micro<16, 1> on the first 8 tokens of one block: a block's last tokens when no more than 8 are
-// left, on 256-bit registers (the packed block holds tokens 0-7 of a column pair in its first 32
-// bytes), so a short last block costs half a block.
-void micro_half(const uint16_t* w, int64_t ldw, const uint16_t* xp, int64_t Kc, bool prefetch, float* c) {
-  constexpr int R = 16;
-  __m256 acc[R];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t s = 0; s < Kc; ++s) {
-    if (prefetch && s + kPrefetchSteps < Kc) prefetch_rows<R>(w, ldw, s + kPrefetchSteps);
-    const uint16_t* xs = xp + s * kStepValues;
-    const uint16_t* ws = w + s * kStep;
-#pragma GCC unroll 2
-    for (int p = 0; p < 16; ++p) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs + p * 32));
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        int32_t pair;
-        std::memcpy(&pair, ws + r * ldw + 2 * p, sizeof pair);
-        acc[r] = _mm256_dpbf16_ps(acc[r], (__m256bh)x, (__m256bh)_mm256_set1_epi32(pair));
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(c + r * 48, acc[r]);
-}
-
-// The 32 rows of W against NT token blocks, R rows at a time, over chunks of kChunkSteps steps:
-// a chunk's activations (NT x 8 KiB) and weights (16 KiB) stay in L1 while the R-row groups take
-// their turns, where whole rows of K would stream the activations from L2 once per group.
-constexpr int64_t kChunkSteps = 8;
-template <int R, int NT>
-void rows32(const uint16_t* W, int64_t ldw, const uint16_t* xp, int64_t bs, int64_t Kc, bool prefetch, float* c) {
-  for (int64_t s0 = 0; s0 < Kc; s0 += kChunkSteps) {
-    const int64_t s1 = std::min(Kc, s0 + kChunkSteps);
-    for (int r0 = 0; r0 < 32; r0 += R) micro<R, NT>(W + r0 * ldw, ldw, xp, bs, s0, s1, Kc, prefetch, c + r0 * 48);
-  }
+  const __mmask8 keep = __mmask8((1u << std::min(rows, kRows)) - 1);
+#pragma GCC unroll 6
+  for (int t = 0; t < T; ++t) _mm_mask_storeu_ps(y + t * ldy, keep, reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
 }
 
 }  // namespace
 
-void dpbf16_gemm_rows32(const uint16_t* xp, int64_t M, int64_t K, const uint16_t* W, int64_t ldw, int64_t rows,
-                        bool prefetch, float* y, int64_t ldy) {
-  const int64_t Kc = K / kStep, Mb = (M + kBlock - 1) / kBlock, bs = Kc * kStepValues;
-  alignas(64) float c[32 * 48];
-  // A last block of at most 8 tokens runs on its own at half width.
-  const bool half_tail = M - (Mb - 1) * kBlock <= kBlock / 2;
-  const int64_t full = half_tail ? Mb - 1 : Mb;
-  auto store = [&](int64_t t0, int64_t tokens) {
-    for (int64_t t = 0; t < tokens; ++t)
-      for (int64_t r = 0; r < rows; ++r) y[(t0 + t) * ldy + r] = c[r * 48 + t];
-  };
-  for (int64_t tb = 0; tb < full; tb += 3) {
-    const int nt = int(std::min<int64_t>(3, full - tb));
-    const uint16_t* x = xp + tb * bs;
-    const bool pf = prefetch && tb == 0;  // later groups find the rows in L2
-    if (nt == 3) rows32<8, 3>(W, ldw, x, bs, Kc, pf, c);
-    else if (nt == 2) rows32<8, 2>(W, ldw, x, bs, Kc, pf, c);
-    else rows32<16, 1>(W, ldw, x, bs, Kc, pf, c);
-    store(tb * kBlock, std::min(int64_t(nt) * kBlock, M - tb * kBlock));
-  }
-  if (half_tail) {
-    const uint16_t* x = xp + full * bs;
-    for (int r0 = 0; r0 < 32; r0 += 16) micro_half(W + r0 * ldw, ldw, x, Kc, prefetch && full == 0, c + r0 * 48);
-    store(full * kBlock, M - full * kBlock);
+void dpbf16_gemm_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
+                        int64_t rows, bool prefetch, float* y, int64_t ldy) {
+  const int64_t groups = (M + kTokens - 1) / kTokens;
+  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+    const uint16_t* w = W + r0 * ldw;
+    // The next 4 rows (past the last: the caller's next block of 32, as a thread takes its
+    // blocks in order; a prefetch never faults) come in while the first token group runs.
+    const uint16_t* next = prefetch ? W + (r0 + kRows < rows ? r0 + kRows : 32) * ldw : nullptr;
+    int64_t t0 = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t left = groups - g, tn = (M - t0 + left - 1) / left;
+      const uint16_t* pf = g == 0 ? next : nullptr;
+      const int nr = int(rows - r0);
+      float* yo = y + t0 * ldy + r0;
+      const uint16_t* xo = x + t0 * ldx;
+      switch (tn) {
+        case 1: micro<1>(w, ldw, xo, ldx, K, pf, nr, yo, ldy); break;
+        case 2: micro<2>(w, ldw, xo, ldx, K, pf, nr, yo, ldy); break;
+        case 3: micro<3>(w, ldw, xo, ldx, K, pf, nr, yo, ldy); break;
+        case 4: micro<4>(w, ldw, xo, ldx, K, pf, nr, yo, ldy); break;
+        case 5: micro<5>(w, ldw, xo, ldx, K, pf, nr, yo, ldy); break;
+        default: micro<6>(w, ldw, xo, ldx, K, pf, nr, yo, ldy); break;
+      }
+      t0 += tn;
+    }
   }
 }
 

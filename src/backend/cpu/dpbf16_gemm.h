@@ -1,21 +1,23 @@
 // bf16 GEMM on VDPBF16PS for the fast precision's prompt-sized products on CPUs with AVX-512
 // BF16 and no AMX (gemm.cpp chooses it there, or where Context::amx is false, when K is a
-// multiple of 32). It takes the operands exactly as the AMX kernel does (amx.h): the weights
-// row-major bf16 where they lie, the activations packed by amx_pack_activations, in which the
-// 16 tokens of a block sit side by side for each column pair, i.e. one zmm register of 16 lanes
-// holding one (x[t, 2p], x[t, 2p + 1]) pair per token. Each VDPBF16PS multiplies that register by
-// one weight pair W[r, 2p..2p+1] broadcast to every lane: 16 tokens x 2 columns of one row.
+// multiple of 32). Both operands are read row-major as bf16: the weights where they lie, the
+// activations as converted once per call. Each VDPBF16PS multiplies 32 columns of one weight row
+// by the same 32 columns of one token, so a zmm accumulator holds 16 partial sums of one output
+// (over the columns k = 2i, 2i + 1 mod 32 of lane i), added up once at the end of the row. No
+// operand is padded: an expert's few dozen tokens cost what they compute, whatever their count.
 // Internal to src/backend/cpu.
 #pragma once
 #include <cstdint>
 
 namespace mla::cpu {
 
-// y[t, r] = sum over k of W[r, k] x[t, k] for r < rows (at most 32), t < M: the contract of
-// amx_gemm_rows32 (xp packed by amx_pack_activations, W readable for 32 rows of K values ldw
-// apart, K % 32 == 0). Per output one float32 chain over the column pairs. Single-threaded.
-void dpbf16_gemm_rows32(const uint16_t* xp, int64_t M, int64_t K, const uint16_t* W, int64_t ldw, int64_t rows,
-                        bool prefetch, float* y, int64_t ldy);
+// y[t, r] = sum over k of W[r, k] x[t, k] for r < rows (at most 32), t < M. x: bf16 tokens of K
+// values, ldx apart; W: bf16 rows of K values, ldw apart, readable for rows rounded up to 4;
+// K % 32 == 0. `prefetch`: W comes from memory, so each group of rows fetches the next ahead
+// (towards L2) while it runs. Per output 16 float32 chains over the column pairs, summed at the
+// end. Single-threaded; callers split the rows.
+void dpbf16_gemm_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
+                        int64_t rows, bool prefetch, float* y, int64_t ldy);
 
 // The compute peak (compute_peak.h): `iters` rounds of 16 VDPBF16PS on zmm registers into 16
 // accumulators (16 lanes += 2 bf16 products each), operands in registers: 1.0 and `b` in every

@@ -92,13 +92,14 @@ constexpr int64_t kAmxRows = 32;
 // tokens 1.05.
 int64_t amx_pass_tokens(int64_t K) { return std::clamp<int64_t>((int64_t(1) << 19) / K / 48 * 48, 48, 512); }
 
-// The AMX and VDPBF16PS paths of matmul_bf16 (amx_gemm_rows32 or dpbf16_gemm_rows32, which take
-// the same operands): activations packed once per pass of tokens, the weight rows split across
-// the threads 32 at a time. bf16 weights are read where they lie; other formats are decoded to
-// bf16 32 rows at a time into a per-thread buffer. A short last block is padded.
+// The AMX and VDPBF16PS paths of matmul_bf16: activations converted to bf16 once per pass of
+// tokens (and packed into B tiles for amx_gemm_rows32; dpbf16_gemm_rows32 reads them row-major),
+// the weight rows split across the threads 32 at a time. bf16 weights are read where they lie;
+// other formats are decoded to bf16 32 rows at a time into a per-thread buffer. A short last
+// block is padded.
 void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y,
                    int64_t ldy, Kernel kernel, Scratch& s) {
-  const auto rows32 = kernel == Kernel::AmxGemm ? amx_gemm_rows32 : dpbf16_gemm_rows32;
+  const bool amx = kernel == Kernel::AmxGemm;
   const int64_t N = W.rows, K = W.cols;
   const bool direct = W.format == WeightFormat::BF16;
   const int64_t blocks = (N + kAmxRows - 1) / kAmxRows;
@@ -108,15 +109,16 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
   for (int64_t t0 = 0; t0 < T; t0 += pass) {
     const int64_t tn = std::min(pass, T - t0);
     if (s.a.size() < size_t(tn * K)) s.a.resize(size_t(tn * K));
-    if (s.p.size() < size_t(amx_packed_size(tn, K))) s.p.resize(size_t(amx_packed_size(tn, K)));
+    if (amx && s.p.size() < size_t(amx_packed_size(tn, K))) s.p.resize(size_t(amx_packed_size(tn, K)));
+    const uint16_t* xa = s.a.data();
     const uint16_t* xp = s.p.data();
     parallel_region(ctx, true, [&] {
-    // Activations to bf16 and packed, 16 tokens (one token tile) per iteration.
+    // Activations to bf16 (and packed), 16 tokens (one token tile) per iteration.
 #pragma omp for schedule(static)
     for (int64_t tb = 0; tb < (tn + 15) / 16; ++tb) {
       const int64_t m0 = tb * 16, mn = std::min<int64_t>(16, tn - m0);
       activations_bf16(x + (t0 + m0) * ldx, mn, ldx, K, W.format, !direct, s.a.data() + m0 * K, K);
-      amx_pack_activations(s.a.data() + m0 * K, mn, K, K, s.p.data() + m0 * K);
+      if (amx) amx_pack_activations(s.a.data() + m0 * K, mn, K, K, s.p.data() + m0 * K);
     }
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
@@ -130,7 +132,9 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
         std::fill(rows.begin() + nr * K, rows.begin() + kAmxRows * K, uint16_t(0));
         w = rows.data();
       }
-      rows32(xp, tn, K, w, K, nr, direct && nr == kAmxRows, y + t0 * ldy + n0, ldy);
+      const bool prefetch = direct && nr == kAmxRows;
+      if (amx) amx_gemm_rows32(xp, tn, K, w, K, nr, prefetch, y + t0 * ldy + n0, ldy);
+      else dpbf16_gemm_rows32(xa, tn, K, K, w, K, nr, prefetch, y + t0 * ldy + n0, ldy);
     }
     });
   }
