@@ -32,6 +32,11 @@ TEST(ComputePeak, Vdpbf16psFlopsPerInstruction) {
   expect_flops_match_the_loop(PeakPath::Vdpbf16ps);
 }
 
+TEST(ComputePeak, FmaFlopsPerInstruction) {
+  EXPECT_EQ(mla::cpu::flops_per_instruction(PeakPath::Fma), 32.0);
+  expect_flops_match_the_loop(PeakPath::Fma);
+}
+
 TEST(ComputePeak, AmxTilesFlopsPerInstruction) {
   if (!mla::cpu::amx_available()) GTEST_SKIP() << "this CPU has no AMX-BF16 tiles (or the kernel did not grant them)";
   EXPECT_EQ(mla::cpu::flops_per_instruction(PeakPath::AmxTiles), 16384.0);
@@ -39,11 +44,18 @@ TEST(ComputePeak, AmxTilesFlopsPerInstruction) {
 }
 
 TEST(ComputePeak, PathFollowsTheContext) {
+  using VectorGemm = mla::cpu::Context::VectorGemm;
   mla::cpu::Context ctx;
   ctx.precision = mla::cpu::Precision::Fast;
-  EXPECT_EQ(mla::cpu::prompt_peak_path(ctx), mla::cpu::host_features().amx ? PeakPath::AmxTiles : PeakPath::Vdpbf16ps);
+  const auto host = mla::cpu::host_features();
+  EXPECT_EQ(mla::cpu::prompt_peak_path(ctx),
+            host.amx ? PeakPath::AmxTiles : host.fma_gemm ? PeakPath::Fma : PeakPath::Vdpbf16ps);
   ctx.amx = false;
+  EXPECT_EQ(mla::cpu::prompt_peak_path(ctx), host.fma_gemm ? PeakPath::Fma : PeakPath::Vdpbf16ps);
+  ctx.vector_gemm = VectorGemm::Vdpbf16ps;
   EXPECT_EQ(mla::cpu::prompt_peak_path(ctx), PeakPath::Vdpbf16ps);
+  ctx.vector_gemm = VectorGemm::Fma;
+  EXPECT_EQ(mla::cpu::prompt_peak_path(ctx), PeakPath::Fma);
 }
 
 TEST(ComputePeak, MeasuresAPositiveRate) {

@@ -47,6 +47,7 @@ std::string row(const Context& ctx, const MatrixView& w, const CpuFeatures& f) {
       case Kernel::GemvAmxFp8: s += " tile"; break;
       case Kernel::AmxGemm: s += " amx"; break;
       case Kernel::Dpbf16Gemm: s += " dp"; break;
+      case Kernel::FmaGemm: s += " fma"; break;
       case Kernel::OnednnBf16: s += " dnnl"; break;
       case Kernel::Sgemm: s += " sgemm"; break;
       case Kernel::DequantSgemm: s += " deq"; break;
@@ -101,13 +102,36 @@ TEST(Dispatch, FastWithoutAmx) {
   for (const Row& r : rows) EXPECT_EQ(row(fast, r.w, no_amx), r.kernels) << r.name;
 }
 
+TEST(Dispatch, FastWithoutAmxWhereFmaOutrunsVdpbf16ps) {
+  // The same, but from 16 tokens on the FMA GEMM takes what went to VDPBF16PS.
+  const Context fast = context(mla::cpu::Precision::Fast);
+  const CpuFeatures fma{false, true};
+  const Row rows[] = {
+      {"f32", weight(WeightFormat::F32), "f32 f32 f32 f32 f32 dp fma fma fma fma fma"},
+      {"bf16", weight(WeightFormat::BF16), "bf16 f32 f32 dp dp dp fma fma fma fma fma"},
+      {"fp8", weight(WeightFormat::FP8_BLOCK128), "bf16 f32 f32 f32 f32 dp fma fma fma fma fma"},
+      {"int4 g32", weight(WeightFormat::INT4_GROUP), "bf16 f32 f32 f32 f32 dp fma fma fma fma fma"},
+      {"int4 g48", weight(WeightFormat::INT4_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
+      {"bf16 K=7150", weight(WeightFormat::BF16, 7150), "bf16 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl dnnl dnnl"},
+      {"int8 g32", weight(WeightFormat::INT8_GROUP), "bf16 f32 f32 f32 f32 dp fma fma fma fma fma"},
+  };
+  for (const Row& r : rows) EXPECT_EQ(row(fast, r.w, fma), r.kernels) << r.name;
+  // With AMX, the tiles keep every product they took.
+  EXPECT_EQ(row(fast, weight(WeightFormat::BF16), CpuFeatures{true, true}), "bf16 f32 f32 amx amx amx amx amx amx dnnl dnnl");
+}
+
 TEST(Dispatch, ContextWithoutAmxTakesThePathOfACpuWithout) {
   // Context::amx false masks the host's AMX: the features the kernels see have none, so the
   // table is the one above on any CPU.
+  // Context::vector_gemm then picks VDPBF16PS or the FMAs over the host's measured choice.
   Context ctx = context(mla::cpu::Precision::Fast);
   ctx.amx = false;
   EXPECT_FALSE(mla::cpu::features(ctx).amx);
+  EXPECT_EQ(mla::cpu::features(ctx).fma_gemm, mla::cpu::host_features().fma_gemm);
+  ctx.vector_gemm = Context::VectorGemm::Vdpbf16ps;
   EXPECT_EQ(row(ctx, weight(WeightFormat::BF16), mla::cpu::features(ctx)), "bf16 f32 f32 dp dp dp dp dp dp dp dp");
+  ctx.vector_gemm = Context::VectorGemm::Fma;
+  EXPECT_EQ(row(ctx, weight(WeightFormat::BF16), mla::cpu::features(ctx)), "bf16 f32 f32 dp dp dp fma fma fma fma fma");
   ctx.amx = true;
   EXPECT_EQ(mla::cpu::features(ctx).amx, mla::cpu::host_features().amx);
 }
@@ -173,7 +197,7 @@ TEST(Dispatch, GemvTokensAndGemmKernelAgreeWithMatmul) {
 TEST(Dispatch, KernelNamesAreDistinct) {
   std::vector<std::string> names;
   for (Kernel k : {Kernel::GemvReference, Kernel::GemvF32, Kernel::GemvBf16, Kernel::GemvAmxFp8, Kernel::AmxGemm,
-                   Kernel::Dpbf16Gemm, Kernel::OnednnBf16, Kernel::Sgemm, Kernel::DequantSgemm}) {
+                   Kernel::Dpbf16Gemm, Kernel::FmaGemm, Kernel::OnednnBf16, Kernel::Sgemm, Kernel::DequantSgemm}) {
     for (const auto& n : names) EXPECT_NE(n, mla::cpu::kernel_name(k));
     names.push_back(mla::cpu::kernel_name(k));
   }
@@ -186,6 +210,7 @@ TEST(Context, DefaultsAndThreads) {
   EXPECT_EQ(c.weights, mla::cpu::WeightPlacement::Auto);
   EXPECT_EQ(c.gemv_bf16_max_tokens, 1);
   EXPECT_TRUE(c.amx);  // AMX wherever the CPU has it
+  EXPECT_EQ(c.vector_gemm, Context::VectorGemm::Auto);  // FMAs or VDPBF16PS as measured
   EXPECT_GE(c.num_threads(), 1);  // 0: OpenMP's default
   Context three;
   three.threads = 3;

@@ -132,8 +132,10 @@ bool has_bf16_kernel(WeightFormat f) {
 
 // y against W x in double on bf16-rounded activations (and, with round_weights, bf16-rounded
 // weights, as the GEMM paths see them): |y - ref| <= tol * sum_k |w_k x_k| + slack per output.
+// round_activations false: the kernel multiplies the float32 activations (the FMA GEMM).
 void expect_close_bf16(const MatrixView& W, const float* x, int64_t T, int64_t ldx, const std::vector<float>& y,
-                       int64_t ldy, double tol, double slack, bool round_weights, const std::string& what) {
+                       int64_t ldy, double tol, double slack, bool round_weights, const std::string& what,
+                       bool round_activations = true) {
   std::vector<float> row(static_cast<size_t>(W.cols));
   int bad = 0;
   for (int64_t n = 0; n < W.rows; ++n) {
@@ -143,7 +145,8 @@ void expect_close_bf16(const MatrixView& W, const float* x, int64_t T, int64_t l
     for (int64_t t = 0; t < T; ++t) {
       double ref = 0, mag = 0;
       for (int64_t k = 0; k < W.cols; ++k) {
-        const double p = double(row[size_t(k)]) * mla::bf16_to_f32(mla::f32_to_bf16(x[t * ldx + k]));
+        const float xv = x[t * ldx + k];
+        const double p = double(row[size_t(k)]) * (round_activations ? mla::bf16_to_f32(mla::f32_to_bf16(xv)) : xv);
         ref += p;
         mag += std::fabs(p);
       }
@@ -623,6 +626,9 @@ TEST(Matmul, BatchOfJobsEqualsEachAlone) {
 // (AMX: 16 and 48; VDPBF16PS: up to 6, split evenly) and their passes of tokens (K = 7168: 48
 // tokens a pass), with a short last block of rows and row counts off a multiple of 4 (VDPBF16PS's
 // row group), against W x in double on bf16-rounded weights and activations.
+// roundings_per_column: of the bf16 kernels (AMX, VDPBF16PS); the FMA kernel, where the context
+// picks it, takes its float32 activations unrounded into one FMA chain per output (one rounding a
+// column).
 void check_prompt_sized_products(const mla::cpu::Context& ctx, double roundings_per_column) {
   std::mt19937 rng(11);
   for (WeightFormat f : {WeightFormat::BF16, WeightFormat::FP8_BLOCK128, WeightFormat::INT4_GROUP,
@@ -635,11 +641,13 @@ void check_prompt_sized_products(const mla::cpu::Context& ctx, double roundings_
         auto x = random_vec(size_t(T * ldx), rng);
         std::vector<float> y(size_t(T * ldy), -1.0f);
         mla::cpu::matmul_bf16(ctx, x.data(), T, ldx, m.view, y.data(), ldy);
+        const bool fma = mla::cpu::gemm_bf16_kernel(T, m.view, mla::cpu::features(ctx)) == mla::cpu::Kernel::FmaGemm;
         expect_close_bf16(m.view, x.data(), T, ldx, y, ldy,
-                          (double(cols) * roundings_per_column + 16) * std::ldexp(1.0, -24), 0.0, true,
+                          (double(cols) * (fma ? 1.0 : roundings_per_column) + 16) * std::ldexp(1.0, -24), 0.0, true,
                           std::string(mla::weight_format_name(f)) + " " + std::to_string(rows) + "x" +
                               std::to_string(cols) + " T=" + std::to_string(T) + " on " +
-                              mla::cpu::kernel_name(mla::cpu::gemm_bf16_kernel(T, m.view, mla::cpu::features(ctx))));
+                              mla::cpu::kernel_name(mla::cpu::gemm_bf16_kernel(T, m.view, mla::cpu::features(ctx))),
+                          !fma);
         for (int64_t t = 0; t < T; ++t)
           for (int64_t n = rows; n < ldy; ++n) ASSERT_EQ(y[size_t(t * ldy + n)], -1.0f) << "wrote past the rows";
       }
@@ -647,14 +655,17 @@ void check_prompt_sized_products(const mla::cpu::Context& ctx, double roundings_
 }
 
 TEST(Matmul, FastPrecisionPromptSizedProducts) {
-  // AMX tiles where the CPU has them (up to 127 tokens; oneDNN above), VDPBF16PS without. The
+  // AMX tiles where the CPU has them (up to 127 tokens; oneDNN above), VDPBF16PS without (the
+  // context keeps the FMA kernel out: it has its own test below). The
   // sums run in float32 in another order: TDPBF16PS rounds once per pair of columns, so per
   // output at most cols / 2 roundings plus a few, (cols / 2 + 16) * 2^-24 of the sum of the
   // terms' magnitudes; VDPBF16PS adds the pair's two products one at a time (two roundings per
   // pair) into one of 16 chains per output (lane i takes the pairs i mod 16), summed at the end in
   // 4 more: (cols / 16 + 16) * 2^-24.
-  const bool amx = mla::cpu::features(kFastBf16).amx;
-  check_prompt_sized_products(kFastBf16, amx ? 0.5 : 1.0 / 16);
+  mla::cpu::Context ctx = kFastBf16;
+  ctx.vector_gemm = mla::cpu::Context::VectorGemm::Vdpbf16ps;
+  const bool amx = mla::cpu::features(ctx).amx;
+  check_prompt_sized_products(ctx, amx ? 0.5 : 1.0 / 16);
 }
 
 TEST(Matmul, FastPrecisionPromptSizedProductsOnVdpbf16ps) {
@@ -662,11 +673,31 @@ TEST(Matmul, FastPrecisionPromptSizedProductsOnVdpbf16ps) {
   // product past the GEMV's tokens on dpbf16_gemm_rows32, bounded as above for VDPBF16PS.
   mla::cpu::Context ctx = kFastBf16;
   ctx.amx = false;
+  ctx.vector_gemm = mla::cpu::Context::VectorGemm::Vdpbf16ps;
   MatrixView w;  // the rule reads the format and the columns
   w.format = WeightFormat::BF16;
   w.rows = 1;
   w.cols = 64;
   ASSERT_EQ(mla::cpu::gemm_bf16_kernel(300, w, mla::cpu::features(ctx)), mla::cpu::Kernel::Dpbf16Gemm);
+  check_prompt_sized_products(ctx, 1.0 / 16);
+}
+
+TEST(Matmul, FastPrecisionPromptSizedProductsOnFma) {
+  // The float32 FMA kernel on bf16 weights (fma_gemm.h), chosen by the context on any CPU, from
+  // 16 tokens on (5, 7, 8 and 13 stay on VDPBF16PS and are checked as such). The activations are
+  // not rounded; per output one FMA chain, one rounding a column: (cols + 16) * 2^-24 of the sum
+  // of the terms' magnitudes against W x in double on bf16-rounded weights and the float32
+  // activations (INT4's in the decoded rows' column order, as the kernel needs them).
+  mla::cpu::Context ctx = kFastBf16;
+  ctx.amx = false;
+  ctx.vector_gemm = mla::cpu::Context::VectorGemm::Fma;
+  MatrixView w;
+  w.format = WeightFormat::BF16;
+  w.rows = 1;
+  w.cols = 64;
+  ASSERT_EQ(mla::cpu::gemm_bf16_kernel(300, w, mla::cpu::features(ctx)), mla::cpu::Kernel::FmaGemm);
+  ASSERT_EQ(mla::cpu::gemm_bf16_kernel(16, w, mla::cpu::features(ctx)), mla::cpu::Kernel::FmaGemm);
+  ASSERT_EQ(mla::cpu::gemm_bf16_kernel(15, w, mla::cpu::features(ctx)), mla::cpu::Kernel::Dpbf16Gemm);
   check_prompt_sized_products(ctx, 1.0 / 16);
 }
 

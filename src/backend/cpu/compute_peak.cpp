@@ -9,22 +9,39 @@
 #include "backend/cpu/amx.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/dpbf16_gemm.h"
+#include "backend/cpu/fma_gemm.h"
 
 namespace mla::cpu {
 
 const char* peak_path_name(PeakPath p) {
-  return p == PeakPath::AmxTiles ? "TDPBF16PS (AMX tiles)" : "VDPBF16PS (AVX-512 BF16)";
+  switch (p) {
+    case PeakPath::AmxTiles: return "TDPBF16PS (AMX tiles)";
+    case PeakPath::Fma: return "VFMADD231PS (AVX-512 float32 FMA)";
+    case PeakPath::Vdpbf16ps: break;
+  }
+  return "VDPBF16PS (AVX-512 BF16)";
 }
 
-PeakPath prompt_peak_path(const Context& ctx) { return features(ctx).amx ? PeakPath::AmxTiles : PeakPath::Vdpbf16ps; }
+PeakPath prompt_peak_path(const Context& ctx) {
+  const CpuFeatures f = features(ctx);
+  return f.amx ? PeakPath::AmxTiles : f.fma_gemm ? PeakPath::Fma : PeakPath::Vdpbf16ps;
+}
 
-double flops_per_instruction(PeakPath p) { return p == PeakPath::AmxTiles ? 2.0 * 16 * 16 * 32 : 2.0 * 16 * 2; }
+double flops_per_instruction(PeakPath p) {
+  switch (p) {
+    case PeakPath::AmxTiles: return 2.0 * 16 * 16 * 32;
+    case PeakPath::Fma: return 2.0 * 16;
+    case PeakPath::Vdpbf16ps: break;
+  }
+  return 2.0 * 16 * 2;
+}
 
 PeakRun peak_loop(PeakPath p, int64_t iters, float b) {
   if (p == PeakPath::AmxTiles) {
     if (!amx_available()) throw std::logic_error("peak_loop: this CPU has no AMX");
     return {4 * iters, amx_peak_loop(iters, b)};
   }
+  if (p == PeakPath::Fma) return {16 * iters, fma_peak_loop(iters, b)};
   return {16 * iters, dpbf16_peak_loop(iters, b)};
 }
 

@@ -1,6 +1,7 @@
 // The compute peak of the instruction a fast-precision prompt multiplies with: a register-only
-// loop of AMX TDPBF16PS tiles (the path of a CPU with AMX) or of AVX-512 VDPBF16PS (a CPU with
-// AVX-512 BF16 and no AMX, or Context::amx false), on each of n threads at once. `mla bench`
+// loop of AMX TDPBF16PS tiles (the path of a CPU with AMX), of AVX-512 VDPBF16PS (a CPU with
+// AVX-512 BF16 and no AMX, or Context::amx false) or of float32 VFMADD231PS (where those outrun
+// VDPBF16PS: dispatch.h, CpuFeatures::fma_gemm), on each of n threads at once. `mla bench`
 // sets the prompt's FLOP rate against it, as it sets decode against the memory read loop.
 #pragma once
 #include <cstdint>
@@ -9,8 +10,9 @@
 
 namespace mla::cpu {
 
-enum class PeakPath { AmxTiles, Vdpbf16ps };
-const char* peak_path_name(PeakPath p);  // "TDPBF16PS (AMX tiles)", "VDPBF16PS (AVX-512 BF16)"
+enum class PeakPath { AmxTiles, Vdpbf16ps, Fma };
+// "TDPBF16PS (AMX tiles)", "VDPBF16PS (AVX-512 BF16)", "VFMADD231PS (AVX-512 float32 FMA)"
+const char* peak_path_name(PeakPath p);
 
 // The path the prompt's products take in ctx on this CPU (dispatch.h: features(ctx)).
 PeakPath prompt_peak_path(const Context& ctx);
@@ -18,10 +20,11 @@ PeakPath prompt_peak_path(const Context& ctx);
 // Floating-point operations of one instruction (a multiply and an add per product):
 //  TDPBF16PS on full tiles: 16 x 16 float32 outputs, each the sum of 16 pairs = 32 products:
 //    2 * 16 * 16 * 32 = 16384;
-//  VDPBF16PS on zmm: 16 float32 lanes, each 2 products: 2 * 16 * 2 = 64.
+//  VDPBF16PS on zmm: 16 float32 lanes, each 2 products: 2 * 16 * 2 = 64;
+//  VFMADD231PS on zmm: 16 lanes, one product each: 2 * 16 = 32.
 double flops_per_instruction(PeakPath p);
 
-// One thread's loop (amx_peak_loop, dpbf16_peak_loop): `iters` rounds with the second operand
+// One thread's loop (amx_peak_loop, dpbf16_peak_loop, fma_peak_loop): `iters` rounds with the second operand
 // `b` everywhere (the first is 1.0). instructions: how many the loop issued; sum: the sum of
 // every output after it, which is instructions * products per instruction * b while it is
 // exact in float32 (the unit test's check of flops_per_instruction).
@@ -36,7 +39,7 @@ PeakRun peak_loop(PeakPath p, int64_t iters, float b);
 double peak_gflops(PeakPath p, int threads, int passes, int64_t iters);
 
 // Rounds per thread for a loop of about `ms` milliseconds on a core of a few GHz (TDPBF16PS
-// about 16 cycles, VDPBF16PS 2 per cycle).
+// about 16 cycles, VDPBF16PS and VFMADD231PS 2 per cycle at best).
 int64_t peak_iters(PeakPath p, double ms);
 
 }  // namespace mla::cpu

@@ -41,6 +41,12 @@ struct Context {
   // GEMV tiles, the expanded attention). False runs the kernels of a CPU with AVX-512 BF16 and
   // no AMX (VDPBF16PS), so that path is measured and tested on an AMX machine too.
   bool amx = true;
+  // Where AMX is not used, which kernel runs the fast precision's prompt-sized bf16 products
+  // (dispatch.h): VDPBF16PS (dpbf16_gemm.h) or float32 FMAs on weights widened from bf16
+  // (fma_gemm.h). Auto takes the FMAs on a CPU where their peak measures at least 1.5x
+  // VDPBF16PS's FLOPs (CpuFeatures::fma_gemm: the development Xeon, 2x), else VDPBF16PS.
+  enum class VectorGemm { Auto, Vdpbf16ps, Fma };
+  VectorGemm vector_gemm = VectorGemm::Auto;
 
   // The thread count the kernels use: threads, or OpenMP's default when it is 0 (at least 1).
   int num_threads() const;

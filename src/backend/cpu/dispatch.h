@@ -13,10 +13,12 @@ namespace mla::cpu {
 
 // What the CPU offers beyond the AVX-512 (F, BW, VL, BF16) the engine is built for.
 struct CpuFeatures {
-  bool amx = false;  // AMX-BF16 tiles, granted to this process by the kernel
+  bool amx = false;       // AMX-BF16 tiles, granted to this process by the kernel
+  bool fma_gemm = false;  // float32 FMAs outrun VDPBF16PS here (fma_beats_vdpbf16ps, timed once)
 };
 CpuFeatures host_features();  // this machine's (detected once)
-// The features the kernels of ctx may use: the host's, without AMX where ctx.amx is false.
+// The features the kernels of ctx may use: the host's, without AMX where ctx.amx is false, with
+// fma_gemm as ctx.vector_gemm sets it.
 CpuFeatures features(const Context& ctx);
 
 enum class Kernel {
@@ -26,6 +28,7 @@ enum class Kernel {
   GemvAmxFp8,     // FP8 rows decoded onto AMX tiles, 2 to 16 tokens (fast; amx.h)
   AmxGemm,        // bf16 GEMM on AMX tiles, amx_gemm_rows32, 32 weight rows at a time (fast; gemm.h)
   Dpbf16Gemm,     // bf16 GEMM on VDPBF16PS, dpbf16_gemm_rows32, activations row-major (fast, no AMX; dpbf16_gemm.h)
+  FmaGemm,        // bf16 weights x float32 activations on FMAs, fma_gemm_rows32 (fast, no AMX; fma_gemm.h)
   OnednnBf16,     // oneDNN's bf16 matmul primitive (fast; gemm.h)
   Sgemm,          // float32 weights straight into oneDNN's sgemm (precise)
   DequantSgemm,   // blocks of rows dequantized to float32, then sgemm (precise)
@@ -42,8 +45,8 @@ int64_t gemv_max_tokens(const Context& ctx, const MatrixView& W, const CpuFeatur
 Kernel gemv_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f);
 
 // The bf16 GEMM of a product past the GEMV's tokens (matmul_bf16, gemm.h) where K is a multiple
-// of 32: AmxGemm up to 127 tokens where the CPU has AMX (OnednnBf16 from 128 on), Dpbf16Gemm at
-// any token count without AMX. Other K: OnednnBf16.
+// of 32: AmxGemm up to 127 tokens where the CPU has AMX (OnednnBf16 from 128 on); without AMX,
+// FmaGemm from 16 tokens where f.fma_gemm, else Dpbf16Gemm. Other K: OnednnBf16.
 Kernel gemm_bf16_kernel(int64_t T, const MatrixView& W, const CpuFeatures& f);
 
 // The kernel matmul runs a product of T tokens on: the GEMV's up to gemv_max_tokens; past it,

@@ -20,6 +20,7 @@
 #include "backend/cpu/decode_avx512.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/dpbf16_gemm.h"
+#include "backend/cpu/fma_gemm.h"
 #include "backend/cpu/onednn_threads.h"
 #include "backend/cpu/parallel.h"
 
@@ -80,7 +81,7 @@ inline void store_bf16x32(uint16_t* dst, __m512 a, __m512 b) {
 
 struct Scratch {
   std::vector<uint16_t> a, w, p;
-  std::vector<float> c;
+  std::vector<float> c, f;
 };
 
 constexpr int64_t kAmxRows = 32;
@@ -92,33 +93,44 @@ constexpr int64_t kAmxRows = 32;
 // tokens 1.05.
 int64_t amx_pass_tokens(int64_t K) { return std::clamp<int64_t>((int64_t(1) << 19) / K / 48 * 48, 48, 512); }
 
-// The AMX and VDPBF16PS paths of matmul_bf16: activations converted to bf16 once per pass of
-// tokens (and packed into B tiles for amx_gemm_rows32; dpbf16_gemm_rows32 reads them row-major),
-// the weight rows split across the threads 32 at a time. bf16 weights are read where they lie;
-// other formats are decoded to bf16 32 rows at a time into a per-thread buffer. A short last
-// block is padded.
+// The AMX, VDPBF16PS and FMA paths of matmul_bf16, the weight rows split across the threads 32
+// at a time. bf16 weights are read where they lie; other formats are decoded to bf16 32 rows at
+// a time into a per-thread buffer (a short last block is padded). The activations, per pass of
+// tokens: converted to bf16 (and packed into B tiles for amx_gemm_rows32; dpbf16_gemm_rows32
+// reads them row-major), or for fma_gemm_rows32 left in float32, permuted into the decoded rows'
+// column order where that differs (INT4).
 void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y,
                    int64_t ldy, Kernel kernel, Scratch& s) {
-  const bool amx = kernel == Kernel::AmxGemm;
+  const bool amx = kernel == Kernel::AmxGemm, fma = kernel == Kernel::FmaGemm;
   const int64_t N = W.rows, K = W.cols;
   const bool direct = W.format == WeightFormat::BF16;
+  const bool permute_f32 = fma && !direct && layout_of(W.format) != Layout::Natural;
   const int64_t blocks = (N + kAmxRows - 1) / kAmxRows;
   // Passes of equal size (a short last pass would read every weight again for a few tokens).
   const int64_t npass = (T + amx_pass_tokens(K) - 1) / amx_pass_tokens(K);
   const int64_t pass = (T + npass - 1) / npass;
   for (int64_t t0 = 0; t0 < T; t0 += pass) {
     const int64_t tn = std::min(pass, T - t0);
-    if (s.a.size() < size_t(tn * K)) s.a.resize(size_t(tn * K));
+    if (!fma && s.a.size() < size_t(tn * K)) s.a.resize(size_t(tn * K));
     if (amx && s.p.size() < size_t(amx_packed_size(tn, K))) s.p.resize(size_t(amx_packed_size(tn, K)));
+    if (permute_f32 && s.f.size() < size_t(tn * K)) s.f.resize(size_t(tn * K));
     const uint16_t* xa = s.a.data();
     const uint16_t* xp = s.p.data();
+    const float* xf = permute_f32 ? s.f.data() : x + t0 * ldx;
+    const int64_t ldf = permute_f32 ? K : ldx;
     parallel_region(ctx, true, [&] {
-    // Activations to bf16 (and packed), 16 tokens (one token tile) per iteration.
+    // Activations to bf16 (and packed), or permuted, 16 tokens (one token tile) per iteration.
+    if (!fma || permute_f32) {
 #pragma omp for schedule(static)
-    for (int64_t tb = 0; tb < (tn + 15) / 16; ++tb) {
-      const int64_t m0 = tb * 16, mn = std::min<int64_t>(16, tn - m0);
-      activations_bf16(x + (t0 + m0) * ldx, mn, ldx, K, W.format, !direct, s.a.data() + m0 * K, K);
-      if (amx) amx_pack_activations(s.a.data() + m0 * K, mn, K, K, s.p.data() + m0 * K);
+      for (int64_t tb = 0; tb < (tn + 15) / 16; ++tb) {
+        const int64_t m0 = tb * 16, mn = std::min<int64_t>(16, tn - m0);
+        if (fma) {
+          activations_f32_permuted(x + (t0 + m0) * ldx, mn, ldx, K, W.format, s.f.data() + m0 * K, K);
+          continue;
+        }
+        activations_bf16(x + (t0 + m0) * ldx, mn, ldx, K, W.format, !direct, s.a.data() + m0 * K, K);
+        if (amx) amx_pack_activations(s.a.data() + m0 * K, mn, K, K, s.p.data() + m0 * K);
+      }
     }
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
@@ -133,8 +145,10 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
         w = rows.data();
       }
       const bool prefetch = direct && nr == kAmxRows;
-      if (amx) amx_gemm_rows32(xp, tn, K, w, K, nr, prefetch, y + t0 * ldy + n0, ldy);
-      else dpbf16_gemm_rows32(xa, tn, K, K, w, K, nr, prefetch, y + t0 * ldy + n0, ldy);
+      float* yb = y + t0 * ldy + n0;
+      if (amx) amx_gemm_rows32(xp, tn, K, w, K, nr, prefetch, yb, ldy);
+      else if (fma) fma_gemm_rows32(xf, tn, K, ldf, w, K, nr, yb, ldy);
+      else dpbf16_gemm_rows32(xa, tn, K, K, w, K, nr, prefetch, yb, ldy);
     }
     });
   }
@@ -154,6 +168,22 @@ void activations_bf16(const float* x, int64_t T, int64_t ldx, int64_t K, WeightF
       store_bf16x32(out + c * kChunk, _mm512_permutex2var_ps(lo, p.a, hi), _mm512_permutex2var_ps(lo, p.b, hi));
     }
     for (int64_t k = Kc * kChunk; k < K; ++k) out[k] = f32_to_bf16(src[k]);
+  }
+}
+
+void activations_f32_permuted(const float* x, int64_t T, int64_t ldx, int64_t K, WeightFormat format, float* dst,
+                              int64_t ld) {
+  const ChunkPerm p = chunk_perm(layout_of(format));
+  const int64_t Kc = K / kChunk;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* src = x + t * ldx;
+    float* out = dst + t * ld;
+    for (int64_t c = 0; c < Kc; ++c) {
+      const __m512 lo = _mm512_loadu_ps(src + c * kChunk), hi = _mm512_loadu_ps(src + c * kChunk + 16);
+      _mm512_storeu_ps(out + c * kChunk, _mm512_permutex2var_ps(lo, p.a, hi));
+      _mm512_storeu_ps(out + c * kChunk + 16, _mm512_permutex2var_ps(lo, p.b, hi));
+    }
+    std::copy(src + Kc * kChunk, src + K, out + Kc * kChunk);
   }
 }
 
@@ -263,7 +293,7 @@ void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
   // read 19.9 GB/s of weights and oneDNN, which packs the weights on every call, 14.3.
   // Without AMX (or with ctx.amx false) every product with K % 32 == 0 runs on VDPBF16PS, so
   // that path's figures are its own (oneDNN would pick AMX on a machine that has it).
-  if (const Kernel k = gemm_bf16_kernel(T, W, features(ctx)); k == Kernel::AmxGemm || k == Kernel::Dpbf16Gemm) {
+  if (const Kernel k = gemm_bf16_kernel(T, W, features(ctx)); k == Kernel::AmxGemm || k == Kernel::Dpbf16Gemm || k == Kernel::FmaGemm) {
     matmul_packed(ctx, x, T, ldx, W, y, ldy, k, s);
     return;
   }

@@ -1,6 +1,7 @@
 // Prompt-sized matrix products in fast precision: bf16 x bf16 -> float32 GEMMs where the inner
 // dimension is a multiple of 32 on our AMX kernel (amx.h, up to 127 tokens) where the CPU has AMX
-// and Context::amx allows, on our VDPBF16PS kernel (dpbf16_gemm.h, any token count) where not;
+// and Context::amx allows, on our VDPBF16PS kernel (dpbf16_gemm.h, any token count) where not,
+// or bf16 weights x float32 activations on FMAs (fma_gemm.h) where those outrun VDPBF16PS;
 // otherwise on oneDNN's matmul primitive. Weights in bf16 are used in place; other formats are dequantized
 // block by block into bf16 with the AVX-512 decoders.
 #pragma once
@@ -11,8 +12,8 @@
 
 namespace mla::cpu {
 
-// y[t, :] = W x[t, :] for t < T, activations and weights rounded to bf16 (round to nearest even),
-// float32 accumulation. x: [T, W.cols] stride ldx; y: [T, W.rows] stride ldy. On the kernel
+// y[t, :] = W x[t, :] for t < T, weights rounded to bf16 and activations too (round to nearest
+// even; the FMA kernel keeps them in float32), float32 accumulation. x: [T, W.cols] stride ldx; y: [T, W.rows] stride ldy. On the kernel
 // gemm_bf16_kernel(T, W, features(ctx)) names (dispatch.h), on ctx's threads.
 void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy);
 
@@ -30,5 +31,10 @@ void dequant_rows_bf16(const MatrixView& W, int64_t n0, int64_t n1, uint16_t* ds
 // dequant_rows_bf16 uses for `format` (natural when `permute` is false).
 void activations_bf16(const float* x, int64_t T, int64_t ldx, int64_t K, WeightFormat format, bool permute,
                       uint16_t* dst, int64_t ld);
+
+// Activations x [T, K] as float32 into dst (row stride ld), permuted within each chunk of 32
+// into the column order dequant_rows_bf16 uses for `format` (the FMA kernel's decoded rows).
+void activations_f32_permuted(const float* x, int64_t T, int64_t ldx, int64_t K, WeightFormat format, float* dst,
+                              int64_t ld);
 
 }  // namespace mla::cpu

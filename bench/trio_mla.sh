@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# `mla bench` as ../shared/peer/ik_llama/bench_trio.sh runs it (MLA=bench/trio_mla.sh), without
+# the sections that script does not read: speculative decoding and the 1-against-2-thread
+# scaling. Decode, the prompt and their bandwidth and compute-peak probes run as they would
+# otherwise, and a round takes about half the time.
+exec "${MLA_BIN:-$(cd "$(dirname "$0")/.." && pwd)/build/mla}" "$@" --spec-tokens 0 --no-scaling

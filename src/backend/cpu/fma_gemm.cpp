@@ -1,0 +1,169 @@
+// bf16-weight GEMM on float32 FMAs (see fma_gemm.h).
+#include "backend/cpu/fma_gemm.h"
+
+// GCC 12's AVX-512 headers build results on _mm512_undefined_*(), which -Wuninitialized reports
+// at every inlined use (GCC bug 105593): a false positive, as in decode_avx512.h.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "backend/cpu/dpbf16_gemm.h"
+
+namespace mla::cpu {
+
+namespace {
+
+constexpr int kRows = 32;    // weight rows per block: two zmm of float32 lanes
+constexpr int kTokens = 12;  // most tokens per register block: 24 accumulators
+
+// Transposes 16 rows of 16 dwords: r[j] holds dword j of every row afterwards.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
+  }
+}
+
+// out[p * 32 + r] = the dword (W[r, 2p], W[r, 2p + 1]) for the 32 rows and K / 2 column pairs.
+void pack_pairs(const uint16_t* W, int64_t ldw, int64_t K, uint32_t* out) {
+  for (int64_t k0 = 0; k0 < K; k0 += 32)
+    for (int h = 0; h < 2; ++h) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(W + (h * 16 + i) * ldw + k0);
+      transpose16(r);
+      for (int j = 0; j < 16; ++j) _mm512_store_si512(out + (k0 / 2 + j) * kRows + h * 16, r[j]);
+    }
+}
+
+// y[t, 0..31] for T tokens over the packed pairs of K columns; rows past `rows` not stored.
+template <int T>
+void micro(const uint32_t* p, const float* x, int64_t ldx, int64_t K, int rows, float* y, int64_t ldy) {
+  __m512 a0[T], a1[T];
+#pragma GCC unroll 12
+  for (int t = 0; t < T; ++t) a0[t] = a1[t] = _mm512_setzero_ps();
+  const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
+  for (int64_t k = 0; k < K; k += 2, p += kRows) {
+    const __m512i r0 = _mm512_load_si512(p), r1 = _mm512_load_si512(p + 16);
+    // Column k: the low words, widened by a shift; column k + 1: the high words, masked.
+    const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(r0, 16)), e1 = _mm512_castsi512_ps(_mm512_slli_epi32(r1, 16));
+#pragma GCC unroll 12
+    for (int t = 0; t < T; ++t) {
+      const __m512 b = _mm512_set1_ps(x[t * ldx + k]);
+      a0[t] = _mm512_fmadd_ps(e0, b, a0[t]);
+      a1[t] = _mm512_fmadd_ps(e1, b, a1[t]);
+    }
+    const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(r0, high)), o1 = _mm512_castsi512_ps(_mm512_and_si512(r1, high));
+#pragma GCC unroll 12
+    for (int t = 0; t < T; ++t) {
+      const __m512 b = _mm512_set1_ps(x[t * ldx + k + 1]);
+      a0[t] = _mm512_fmadd_ps(o0, b, a0[t]);
+      a1[t] = _mm512_fmadd_ps(o1, b, a1[t]);
+    }
+  }
+  const __mmask16 m0 = __mmask16((1u << std::min(rows, 16)) - 1);
+  const __mmask16 m1 = rows > 16 ? __mmask16((1u << std::min(rows - 16, 16)) - 1) : __mmask16(0);
+#pragma GCC unroll 12
+  for (int t = 0; t < T; ++t) {
+    _mm512_mask_storeu_ps(y + t * ldy, m0, a0[t]);
+    _mm512_mask_storeu_ps(y + t * ldy + 16, m1, a1[t]);
+  }
+}
+
+}  // namespace
+
+void fma_gemm_rows32(const float* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
+                     int64_t rows, float* y, int64_t ldy) {
+  // Each thread's buffer, kept between calls, its start rounded up to a cache line.
+  thread_local std::vector<uint32_t> buf;
+  if (buf.size() < size_t(K / 2 * kRows + 16)) buf.resize(size_t(K / 2 * kRows + 16));
+  uint32_t* const packed = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+  pack_pairs(W, ldw, K, packed);
+  // Token groups of nearly equal size, at most 12 (29 tokens: 10, 10, 9).
+  const int64_t groups = (M + kTokens - 1) / kTokens;
+  const int nr = int(rows);
+  int64_t t0 = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t left = groups - g, tn = (M - t0 + left - 1) / left;
+    const float* xo = x + t0 * ldx;
+    float* yo = y + t0 * ldy;
+    const uint32_t* p = packed;
+    switch (tn) {
+      case 1: micro<1>(p, xo, ldx, K, nr, yo, ldy); break;
+      case 2: micro<2>(p, xo, ldx, K, nr, yo, ldy); break;
+      case 3: micro<3>(p, xo, ldx, K, nr, yo, ldy); break;
+      case 4: micro<4>(p, xo, ldx, K, nr, yo, ldy); break;
+      case 5: micro<5>(p, xo, ldx, K, nr, yo, ldy); break;
+      case 6: micro<6>(p, xo, ldx, K, nr, yo, ldy); break;
+      case 7: micro<7>(p, xo, ldx, K, nr, yo, ldy); break;
+      case 8: micro<8>(p, xo, ldx, K, nr, yo, ldy); break;
+      case 9: micro<9>(p, xo, ldx, K, nr, yo, ldy); break;
+      case 10: micro<10>(p, xo, ldx, K, nr, yo, ldy); break;
+      case 11: micro<11>(p, xo, ldx, K, nr, yo, ldy); break;
+      default: micro<12>(p, xo, ldx, K, nr, yo, ldy); break;
+    }
+    t0 += tn;
+  }
+}
+
+double fma_peak_loop(int64_t iters, float b) {
+  __m512 acc[16];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  const __m512 one = _mm512_set1_ps(1.0f);
+  __m512 bv = _mm512_set1_ps(b);
+  for (int64_t i = 0; i < iters; ++i) {
+    // Keeps the operand in a register the compiler cannot hoist the products out of the loop for.
+    asm volatile("" : "+v"(bv));
+#pragma GCC unroll 16
+    for (int a = 0; a < 16; ++a) acc[a] = _mm512_fmadd_ps(one, bv, acc[a]);
+  }
+  double sum = 0;
+  alignas(64) float lanes[16];
+  for (auto& a : acc) {
+    _mm512_store_ps(lanes, a);
+    for (float v : lanes) sum += v;
+  }
+  return sum;
+}
+
+bool fma_beats_vdpbf16ps() {
+  // FLOPs per second of each loop: 16 instructions a round, 32 (FMA) or 64 (VDPBF16PS) FLOPs each.
+  const auto rate = [](auto loop, int64_t iters, double flops) {
+    double best = 0;
+    volatile double sink = 0;
+    for (int pass = 0; pass < 4; ++pass) {  // pass 0 warms the unit up
+      const auto t0 = std::chrono::steady_clock::now();
+      sink = sink + loop(iters, 1.0f / 1024);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (pass > 0 && s > 0) best = std::max(best, double(iters) * 16 * flops / s);
+    }
+    return best;
+  };
+  const double fma = rate(fma_peak_loop, 100000, 32), dp = rate(dpbf16_peak_loop, 50000, 64);
+  return fma >= 1.5 * dp;
+}
+
+}  // namespace mla::cpu
