@@ -45,6 +45,11 @@ int run(int argc, char** argv) {
                  "on | off: off runs the AVX-512 BF16 (VDPBF16PS) kernels where the CPU has AMX, the path of a CPU "
                  "without it")
       ->check(CLI::IsMember({"on", "off"}));
+  std::string vector_gemm = "auto";
+  app.add_option("--vector-gemm", vector_gemm,
+                 "auto | vdpbf16ps | fma: the prompt's bf16 products where AMX is not used, on VDPBF16PS or on float32 "
+                 "FMAs over bf16 weights (auto: the FMAs where their peak measures at least 1.5x VDPBF16PS's here)")
+      ->check(CLI::IsMember({"auto", "vdpbf16ps", "fma"}));
   app.add_flag("!--no-scaling", o.scaling, "skip decode and prompt on 1 thread against all");
   mla::cli::QuantizeOptions quantize;
   mla::cli::add_quantize_options(app, quantize);
@@ -78,6 +83,9 @@ int run(int argc, char** argv) {
   }
   o.quantize = quantize.parsed();
   o.amx = amx == "on";
+  o.vector_gemm = vector_gemm == "fma"         ? mla::cpu::Context::VectorGemm::Fma
+                  : vector_gemm == "vdpbf16ps" ? mla::cpu::Context::VectorGemm::Vdpbf16ps
+                                               : mla::cpu::Context::VectorGemm::Auto;
   std::erase(o.batches, 0);
   auto rep = mla::bench::run(o);
   std::fputs(mla::bench::format_report(rep).c_str(), stdout);

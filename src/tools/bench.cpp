@@ -500,6 +500,7 @@ Report run(const Options& opt) {
   else throw std::invalid_argument("--huge-pages: unknown '" + opt.huge_pages + "' (auto, on, off)");
   ctx.precision = cpu::parse_precision(opt.precision);
   ctx.amx = opt.amx;
+  ctx.vector_gemm = opt.vector_gemm;
   rep.threads = ctx.num_threads();
 
   rep.dir = opt.dir.empty() ? (std::filesystem::temp_directory_path() /
