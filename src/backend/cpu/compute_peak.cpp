@@ -8,10 +8,46 @@
 
 #include "backend/cpu/amx.h"
 #include "backend/cpu/dispatch.h"
-#include "backend/cpu/dpbf16_gemm.h"
-#include "backend/cpu/fma_gemm.h"
+#include "backend/cpu/decode_avx512.h"
 
 namespace mla::cpu {
+
+namespace {
+
+// `iters` rounds of 16 products op(acc, one, b) into 16 zmm accumulators, the operands in
+// registers; returns the sum of every accumulator lane at the end.
+template <class V, class Op>
+double zmm_peak_loop(int64_t iters, V one, V b, Op op) {
+  __m512 acc[16];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (int64_t i = 0; i < iters; ++i) {
+    // Keeps the operand in a register the compiler cannot hoist the products out of the loop for.
+    asm volatile("" : "+v"(b));
+#pragma GCC unroll 16
+    for (int a = 0; a < 16; ++a) acc[a] = op(acc[a], one, b);
+  }
+  double sum = 0;
+  alignas(64) float lanes[16];
+  for (auto& a : acc) {
+    _mm512_store_ps(lanes, a);
+    for (float v : lanes) sum += v;
+  }
+  return sum;
+}
+
+// VDPBF16PS: 1.0 and b in every bf16 word, 16 lanes += 2 products each.
+double dpbf16_peak_loop(int64_t iters, float b) {
+  return zmm_peak_loop(iters, _mm512_set1_epi16(short(f32_to_bf16(1.0f))), _mm512_set1_epi16(short(f32_to_bf16(b))),
+                       [](__m512 acc, __m512i x, __m512i y) { return _mm512_dpbf16_ps(acc, avx512::as_bh(x), avx512::as_bh(y)); });
+}
+
+// VFMADD231PS: 16 lanes += 1.0 * b.
+double fma_peak_loop(int64_t iters, float b) {
+  return zmm_peak_loop(iters, _mm512_set1_ps(1.0f), _mm512_set1_ps(b),
+                       [](__m512 acc, __m512 x, __m512 y) { return _mm512_fmadd_ps(x, y, acc); });
+}
+
+}  // namespace
 
 const char* peak_path_name(PeakPath p) {
   switch (p) {
@@ -43,6 +79,23 @@ PeakRun peak_loop(PeakPath p, int64_t iters, float b) {
   }
   if (p == PeakPath::Fma) return {16 * iters, fma_peak_loop(iters, b)};
   return {16 * iters, dpbf16_peak_loop(iters, b)};
+}
+
+bool fma_beats_vdpbf16ps() {
+  // FLOPs per second of each loop on this thread: 16 instructions a round, 32 (FMA) or 64
+  // (VDPBF16PS) FLOPs each.
+  const auto rate = [](double (*loop)(int64_t, float), int64_t iters, double flops) {
+    double best = 0;
+    volatile double sink = 0;
+    for (int pass = 0; pass < 4; ++pass) {  // pass 0 warms the unit up
+      const auto t0 = std::chrono::steady_clock::now();
+      sink = sink + loop(iters, 1.0f / 1024);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (pass > 0 && s > 0) best = std::max(best, double(iters) * 16 * flops / s);
+    }
+    return best;
+  };
+  return rate(fma_peak_loop, 100000, 32) >= 1.5 * rate(dpbf16_peak_loop, 50000, 64);
 }
 
 int64_t peak_iters(PeakPath p, double ms) {

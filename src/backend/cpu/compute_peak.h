@@ -38,6 +38,13 @@ PeakRun peak_loop(PeakPath p, int64_t iters, float b);
 // region), best of `passes`. Requires the path on this CPU (AMX: amx_available()).
 double peak_gflops(PeakPath p, int threads, int passes, int64_t iters);
 
+// Whether float32 FMAs deliver at least 1.5x the FLOPs of VDPBF16PS on this core, timed with the
+// two peak loops on one thread (about a millisecond each, best of 3): dispatch.h's
+// CpuFeatures::fma_gemm. The FMA GEMM pays for its transposes and widenings (a 512-token prompt
+// ran 0.62-0.66 of the FMA loop where the VDPBF16PS kernel ran 0.81-0.88 of its own), so it is
+// chosen only where its peak is well ahead.
+bool fma_beats_vdpbf16ps();
+
 // Rounds per thread for a loop of about `ms` milliseconds on a core of a few GHz (TDPBF16PS
 // about 16 cycles, VDPBF16PS and VFMADD231PS 2 per cycle at best).
 int64_t peak_iters(PeakPath p, double ms);

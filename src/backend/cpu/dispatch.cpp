@@ -3,7 +3,7 @@
 
 #include "backend/cpu/amx.h"
 #include "backend/cpu/decode_avx512.h"
-#include "backend/cpu/fma_gemm.h"
+#include "backend/cpu/compute_peak.h"
 
 #include <limits>
 

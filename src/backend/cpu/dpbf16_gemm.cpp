@@ -99,24 +99,4 @@ void dpbf16_gemm_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, co
   }
 }
 
-double dpbf16_peak_loop(int64_t iters, float b) {
-  __m512 acc[16];
-  for (auto& a : acc) a = _mm512_setzero_ps();
-  const __m512i one = _mm512_set1_epi16(short(f32_to_bf16(1.0f)));
-  __m512i bv = _mm512_set1_epi16(short(f32_to_bf16(b)));
-  for (int64_t i = 0; i < iters; ++i) {
-    // Keeps the operand in a register the compiler cannot hoist the products out of the loop for.
-    asm volatile("" : "+v"(bv));
-#pragma GCC unroll 16
-    for (int a = 0; a < 16; ++a) acc[a] = _mm512_dpbf16_ps(acc[a], as_bh(one), as_bh(bv));
-  }
-  double sum = 0;
-  alignas(64) float lanes[16];
-  for (auto& a : acc) {
-    _mm512_store_ps(lanes, a);
-    for (float v : lanes) sum += v;
-  }
-  return sum;
-}
-
 }  // namespace mla::cpu

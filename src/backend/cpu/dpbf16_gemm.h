@@ -19,9 +19,4 @@ namespace mla::cpu {
 void dpbf16_gemm_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
                         int64_t rows, bool prefetch, float* y, int64_t ldy);
 
-// The compute peak (compute_peak.h): `iters` rounds of 16 VDPBF16PS on zmm registers into 16
-// accumulators (16 lanes += 2 bf16 products each), operands in registers: 1.0 and `b` in every
-// bf16 word. Returns the sum of every accumulator lane at the end.
-double dpbf16_peak_loop(int64_t iters, float b);
-
 }  // namespace mla::cpu

@@ -8,11 +8,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <vector>
 
-#include "backend/cpu/dpbf16_gemm.h"
 
 namespace mla::cpu {
 
@@ -127,43 +125,6 @@ void fma_gemm_rows32(const float* x, int64_t M, int64_t K, int64_t ldx, const ui
     }
     t0 += tn;
   }
-}
-
-double fma_peak_loop(int64_t iters, float b) {
-  __m512 acc[16];
-  for (auto& a : acc) a = _mm512_setzero_ps();
-  const __m512 one = _mm512_set1_ps(1.0f);
-  __m512 bv = _mm512_set1_ps(b);
-  for (int64_t i = 0; i < iters; ++i) {
-    // Keeps the operand in a register the compiler cannot hoist the products out of the loop for.
-    asm volatile("" : "+v"(bv));
-#pragma GCC unroll 16
-    for (int a = 0; a < 16; ++a) acc[a] = _mm512_fmadd_ps(one, bv, acc[a]);
-  }
-  double sum = 0;
-  alignas(64) float lanes[16];
-  for (auto& a : acc) {
-    _mm512_store_ps(lanes, a);
-    for (float v : lanes) sum += v;
-  }
-  return sum;
-}
-
-bool fma_beats_vdpbf16ps() {
-  // FLOPs per second of each loop: 16 instructions a round, 32 (FMA) or 64 (VDPBF16PS) FLOPs each.
-  const auto rate = [](auto loop, int64_t iters, double flops) {
-    double best = 0;
-    volatile double sink = 0;
-    for (int pass = 0; pass < 4; ++pass) {  // pass 0 warms the unit up
-      const auto t0 = std::chrono::steady_clock::now();
-      sink = sink + loop(iters, 1.0f / 1024);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (pass > 0 && s > 0) best = std::max(best, double(iters) * 16 * flops / s);
-    }
-    return best;
-  };
-  const double fma = rate(fma_peak_loop, 100000, 32), dp = rate(dpbf16_peak_loop, 50000, 64);
-  return fma >= 1.5 * dp;
 }
 
 }  // namespace mla::cpu

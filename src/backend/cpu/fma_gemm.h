@@ -3,7 +3,7 @@
 // zmm VDPBF16PS retires about one per 2 cycles (64 FLOPs) while VFMADD231PS retires two a cycle
 // (2 x 32 FLOPs): twice the FLOPs for float32 FMAs on weights widened from bf16 in registers.
 // On a CPU where VDPBF16PS runs at full rate (AMD Zen 4: one a cycle against one FMA) the
-// balance is the other way, so dispatch measures it (fma_beats_vdpbf16ps).
+// balance is the other way, so dispatch measures it (compute_peak.h: fma_beats_vdpbf16ps).
 //
 // Per block of 32 weight rows, the rows are first transposed into a per-thread buffer of column
 // pairs (16 KiB per 256 columns: for each pair, the 32 rows' (W[r, 2p], W[r, 2p + 1]) words side
@@ -21,15 +21,5 @@ namespace mla::cpu {
 // Per output one float32 FMA chain over the columns. Single-threaded; callers split the rows.
 void fma_gemm_rows32(const float* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
                      int64_t rows, float* y, int64_t ldy);
-
-// The compute peak of this path (compute_peak.h): `iters` rounds of 16 VFMADD231PS on zmm
-// registers into 16 accumulators, operands 1.0 and `b`. Returns the sum of every lane at the end.
-double fma_peak_loop(int64_t iters, float b);
-
-// Whether float32 FMAs deliver at least 1.5x the FLOPs of VDPBF16PS on this core, timed with the
-// two peak loops (about a millisecond each, best of 3). The FMA path pays for its transposes and
-// widenings (it reaches about 0.65 of its loop where the VDPBF16PS kernel reaches 0.9 of its own),
-// so it is chosen only where its peak is well ahead.
-bool fma_beats_vdpbf16ps();
 
 }  // namespace mla::cpu

@@ -156,35 +156,39 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
 
 }  // namespace
 
+namespace {
+
+// Calls chunk(t, c, a, b) for every token t < T and chunk c of 32 columns of x, a and b the
+// chunk's 32 values in layout l's column order (layout_col).
+template <class Chunk>
+void for_each_chunk(const float* x, int64_t T, int64_t ldx, int64_t K, Layout l, Chunk&& chunk) {
+  const ChunkPerm p = chunk_perm(l);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < K / kChunk; ++c) {
+      const float* src = x + t * ldx + c * kChunk;
+      const __m512 lo = _mm512_loadu_ps(src), hi = _mm512_loadu_ps(src + 16);
+      chunk(t, c, _mm512_permutex2var_ps(lo, p.a, hi), _mm512_permutex2var_ps(lo, p.b, hi));
+    }
+}
+
+}  // namespace
+
 void activations_bf16(const float* x, int64_t T, int64_t ldx, int64_t K, WeightFormat format, bool permute,
                       uint16_t* dst, int64_t ld) {
-  const ChunkPerm p = chunk_perm(permute ? layout_of(format) : Layout::Natural);
-  const int64_t Kc = K / kChunk;
-  for (int64_t t = 0; t < T; ++t) {
-    const float* src = x + t * ldx;
-    uint16_t* out = dst + t * ld;
-    for (int64_t c = 0; c < Kc; ++c) {
-      const __m512 lo = _mm512_loadu_ps(src + c * kChunk), hi = _mm512_loadu_ps(src + c * kChunk + 16);
-      store_bf16x32(out + c * kChunk, _mm512_permutex2var_ps(lo, p.a, hi), _mm512_permutex2var_ps(lo, p.b, hi));
-    }
-    for (int64_t k = Kc * kChunk; k < K; ++k) out[k] = f32_to_bf16(src[k]);
-  }
+  for_each_chunk(x, T, ldx, K, permute ? layout_of(format) : Layout::Natural,
+                 [&](int64_t t, int64_t c, __m512 a, __m512 b) { store_bf16x32(dst + t * ld + c * kChunk, a, b); });
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = K / kChunk * kChunk; k < K; ++k) dst[t * ld + k] = f32_to_bf16(x[t * ldx + k]);
 }
 
 void activations_f32_permuted(const float* x, int64_t T, int64_t ldx, int64_t K, WeightFormat format, float* dst,
                               int64_t ld) {
-  const ChunkPerm p = chunk_perm(layout_of(format));
-  const int64_t Kc = K / kChunk;
-  for (int64_t t = 0; t < T; ++t) {
-    const float* src = x + t * ldx;
-    float* out = dst + t * ld;
-    for (int64_t c = 0; c < Kc; ++c) {
-      const __m512 lo = _mm512_loadu_ps(src + c * kChunk), hi = _mm512_loadu_ps(src + c * kChunk + 16);
-      _mm512_storeu_ps(out + c * kChunk, _mm512_permutex2var_ps(lo, p.a, hi));
-      _mm512_storeu_ps(out + c * kChunk + 16, _mm512_permutex2var_ps(lo, p.b, hi));
-    }
-    std::copy(src + Kc * kChunk, src + K, out + Kc * kChunk);
-  }
+  for_each_chunk(x, T, ldx, K, layout_of(format), [&](int64_t t, int64_t c, __m512 a, __m512 b) {
+    _mm512_storeu_ps(dst + t * ld + c * kChunk, a);
+    _mm512_storeu_ps(dst + t * ld + c * kChunk + 16, b);
+  });
+  for (int64_t t = 0; t < T; ++t)
+    std::copy(x + t * ldx + K / kChunk * kChunk, x + t * ldx + K, dst + t * ld + K / kChunk * kChunk);
 }
 
 void dequant_rows_bf16(const MatrixView& W, int64_t n0, int64_t n1, uint16_t* dst, int64_t ld) {
