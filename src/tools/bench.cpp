@@ -501,6 +501,7 @@ Report run(const Options& opt) {
   ctx.precision = cpu::parse_precision(opt.precision);
   ctx.amx = opt.amx;
   ctx.vector_gemm = opt.vector_gemm;
+  ctx.int8_activations = opt.int8_activations;
   rep.threads = ctx.num_threads();
 
   rep.dir = opt.dir.empty() ? (std::filesystem::temp_directory_path() /

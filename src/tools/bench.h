@@ -120,6 +120,7 @@ struct Options {
   LoadQuantization quantize;  // quantize at load (weights as stored when unset)
   bool amx = true;            // false: the AVX-512 BF16 kernels where the CPU has AMX (cpu::Context::amx)
   cpu::Context::VectorGemm vector_gemm = cpu::Context::VectorGemm::Auto;  // cpu::Context::vector_gemm
+  bool int8_activations = true;                                             // cpu::Context::int8_activations
   // Decode and prompt on 1 thread against `threads`, alternating runs (skipped on one thread).
   bool scaling = true;
 };

@@ -48,6 +48,7 @@ std::string row(const Context& ctx, const MatrixView& w, const CpuFeatures& f) {
       case Kernel::AmxGemm: s += " amx"; break;
       case Kernel::Dpbf16Gemm: s += " dp"; break;
       case Kernel::FmaGemm: s += " fma"; break;
+      case Kernel::VnniGemm: s += " vnni"; break;
       case Kernel::OnednnBf16: s += " dnnl"; break;
       case Kernel::Sgemm: s += " sgemm"; break;
       case Kernel::DequantSgemm: s += " deq"; break;
@@ -85,7 +86,8 @@ TEST(Dispatch, FastWithAmx) {
 
 TEST(Dispatch, FastWithoutAmx) {
   // No tiles: FP8 keeps the GEMV up to 12 tokens like INT4, every GEMM with K % 32 == 0 goes to
-  // the VDPBF16PS GEMM at any token count, other K to oneDNN.
+  // the VDPBF16PS GEMM at any token count, other K to oneDNN; INT4 / INT8 groups of a multiple of
+  // 32 past the GEMV go to the VNNI GEMM on int8 activations.
   const Context fast = context(mla::cpu::Precision::Fast);
   const CpuFeatures no_amx{false};
   const Row rows[] = {
@@ -93,31 +95,46 @@ TEST(Dispatch, FastWithoutAmx) {
       {"f16", weight(WeightFormat::F16), "f32 f32 f32 f32 f32 dp dp dp dp dp dp"},
       {"bf16", weight(WeightFormat::BF16), "bf16 f32 f32 dp dp dp dp dp dp dp dp"},
       {"fp8", weight(WeightFormat::FP8_BLOCK128), "bf16 f32 f32 f32 f32 dp dp dp dp dp dp"},
-      {"int4 g32", weight(WeightFormat::INT4_GROUP), "bf16 f32 f32 f32 f32 dp dp dp dp dp dp"},
+      {"int4 g32", weight(WeightFormat::INT4_GROUP), "bf16 f32 f32 f32 f32 vnni vnni vnni vnni vnni vnni"},
       {"int4 g48", weight(WeightFormat::INT4_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
       {"bf16 K=7150", weight(WeightFormat::BF16, 7150), "bf16 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl dnnl dnnl"},
-      {"int8 g32", weight(WeightFormat::INT8_GROUP), "bf16 f32 f32 f32 f32 dp dp dp dp dp dp"},
+      {"int8 g32", weight(WeightFormat::INT8_GROUP), "bf16 f32 f32 f32 f32 vnni vnni vnni vnni vnni vnni"},
       {"int8 g48", weight(WeightFormat::INT8_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
   };
   for (const Row& r : rows) EXPECT_EQ(row(fast, r.w, no_amx), r.kernels) << r.name;
 }
 
 TEST(Dispatch, FastWithoutAmxWhereFmaOutrunsVdpbf16ps) {
-  // The same, but from 16 tokens on the FMA GEMM takes what went to VDPBF16PS.
+  // The same, but from 16 tokens on the FMA GEMM takes what went to VDPBF16PS (the VNNI GEMM
+  // keeps INT4 / INT8).
   const Context fast = context(mla::cpu::Precision::Fast);
   const CpuFeatures fma{false, true};
   const Row rows[] = {
       {"f32", weight(WeightFormat::F32), "f32 f32 f32 f32 f32 dp fma fma fma fma fma"},
       {"bf16", weight(WeightFormat::BF16), "bf16 f32 f32 dp dp dp fma fma fma fma fma"},
       {"fp8", weight(WeightFormat::FP8_BLOCK128), "bf16 f32 f32 f32 f32 dp fma fma fma fma fma"},
-      {"int4 g32", weight(WeightFormat::INT4_GROUP), "bf16 f32 f32 f32 f32 dp fma fma fma fma fma"},
+      {"int4 g32", weight(WeightFormat::INT4_GROUP), "bf16 f32 f32 f32 f32 vnni vnni vnni vnni vnni vnni"},
       {"int4 g48", weight(WeightFormat::INT4_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
       {"bf16 K=7150", weight(WeightFormat::BF16, 7150), "bf16 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl dnnl dnnl"},
-      {"int8 g32", weight(WeightFormat::INT8_GROUP), "bf16 f32 f32 f32 f32 dp fma fma fma fma fma"},
+      {"int8 g32", weight(WeightFormat::INT8_GROUP), "bf16 f32 f32 f32 f32 vnni vnni vnni vnni vnni vnni"},
   };
   for (const Row& r : rows) EXPECT_EQ(row(fast, r.w, fma), r.kernels) << r.name;
   // With AMX, the tiles keep every product they took.
   EXPECT_EQ(row(fast, weight(WeightFormat::BF16), CpuFeatures{true, true}), "bf16 f32 f32 amx amx amx amx amx amx dnnl dnnl");
+}
+
+TEST(Dispatch, Int8ActivationsOffKeepsIntWeightsOnTheBf16Gemms) {
+  // Context::int8_activations false: INT4 / INT8 prompts go where the other formats' go.
+  Context fast = context(mla::cpu::Precision::Fast);
+  fast.int8_activations = false;
+  for (WeightFormat f : {WeightFormat::INT4_GROUP, WeightFormat::INT8_GROUP}) {
+    EXPECT_EQ(row(fast, weight(f), CpuFeatures{false, false}), "bf16 f32 f32 f32 f32 dp dp dp dp dp dp");
+    EXPECT_EQ(row(fast, weight(f), CpuFeatures{false, true}), "bf16 f32 f32 f32 f32 dp fma fma fma fma fma");
+  }
+  // The precise precision never quantizes activations.
+  const Context precise = context(mla::cpu::Precision::Precise);
+  EXPECT_EQ(row(precise, weight(WeightFormat::INT4_GROUP), CpuFeatures{false, true}),
+            "f32 f32 f32 f32 f32 f32 f32 deq deq deq deq");
 }
 
 TEST(Dispatch, ContextWithoutAmxTakesThePathOfACpuWithout) {
@@ -163,7 +180,7 @@ TEST(Dispatch, Bf16ThresholdMovesTheGemvKernels) {
   EXPECT_EQ(row(all, weight(WeightFormat::FP8_BLOCK128), no_amx), "bf16 bf16 bf16 bf16 bf16 dp dp dp dp dp dp");
   EXPECT_EQ(row(all, weight(WeightFormat::INT4_GROUP), amx), "bf16 bf16 bf16 bf16 bf16 amx amx amx amx dnnl dnnl");
   EXPECT_EQ(row(all, weight(WeightFormat::INT8_GROUP), amx), "bf16 bf16 bf16 bf16 bf16 amx amx amx amx dnnl dnnl");
-  EXPECT_EQ(row(all, weight(WeightFormat::INT8_GROUP), no_amx), "bf16 bf16 bf16 bf16 bf16 dp dp dp dp dp dp");
+  EXPECT_EQ(row(all, weight(WeightFormat::INT8_GROUP), no_amx), "bf16 bf16 bf16 bf16 bf16 vnni vnni vnni vnni vnni vnni");
   EXPECT_EQ(row(all, weight(WeightFormat::F16), amx), "f32 f32 f32 f32 f32 amx amx amx amx dnnl dnnl");
   // gemv and gemv_batch take any token count; beyond 16 FP8 leaves the tiles.
   EXPECT_EQ(mla::cpu::gemv_kernel(all, 100, weight(WeightFormat::BF16), amx), Kernel::GemvBf16);
@@ -187,6 +204,8 @@ TEST(Dispatch, GemvTokensAndGemmKernelAgreeWithMatmul) {
           EXPECT_EQ(mla::cpu::is_gemv(k), T <= g) << mla::cpu::kernel_name(k) << " T=" << T;
           if (T <= g) {
             EXPECT_EQ(k, mla::cpu::gemv_kernel(*ctx, T, w, feat));
+          } else if (ctx->fast() && mla::is_int_group(f) && !amx) {
+            EXPECT_EQ(k, Kernel::VnniGemm);
           } else if (ctx->fast()) {
             EXPECT_EQ(k, mla::cpu::gemm_bf16_kernel(T, w, feat));
           }
@@ -197,7 +216,7 @@ TEST(Dispatch, GemvTokensAndGemmKernelAgreeWithMatmul) {
 TEST(Dispatch, KernelNamesAreDistinct) {
   std::vector<std::string> names;
   for (Kernel k : {Kernel::GemvReference, Kernel::GemvF32, Kernel::GemvBf16, Kernel::GemvAmxFp8, Kernel::AmxGemm,
-                   Kernel::Dpbf16Gemm, Kernel::FmaGemm, Kernel::OnednnBf16, Kernel::Sgemm, Kernel::DequantSgemm}) {
+                   Kernel::Dpbf16Gemm, Kernel::FmaGemm, Kernel::VnniGemm, Kernel::OnednnBf16, Kernel::Sgemm, Kernel::DequantSgemm}) {
     for (const auto& n : names) EXPECT_NE(n, mla::cpu::kernel_name(k));
     names.push_back(mla::cpu::kernel_name(k));
   }
@@ -211,6 +230,7 @@ TEST(Context, DefaultsAndThreads) {
   EXPECT_EQ(c.gemv_bf16_max_tokens, 1);
   EXPECT_TRUE(c.amx);  // AMX wherever the CPU has it
   EXPECT_EQ(c.vector_gemm, Context::VectorGemm::Auto);  // FMAs or VDPBF16PS as measured
+  EXPECT_TRUE(c.int8_activations);  // INT4 / INT8 prompts on VNNI where AMX is not used
   EXPECT_GE(c.num_threads(), 1);  // 0: OpenMP's default
   Context three;
   three.threads = 3;

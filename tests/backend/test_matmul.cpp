@@ -701,6 +701,91 @@ TEST(Matmul, FastPrecisionPromptSizedProductsOnFma) {
   check_prompt_sized_products(ctx, 1.0 / 16);
 }
 
+// The VNNI GEMM (vnni_gemm.h) on INT4 / INT8 weights, through matmul as dispatched without AMX:
+// checked twice per output. First against W x-hat in double, x-hat the activations quantized as
+// the kernel's specification says (per token and chunk of 32 columns, m its largest magnitude:
+// code round(x * (127 / m)) in float32, value code * (m / 127)), recomputed here in scalar code:
+// the integer sums are exact, so the only errors are float32 roundings, per chunk the scales'
+// product and the FMA, at most (2 chunks + 8) * 2^-24 of the sum of the terms' magnitudes.
+// Second against W x on the float32 activations: each moved by at most half a step, m / 254, so
+// the distance is at most sum_k |w_k| m_k / 254 plus those roundings.
+void check_vnni(const MatrixView& W, const float* x, int64_t T, int64_t ldx, const std::vector<float>& y,
+                int64_t ldy, const std::string& what) {
+  const int64_t K = W.cols, Kc = K / 32;
+  std::vector<float> row(static_cast<size_t>(K));
+  std::vector<double> xq(size_t(T * K)), step(size_t(T * Kc));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < Kc; ++c) {
+      const float* xc = x + t * ldx + c * 32;
+      float m = 0;
+      for (int k = 0; k < 32; ++k) m = std::max(m, std::fabs(xc[k]));
+      const float inv = m > 0 ? 127.0f / m : 0.0f, s = m / 127.0f;
+      for (int k = 0; k < 32; ++k) xq[size_t(t * K + c * 32 + k)] = double(std::nearbyint(xc[k] * inv)) * s;
+      step[size_t(t * Kc + c)] = double(m) / 254;
+    }
+  const double u = std::ldexp(1.0, -24);
+  int bad = 0;
+  for (int64_t n = 0; n < W.rows; ++n) {
+    W.dequant_row(n, row.data());
+    for (int64_t t = 0; t < T; ++t) {
+      double ref = 0, mag = 0, exact = 0, moved = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double w = row[size_t(k)], p = w * xq[size_t(t * K + k)];
+        ref += p;
+        mag += std::fabs(p);
+        exact += w * x[t * ldx + k];
+        moved += std::fabs(w) * step[size_t(t * Kc + k / 32)];
+      }
+      const double a = y[size_t(t * ldy + n)], round = (2.0 * double(Kc) + 8) * u * mag + 1e-30;
+      if (!(std::fabs(a - ref) <= round) && bad++ < 5)
+        ADD_FAILURE() << what << " row " << n << " token " << t << ": " << a << " vs " << ref
+                      << " on the quantized activations (terms " << mag << ", bound " << round << ")";
+      if (!(std::fabs(a - exact) <= moved * (1 + 1e-4) + round) && bad++ < 5)
+        ADD_FAILURE() << what << " row " << n << " token " << t << ": " << a << " vs " << exact
+                      << " on the float32 activations (half steps " << moved << ")";
+    }
+  }
+}
+
+TEST(Matmul, FastPrecisionInt8ActivationsOnVnni) {
+  // Without AMX every INT4 / INT8 product past the GEMV's 12 tokens runs on the VNNI GEMM: token
+  // counts over its groups of up to 12 (split evenly) and its passes (K = 7168: 48 tokens), row
+  // counts off a multiple of 16 (the block), K an odd number of 32-column chunks, INT4 groups of
+  // 32, 64 and 128 (a scale per chunk all the same), a token whose first chunk is all zeros
+  // (scale 0) and one of a single large value among small ones (codes 0 but one).
+  mla::cpu::Context ctx = kFast;
+  ctx.amx = false;
+  std::mt19937 rng(17);
+  struct Shape {
+    WeightFormat f;
+    int64_t rows, cols, group;
+  };
+  const Shape shapes[] = {{WeightFormat::INT4_GROUP, 77, 2048, 32}, {WeightFormat::INT8_GROUP, 77, 2048, 32},
+                          {WeightFormat::INT4_GROUP, 40, 7168, 32}, {WeightFormat::INT8_GROUP, 40, 7168, 32},
+                          {WeightFormat::INT4_GROUP, 33, 96, 32},   {WeightFormat::INT8_GROUP, 16, 96, 32},
+                          {WeightFormat::INT4_GROUP, 1, 32, 32},    {WeightFormat::INT8_GROUP, 5, 160, 32},
+                          {WeightFormat::INT4_GROUP, 48, 256, 64},  {WeightFormat::INT4_GROUP, 20, 384, 128},
+                          {WeightFormat::INT8_GROUP, 31, 256, 64}};
+  for (const Shape& sh : shapes) {
+    Owned m = random_matrix(sh.f, sh.rows, sh.cols, rng, sh.group);
+    ASSERT_EQ(mla::cpu::matmul_kernel(ctx, 13, m.view, mla::cpu::features(ctx)), mla::cpu::Kernel::VnniGemm);
+    for (int64_t T : {13, 16, 17, 24, 33, 47, 48, 52, 100, 300}) {
+      if (sh.cols == 7168 && T > 100) continue;
+      const int64_t ldx = sh.cols + 3, ldy = sh.rows + 5;
+      auto x = random_vec(size_t(T * ldx), rng);
+      for (int k = 0; k < 32; ++k) x[size_t(k)] = 0.0f;
+      for (int k = 0; k < 32; ++k) x[size_t(ldx + k)] = k == 7 ? 50.0f : 0.01f * x[size_t(ldx + k)];
+      std::vector<float> y(size_t(T * ldy), -1.0f);
+      mla::cpu::matmul(ctx, x.data(), T, ldx, m.view, y.data(), ldy);
+      check_vnni(m.view, x.data(), T, ldx, y, ldy,
+                 std::string(mla::weight_format_name(sh.f)) + " g" + std::to_string(sh.group) + " " +
+                     std::to_string(sh.rows) + "x" + std::to_string(sh.cols) + " T=" + std::to_string(T));
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t n = sh.rows; n < ldy; ++n) ASSERT_EQ(y[size_t(t * ldy + n)], -1.0f) << "wrote past the rows";
+    }
+  }
+}
+
 TEST(Precision, ParsesNames) {
   EXPECT_EQ(mla::cpu::parse_precision("fast"), mla::cpu::Precision::Fast);
   EXPECT_EQ(mla::cpu::parse_precision("precise"), mla::cpu::Precision::Precise);

@@ -47,6 +47,12 @@ struct Context {
   // VDPBF16PS's FLOPs (CpuFeatures::fma_gemm: the development Xeon, 2x), else VDPBF16PS.
   enum class VectorGemm { Auto, Vdpbf16ps, Fma };
   VectorGemm vector_gemm = VectorGemm::Auto;
+  // Where AMX is not used, whether the fast precision's prompt-sized products of INT4 / INT8
+  // group weights quantize the activations to int8 per chunk of 32 columns (a float32 scale
+  // each, as llama.cpp's Q8_0 activations) and run on VNNI's VPDPBUSD (vnni_gemm.h: 64
+  // multiply-adds an instruction against a float32 FMA's 16). False keeps those products on the
+  // bf16 / float32 GEMMs above, activations as vector_gemm's kernel takes them.
+  bool int8_activations = true;
 
   // The thread count the kernels use: threads, or OpenMP's default when it is 0 (at least 1).
   int num_threads() const;

@@ -44,6 +44,7 @@ const char* kernel_name(Kernel k) {
     case Kernel::AmxGemm: return "amx-gemm";
     case Kernel::Dpbf16Gemm: return "vdpbf16ps-gemm";
     case Kernel::FmaGemm: return "fma-gemm";
+    case Kernel::VnniGemm: return "vnni-gemm";
     case Kernel::OnednnBf16: return "onednn-bf16";
     case Kernel::Sgemm: return "sgemm";
     case Kernel::DequantSgemm: return "dequant-sgemm";
@@ -89,8 +90,10 @@ Kernel gemm_bf16_kernel(int64_t T, const MatrixView& W, const CpuFeatures& f) {
 
 Kernel matmul_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f) {
   if (T <= gemv_max_tokens(ctx, W, f)) return gemv_kernel(ctx, T, W, f);
-  if (ctx.fast() && fast_supported(W))
+  if (ctx.fast() && fast_supported(W)) {
+    if (is_int_group(W.format) && ctx.int8_activations && !f.amx) return Kernel::VnniGemm;
     return gemm_bf16_kernel(T, W, f);
+  }
   return W.format == WeightFormat::F32 ? Kernel::Sgemm : Kernel::DequantSgemm;
 }
 

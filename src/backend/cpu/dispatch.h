@@ -29,6 +29,7 @@ enum class Kernel {
   AmxGemm,        // bf16 GEMM on AMX tiles, amx_gemm_rows32, 32 weight rows at a time (fast; gemm.h)
   Dpbf16Gemm,     // bf16 GEMM on VDPBF16PS, dpbf16_gemm_rows32, activations row-major (fast, no AMX; dpbf16_gemm.h)
   FmaGemm,        // bf16 weights x float32 activations on FMAs, fma_gemm_rows32 (fast, no AMX; fma_gemm.h)
+  VnniGemm,       // INT4 / INT8 weights x int8 activations on VPDPBUSD, matmul_vnni (fast, no AMX; vnni_gemm.h)
   OnednnBf16,     // oneDNN's bf16 matmul primitive (fast; gemm.h)
   Sgemm,          // float32 weights straight into oneDNN's sgemm (precise)
   DequantSgemm,   // blocks of rows dequantized to float32, then sgemm (precise)
@@ -50,7 +51,8 @@ Kernel gemv_kernel(const Context& ctx, int64_t T, const MatrixView& W, const Cpu
 Kernel gemm_bf16_kernel(int64_t T, const MatrixView& W, const CpuFeatures& f);
 
 // The kernel matmul runs a product of T tokens on: the GEMV's up to gemv_max_tokens; past it,
-// in the fast precision, the bf16 GEMM of gemm_bf16_kernel; in the precise precision sgemm (float32 weights) or blocks dequantized to
+// in the fast precision, VnniGemm for INT4 / INT8 weights without AMX where ctx.int8_activations,
+// else the bf16 GEMM of gemm_bf16_kernel; in the precise precision sgemm (float32 weights) or blocks dequantized to
 // float32 for sgemm. INT4 / INT8 groups not a multiple of 32 have no bf16 GEMM: dequantized sgemm.
 // Reads only W's format, cols and group_size.
 Kernel matmul_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f);

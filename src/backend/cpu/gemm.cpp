@@ -23,6 +23,7 @@
 #include "backend/cpu/fma_gemm.h"
 #include "backend/cpu/onednn_threads.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/vnni_gemm.h"
 
 namespace mla::cpu {
 
@@ -191,6 +192,23 @@ void activations_f32_permuted(const float* x, int64_t T, int64_t ldx, int64_t K,
     std::copy(x + t * ldx + K / kChunk * kChunk, x + t * ldx + K, dst + t * ld + K / kChunk * kChunk);
 }
 
+void activations_int8(const float* x, int64_t T, int64_t ldx, int64_t K, WeightFormat format, int bias, int8_t* q,
+                      int64_t ldq, float* qs, int32_t* qc, int64_t lds) {
+  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for_each_chunk(x, T, ldx, K, layout_of(format), [&](int64_t t, int64_t c, __m512 a, __m512 b) {
+    const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(a, sign), _mm512_and_ps(b, sign)));
+    // A chunk of zeros gets codes 0 and scale 0; otherwise |x| * 127 / m rounds to at most 127.
+    const float inv = m > 0 ? 127.0f / m : 0.0f;
+    const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
+    const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
+    int8_t* dst = q + t * ldq + c * kChunk;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtsepi32_epi8(qa));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), _mm512_cvtsepi32_epi8(qb));
+    qs[t * lds + c] = m / 127.0f;
+    qc[t * lds + c] = -bias * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+  });
+}
+
 void dequant_rows_bf16(const MatrixView& W, int64_t n0, int64_t n1, uint16_t* dst, int64_t ld) {
   const int64_t K = W.cols, Kc = K / kChunk;
   thread_local std::vector<float> sbuf;
@@ -340,6 +358,71 @@ void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
     }
     gemm_bf16_nt(ctx, a, Mp, K, B, bn, K, K, c, bn);
     parallel_for(ctx, T, T >= 64, [&](int64_t t) { std::copy(c + t * bn, c + (t + 1) * bn, y + t * ldy + n0); });
+  }
+}
+
+namespace {
+
+// Rows [n0, n0 + rows) of W and their group scales into L2.
+void prefetch_rows(const MatrixView& W, int64_t n0, int64_t rows) {
+  const char* p = static_cast<const char*>(W.data) + size_t(n0) * W.row_bytes();
+  for (size_t o = 0; o < size_t(rows) * W.row_bytes(); o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+  const char* sp = static_cast<const char*>(W.scales) + size_t(W.row0 + n0) * size_t(W.scale_cols) * 2;
+  for (size_t o = 0; o < size_t(rows * W.scale_cols) * 2; o += 64) _mm_prefetch(sp + o, _MM_HINT_T1);
+}
+
+}  // namespace
+
+void matmul_vnni(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y,
+                 int64_t ldy) {
+  const int64_t N = W.rows, K = W.cols, Kc = K / kChunk;
+  if (T <= 0 || N <= 0) return;
+  if (!is_int_group(W.format) || !fast_supported(W))
+    throw std::invalid_argument(std::string("matmul_vnni: ") + weight_format_name(W.format) + " weights, group size " +
+                                std::to_string(W.group_size) + ": needs INT4 or INT8 groups of a multiple of 32");
+  const int bias = vnni_weight_bias(W.format);
+  struct Codes {
+    std::vector<int8_t> q;
+    std::vector<float> s;
+    std::vector<int32_t> c;
+  };
+  thread_local Codes a;
+  constexpr int64_t kRows = 16;
+  const int64_t blocks = (N + kRows - 1) / kRows;
+  // Passes of tokens whose codes (a byte a column) stay within about 512 KiB, read again for
+  // every block of rows; equal in size (a short last pass would repack every weight again for a
+  // few tokens).
+  const int64_t npass = (T + amx_pass_tokens(K) - 1) / amx_pass_tokens(K);
+  const int64_t pass = (T + npass - 1) / npass;
+  for (int64_t t0 = 0; t0 < T; t0 += pass) {
+    const int64_t tn = std::min(pass, T - t0);
+    if (a.q.size() < size_t(tn * K)) a.q.resize(size_t(tn * K));
+    if (a.s.size() < size_t(tn * Kc)) a.s.resize(size_t(tn * Kc)), a.c.resize(size_t(tn * Kc));
+    int8_t* const q = a.q.data();  // the workers below see this thread's codes through these
+    float* const qs = a.s.data();
+    int32_t* const qc = a.c.data();
+    parallel_region(ctx, true, [&] {
+#pragma omp for schedule(static)
+      for (int64_t tb = 0; tb < (tn + 15) / 16; ++tb) {
+        const int64_t m0 = tb * 16, mn = std::min<int64_t>(16, tn - m0);
+        activations_int8(x + (t0 + m0) * ldx, mn, ldx, K, W.format, bias, q + m0 * K, K, qs + m0 * Kc, qc + m0 * Kc, Kc);
+      }
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t n0 = b * kRows, nr = std::min(kRows, N - n0);
+        // Each thread's packed block and scales, kept between calls, 64-byte aligned.
+        thread_local std::vector<uint32_t> buf;
+        const size_t words = size_t(K / 4 * kRows), swords = size_t(Kc * kRows);
+        if (buf.size() < words + swords + 16) buf.resize(words + swords + 16);
+        uint32_t* const packed = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+        float* const scales = reinterpret_cast<float*>(packed + words);
+        vnni_pack_rows16(W, n0, nr, packed, scales);
+        // The next block's codes and scales (contiguous) into L2 while this one computes: the
+        // 16 rows' strided loads of the pack alone leave most of DRAM's latency exposed.
+        if (b + 1 < blocks) prefetch_rows(W, n0 + kRows, std::min(kRows, N - n0 - kRows));
+        vnni_gemm_rows16(q, qs, qc, tn, K, K, Kc, packed, scales, nr, y + t0 * ldy + n0, ldy);
+      }
+    });
   }
 }
 

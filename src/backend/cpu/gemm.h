@@ -17,6 +17,12 @@ namespace mla::cpu {
 // gemm_bf16_kernel(T, W, features(ctx)) names (dispatch.h), on ctx's threads.
 void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy);
 
+// y[t, :] = W x[t, :] for INT4 / INT8 group weights (groups a multiple of 32) on int8
+// activations: each token's chunks of 32 columns quantized to int8 (activations_int8), the
+// products on VNNI's VPDPBUSD (vnni_gemm.h), float32 sums of the chunks' scaled integer sums. On
+// ctx's threads. Kernel::VnniGemm (dispatch.h).
+void matmul_vnni(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy);
+
 // C[M, N] (float32, stride ldc) = A[M, K] (bf16, stride lda) . B[N, K]^T (bf16, stride ldb).
 // oneDNN primitives are created once per shape and thread count and kept (callers bucket M to
 // bound their number); they run on ctx.num_threads() threads.
@@ -36,5 +42,13 @@ void activations_bf16(const float* x, int64_t T, int64_t ldx, int64_t K, WeightF
 // into the column order dequant_rows_bf16 uses for `format` (the FMA kernel's decoded rows).
 void activations_f32_permuted(const float* x, int64_t T, int64_t ldx, int64_t K, WeightFormat format, float* dst,
                               int64_t ld);
+
+// Activations x [T, K] (K % 32 == 0) as int8 codes for the VNNI GEMM: per token and chunk c of 32
+// columns, m the chunk's largest magnitude, q = round(x * (127 / m)) (to nearest even, float32
+// arithmetic) into q[t * ldq + c * 32 ...] in the column order dequant_rows_bf16 uses for `format`,
+// qs[t * lds + c] = m / 127, and qc[t * lds + c] = -bias * the sum of the chunk's codes
+// (vnni_weight_bias). A chunk of zeros: codes and scale 0.
+void activations_int8(const float* x, int64_t T, int64_t ldx, int64_t K, WeightFormat format, int bias, int8_t* q,
+                      int64_t ldq, float* qs, int32_t* qc, int64_t lds);
 
 }  // namespace mla::cpu

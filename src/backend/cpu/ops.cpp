@@ -46,6 +46,10 @@ void matmul(const Context& ctx, const float* x, int64_t T, int64_t ldx, const Ma
     gemv(ctx, x, T, ldx, W, y, ldy);
     return;
   }
+  if (kernel == Kernel::VnniGemm) {
+    matmul_vnni(ctx, x, T, ldx, W, y, ldy);
+    return;
+  }
   if (kernel == Kernel::AmxGemm || kernel == Kernel::Dpbf16Gemm || kernel == Kernel::FmaGemm ||
       kernel == Kernel::OnednnBf16) {
     matmul_bf16(ctx, x, T, ldx, W, y, ldy);

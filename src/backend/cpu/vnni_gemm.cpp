@@ -1,0 +1,135 @@
+// INT4 / INT8 group weights x int8 activations on AVX-512 VNNI (see vnni_gemm.h).
+#include "backend/cpu/vnni_gemm.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "backend/cpu/decode_avx512.h"
+#include "backend/cpu/transpose_avx512.h"
+
+namespace mla::cpu {
+
+namespace {
+
+constexpr int kRows = 16;    // weight rows per block: the lanes of one zmm
+constexpr int kTokens = 12;  // most tokens per register block: 12 integer and 12 float32 sums
+
+// One row's biased codes of 64 columns (or 32 where `half`) as 64 bytes in the packed order.
+inline __m512i row_codes(const MatrixView& W, const uint8_t* row, int64_t k0, bool half) {
+  if (W.format == WeightFormat::INT8_GROUP) {
+    const __m512i bias = _mm512_set1_epi8(char(0x80));
+    const __m512i v = half ? _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k0)))
+                           : _mm512_loadu_si512(row + k0);
+    return _mm512_xor_si512(v, bias);
+  }
+  // INT4: byte i of a chunk's 16 holds columns 2i (low nibble) and 2i + 1 (high): per chunk the
+  // 16 low nibbles, then the 16 high ones (Layout::EvenOdd).
+  const __m256i nib = _mm256_set1_epi8(0x0f);
+  if (half) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k0 / 2));
+    const __m128i lo = _mm_and_si128(v, _mm256_castsi256_si128(nib));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm256_castsi256_si128(nib));
+    return _mm512_inserti32x4(_mm512_zextsi128_si512(lo), hi, 1);
+  }
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k0 / 2));
+  const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+  // 128-bit lanes (lo c, lo c+1, hi c, hi c+1) into (lo c, hi c, lo c+1, hi c+1).
+  const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  return _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+// y[t, 0..15] for T tokens over the packed block; rows past `rows` not stored.
+template <int T>
+void micro(const uint32_t* p, const float* ws, const int8_t* q, int64_t ldq, const float* qs, const int32_t* qc,
+           int64_t lds, int64_t K, int rows, float* y, int64_t ldy) {
+  __m512 f[T];
+#pragma GCC unroll 12
+  for (int t = 0; t < T; ++t) f[t] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < K / 32; ++c, p += 8 * kRows) {
+    __m512i acc[T];
+#pragma GCC unroll 12
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_set1_epi32(qc[t * lds + c]);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m512i w = _mm512_load_si512(p + j * kRows);
+#pragma GCC unroll 12
+      for (int t = 0; t < T; ++t) {
+        int32_t a;
+        std::memcpy(&a, q + t * ldq + c * 32 + 4 * j, 4);
+        acc[t] = _mm512_dpbusd_epi32(acc[t], w, _mm512_set1_epi32(a));
+      }
+    }
+    const __m512 s = _mm512_load_ps(ws + c * kRows);
+#pragma GCC unroll 12
+    for (int t = 0; t < T; ++t)
+      f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_mul_ps(s, _mm512_set1_ps(qs[t * lds + c])), f[t]);
+  }
+  const __mmask16 m = __mmask16((1u << rows) - 1);
+#pragma GCC unroll 12
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + t * ldy, m, f[t]);
+}
+
+}  // namespace
+
+int vnni_weight_bias(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::INT8_GROUP: return 128;
+    case WeightFormat::INT4_GROUP: return 8;
+    default: throw std::invalid_argument(std::string("vnni_weight_bias: ") + weight_format_name(f));
+  }
+}
+
+void vnni_pack_rows16(const MatrixView& W, int64_t n0, int64_t rows, uint32_t* packed, float* scales) {
+  const int64_t K = W.cols, Kc = K / 32;
+  const size_t row_bytes = W.row_bytes();
+  const uint8_t* base = static_cast<const uint8_t*>(W.data);
+  // A missing row repeats the last one (its results are not stored; its scales are zero).
+  auto row_of = [&](int i) { return base + size_t(n0 + std::min<int64_t>(i, rows - 1)) * row_bytes; };
+  for (int64_t k0 = 0; k0 < K; k0 += 64) {
+    const bool half = K - k0 < 64;
+    __m512i r[16];
+    for (int i = 0; i < kRows; ++i) r[i] = row_codes(W, row_of(i), k0, half);
+    transpose16(r);
+    for (int j = 0; j < (half ? 8 : 16); ++j) _mm512_store_si512(packed + (k0 / 4 + j) * kRows, r[j]);
+  }
+  thread_local std::vector<float> s;
+  if (s.size() < size_t(Kc)) s.resize(size_t(Kc));
+  for (int i = 0; i < kRows; ++i) {
+    if (i < rows) avx512::group_chunk_scales(W, n0 + i, Kc, s.data());
+    for (int64_t c = 0; c < Kc; ++c) scales[c * kRows + i] = i < rows ? s[size_t(c)] : 0.0f;
+  }
+}
+
+void vnni_gemm_rows16(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t K, int64_t ldq,
+                      int64_t lds, const uint32_t* packed, const float* scales, int64_t rows, float* y, int64_t ldy) {
+  // Token groups of nearly equal size, at most 12 (29 tokens: 10, 10, 9).
+  const int64_t groups = (M + kTokens - 1) / kTokens;
+  const int nr = int(rows);
+  int64_t t0 = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t left = groups - g, tn = (M - t0 + left - 1) / left;
+    const int8_t* qo = q + t0 * ldq;
+    const float* so = qs + t0 * lds;
+    const int32_t* co = qc + t0 * lds;
+    float* yo = y + t0 * ldy;
+    switch (tn) {
+      case 1: micro<1>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
+      case 2: micro<2>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
+      case 3: micro<3>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
+      case 4: micro<4>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
+      case 5: micro<5>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
+      case 6: micro<6>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
+      case 7: micro<7>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
+      case 8: micro<8>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
+      case 9: micro<9>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
+      case 10: micro<10>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
+      case 11: micro<11>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
+      default: micro<12>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
+    }
+    t0 += tn;
+  }
+}
+
+}  // namespace mla::cpu

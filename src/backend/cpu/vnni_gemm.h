@@ -1,0 +1,48 @@
+// INT4 / INT8 group weights x int8 activations on AVX-512 VNNI, the fast precision's
+// prompt-sized products of those formats on CPUs without AMX (dispatch.h: Kernel::VnniGemm,
+// Context::int8_activations). VPDPBUSD multiplies 64 unsigned bytes by 64 signed bytes and adds
+// each group of 4 products into one of 16 int32 lanes: 64 multiply-adds an instruction, against
+// 16 for a float32 FMA, at about the same rate (one VPDPBUSD in 0.27-0.30 ns here, against 0.21-0.26
+// for a VFMADD231PS, while a build ran on the other core).
+//
+// The activations are quantized per token and chunk of 32 columns (the weights' group or a
+// part of it) to int8 codes q = round(x * 127 / m), m the chunk's largest magnitude, with the
+// float32 scale m / 127 (gemm.h: activations_int8), as llama.cpp's Q8_0 activations are: each
+// activation moves by at most half a step, m / 254. The weights' codes go in unsigned, biased
+// (an INT8 code + 128; an INT4 nibble as stored, the code + 8): the bias times the chunk's sum of
+// activation codes is taken off by starting the chunk's integer sum at minus that product.
+//
+// Per block of 16 weight rows, the codes are first reordered into a per-thread buffer of column
+// quads (for each 4 columns, the 16 rows' 4 bytes side by side: one zmm), and the group scales
+// into one vector of 16 rows per chunk; then every token group of up to 12 runs over it: per
+// chunk, 8 weight loads, 8 x 12 VPDPBUSD with the activations' 4 bytes broadcast from memory, and
+// per token a conversion, a scale product and an FMA into the float32 sum. The integer sums are
+// exact (at most 32 x 255 x 127 + 128 x 32 x 127 in magnitude, below 2^24 so the conversion is too);
+// per chunk and output two float32 roundings (the scales' product, the FMA). Internal to
+// src/backend/cpu.
+#pragma once
+#include <cstdint>
+
+#include "tensor/matrix.h"
+
+namespace mla::cpu {
+
+// The bias of W's unsigned codes (128 for INT8, 8 for INT4); W's format must be one of those.
+int vnni_weight_bias(WeightFormat f);
+
+// Rows n0 .. n0 + rows - 1 of W (INT4 or INT8 groups, W.cols % 32 == 0, rows <= 16) reordered:
+// packed[(k / 4) * 16 + r] holds row r's biased codes of columns k .. k + 3, the columns of each
+// chunk of 32 in the order layout_of(W.format) gives them (decode_avx512.h); scales[c * 16 + r] is
+// row r's group scale for chunk c. Rows past `rows` get zero scales. packed: K / 4 x 16 dwords,
+// 64-byte aligned; scales: K / 32 x 16 floats, 64-byte aligned.
+void vnni_pack_rows16(const MatrixView& W, int64_t n0, int64_t rows, uint32_t* packed, float* scales);
+
+// y[t, r] = sum over chunks c of scales[c, r] * qs[t, c] * (sum over the chunk's columns of
+// (packed codes - bias) * q codes) for r < rows (at most 16), t < M: the activations' codes q
+// (M x K int8, ldq apart, in the packed columns' order), their scales qs and corrections qc
+// (M x K / 32 each, lds apart; qc = -bias * the chunk's sum of codes). Single-threaded; callers
+// split the rows.
+void vnni_gemm_rows16(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t K, int64_t ldq,
+                      int64_t lds, const uint32_t* packed, const float* scales, int64_t rows, float* y, int64_t ldy);
+
+}  // namespace mla::cpu
