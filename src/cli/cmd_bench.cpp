@@ -50,11 +50,6 @@ int run(int argc, char** argv) {
                  "auto | vdpbf16ps | fma: the prompt's bf16 products where AMX is not used, on VDPBF16PS or on float32 "
                  "FMAs over bf16 weights (auto: the FMAs where their peak measures at least 1.5x VDPBF16PS's here)")
       ->check(CLI::IsMember({"auto", "vdpbf16ps", "fma"}));
-  std::string int8_activations = "on";
-  app.add_option("--int8-activations", int8_activations,
-                 "on | off: where AMX is not used, the prompt's INT4 / INT8 weight products on int8 activations "
-                 "(VNNI's VPDPBUSD; off: on the bf16 / float32 GEMMs of --vector-gemm)")
-      ->check(CLI::IsMember({"on", "off"}));
   app.add_flag("!--no-scaling", o.scaling, "skip decode and prompt on 1 thread against all");
   mla::cli::QuantizeOptions quantize;
   mla::cli::add_quantize_options(app, quantize);
@@ -91,7 +86,7 @@ int run(int argc, char** argv) {
   o.vector_gemm = vector_gemm == "fma"         ? mla::cpu::Context::VectorGemm::Fma
                   : vector_gemm == "vdpbf16ps" ? mla::cpu::Context::VectorGemm::Vdpbf16ps
                                                : mla::cpu::Context::VectorGemm::Auto;
-  o.int8_activations = int8_activations == "on";
+  o.int8_activations = cpu.context().int8_activations;
   std::erase(o.batches, 0);
   auto rep = mla::bench::run(o);
   std::fputs(mla::bench::format_report(rep).c_str(), stdout);

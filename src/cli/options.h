@@ -33,17 +33,27 @@ inline CLI::Option* add_model_option(CLI::App& app, std::string& dir, const std:
   return app.add_option("-m,--model", dir, help)->required();
 }
 
-// --threads and, where the command offers the choice (a help text is given), --precision;
-// context() checks both and builds the cpu::Context the command hands to Model::load.
+// --threads, --int8-activations and, where the command offers the choice (a help text is
+// given), --precision; context() checks them and builds the cpu::Context the command hands to
+// Model::load.
 struct CpuOptions {
   int threads = 0;
   std::string precision = "precise";
-  cpu::Context context() const { return cpu_context(threads, precision); }
+  std::string int8_activations = "on";
+  cpu::Context context() const {
+    cpu::Context ctx = cpu_context(threads, precision);
+    ctx.int8_activations = int8_activations == "on";
+    return ctx;
+  }
 };
 
 inline void add_cpu_options(CLI::App& app, CpuOptions& o, const std::string& precision_help = "") {
   app.add_option("--threads", o.threads, "CPU threads (default: all)");
   if (!precision_help.empty()) app.add_option("--precision", o.precision, precision_help);
+  app.add_option("--int8-activations", o.int8_activations,
+                 "on | off: in the fast precision without AMX, the prompt's INT4 / INT8 weight products on int8 "
+                 "activations (VNNI's VPDPBUSD; off: on the bf16 / float32 GEMMs)")
+      ->check(CLI::IsMember({"on", "off"}));
 }
 
 // --kv-dtype and --page-size: the latent cache's storage and tokens per page (mla logits, serve);

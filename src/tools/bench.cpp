@@ -754,7 +754,14 @@ Report run(const Options& opt) {
     rep.gemm_n = probe.n();
     rep.prompt_flops = prompt_flops(rep.active, c, opt.prompt_tokens);
     // The compute peak of the instruction the prompt's products run on, a loop of about 20 ms.
-    const cpu::PeakPath path = cpu::prompt_peak_path(ctx);
+    // INT4 / INT8 routed experts (the larger share of a prompt's products) as written or as
+    // quantized at load: the VNNI GEMM's peak where the dispatch sends them there.
+    const bool int_experts = opt.quantize.experts
+                                 ? (*opt.quantize.experts == quant::QuantFormat::INT4 ||
+                                    *opt.quantize.experts == quant::QuantFormat::INT8)
+                                 : kind == RandomWeights::INT4_EXPERTS || kind == RandomWeights::INT4_FP8 ||
+                                       kind == RandomWeights::INT8;
+    const cpu::PeakPath path = cpu::prompt_peak_path(ctx, int_experts);
     rep.peak_path = cpu::peak_path_name(path);
     const int64_t peak_iters = cpu::peak_iters(path, 20);
     auto peak = [&] { return cpu::peak_gflops(path, rep.threads, 2, peak_iters); };

@@ -37,6 +37,13 @@ TEST(ComputePeak, FmaFlopsPerInstruction) {
   expect_flops_match_the_loop(PeakPath::Fma);
 }
 
+TEST(ComputePeak, VnniOpsPerInstruction) {
+  // AVX-512 VNNI comes with AVX-512 BF16 on every CPU that has the latter (Cooper Lake, Sapphire
+  // Rapids on, AMD Zen 4 on).
+  EXPECT_EQ(mla::cpu::flops_per_instruction(PeakPath::Vnni), 128.0);
+  expect_flops_match_the_loop(PeakPath::Vnni);
+}
+
 TEST(ComputePeak, AmxTilesFlopsPerInstruction) {
   if (!mla::cpu::amx_available()) GTEST_SKIP() << "this CPU has no AMX-BF16 tiles (or the kernel did not grant them)";
   EXPECT_EQ(mla::cpu::flops_per_instruction(PeakPath::AmxTiles), 16384.0);
@@ -56,6 +63,10 @@ TEST(ComputePeak, PathFollowsTheContext) {
   EXPECT_EQ(mla::cpu::prompt_peak_path(ctx), PeakPath::Vdpbf16ps);
   ctx.vector_gemm = VectorGemm::Fma;
   EXPECT_EQ(mla::cpu::prompt_peak_path(ctx), PeakPath::Fma);
+  // INT4 / INT8 experts: the VNNI GEMM's, unless the context keeps their activations in bf16.
+  EXPECT_EQ(mla::cpu::prompt_peak_path(ctx, true), PeakPath::Vnni);
+  ctx.int8_activations = false;
+  EXPECT_EQ(mla::cpu::prompt_peak_path(ctx, true), PeakPath::Fma);
 }
 
 TEST(ComputePeak, MeasuresAPositiveRate) {

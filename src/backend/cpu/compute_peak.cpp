@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
+#include <type_traits>
 
 #include "backend/cpu/amx.h"
 #include "backend/cpu/dispatch.h"
@@ -14,12 +15,13 @@ namespace mla::cpu {
 
 namespace {
 
-// `iters` rounds of 16 products op(acc, one, b) into 16 zmm accumulators, the operands in
-// registers; returns the sum of every accumulator lane at the end.
-template <class V, class Op>
+// `iters` rounds of 16 products op(acc, one, b) into 16 zmm accumulators (float32 lanes, or
+// int32 where Acc is __m512i), the operands in registers; returns the sum of every accumulator
+// lane at the end.
+template <class Acc, class V, class Op>
 double zmm_peak_loop(int64_t iters, V one, V b, Op op) {
-  __m512 acc[16];
-  for (auto& a : acc) a = _mm512_setzero_ps();
+  Acc acc[16];
+  for (auto& a : acc) a = Acc(_mm512_setzero_si512());
   for (int64_t i = 0; i < iters; ++i) {
     // Keeps the operand in a register the compiler cannot hoist the products out of the loop for.
     asm volatile("" : "+v"(b));
@@ -27,24 +29,37 @@ double zmm_peak_loop(int64_t iters, V one, V b, Op op) {
     for (int a = 0; a < 16; ++a) acc[a] = op(acc[a], one, b);
   }
   double sum = 0;
-  alignas(64) float lanes[16];
   for (auto& a : acc) {
-    _mm512_store_ps(lanes, a);
-    for (float v : lanes) sum += v;
+    if constexpr (std::is_same_v<Acc, __m512i>) {
+      alignas(64) int32_t lanes[16];
+      _mm512_store_si512(lanes, a);
+      for (int32_t v : lanes) sum += v;
+    } else {
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, a);
+      for (float v : lanes) sum += v;
+    }
   }
   return sum;
 }
 
 // VDPBF16PS: 1.0 and b in every bf16 word, 16 lanes += 2 products each.
 double dpbf16_peak_loop(int64_t iters, float b) {
-  return zmm_peak_loop(iters, _mm512_set1_epi16(short(f32_to_bf16(1.0f))), _mm512_set1_epi16(short(f32_to_bf16(b))),
-                       [](__m512 acc, __m512i x, __m512i y) { return _mm512_dpbf16_ps(acc, avx512::as_bh(x), avx512::as_bh(y)); });
+  return zmm_peak_loop<__m512>(iters, _mm512_set1_epi16(short(f32_to_bf16(1.0f))), _mm512_set1_epi16(short(f32_to_bf16(b))),
+                               [](__m512 acc, __m512i x, __m512i y) { return _mm512_dpbf16_ps(acc, avx512::as_bh(x), avx512::as_bh(y)); });
 }
 
 // VFMADD231PS: 16 lanes += 1.0 * b.
 double fma_peak_loop(int64_t iters, float b) {
-  return zmm_peak_loop(iters, _mm512_set1_ps(1.0f), _mm512_set1_ps(b),
-                       [](__m512 acc, __m512 x, __m512 y) { return _mm512_fmadd_ps(x, y, acc); });
+  return zmm_peak_loop<__m512>(iters, _mm512_set1_ps(1.0f), _mm512_set1_ps(b),
+                               [](__m512 acc, __m512 x, __m512 y) { return _mm512_fmadd_ps(x, y, acc); });
+}
+
+// VPDPBUSD: 16 int32 lanes += 4 products of the bytes 1 x 1 each; the sum is returned times b
+// (the products counted as the other loops count theirs).
+double vnni_peak_loop(int64_t iters, float b) {
+  return b * zmm_peak_loop<__m512i>(iters, _mm512_set1_epi8(1), _mm512_set1_epi8(1),
+                                    [](__m512i acc, __m512i x, __m512i y) { return _mm512_dpbusd_epi32(acc, x, y); });
 }
 
 }  // namespace
@@ -53,20 +68,24 @@ const char* peak_path_name(PeakPath p) {
   switch (p) {
     case PeakPath::AmxTiles: return "TDPBF16PS (AMX tiles)";
     case PeakPath::Fma: return "VFMADD231PS (AVX-512 float32 FMA)";
+    case PeakPath::Vnni: return "VPDPBUSD (AVX-512 VNNI int8)";
     case PeakPath::Vdpbf16ps: break;
   }
   return "VDPBF16PS (AVX-512 BF16)";
 }
 
-PeakPath prompt_peak_path(const Context& ctx) {
+PeakPath prompt_peak_path(const Context& ctx, bool int_weights) {
   const CpuFeatures f = features(ctx);
-  return f.amx ? PeakPath::AmxTiles : f.fma_gemm ? PeakPath::Fma : PeakPath::Vdpbf16ps;
+  if (f.amx) return PeakPath::AmxTiles;
+  if (int_weights && ctx.fast() && ctx.int8_activations) return PeakPath::Vnni;
+  return f.fma_gemm ? PeakPath::Fma : PeakPath::Vdpbf16ps;
 }
 
 double flops_per_instruction(PeakPath p) {
   switch (p) {
     case PeakPath::AmxTiles: return 2.0 * 16 * 16 * 32;
     case PeakPath::Fma: return 2.0 * 16;
+    case PeakPath::Vnni: return 2.0 * 16 * 4;
     case PeakPath::Vdpbf16ps: break;
   }
   return 2.0 * 16 * 2;
@@ -78,6 +97,7 @@ PeakRun peak_loop(PeakPath p, int64_t iters, float b) {
     return {4 * iters, amx_peak_loop(iters, b)};
   }
   if (p == PeakPath::Fma) return {16 * iters, fma_peak_loop(iters, b)};
+  if (p == PeakPath::Vnni) return {16 * iters, vnni_peak_loop(iters, b)};
   return {16 * iters, dpbf16_peak_loop(iters, b)};
 }
 

@@ -10,21 +10,25 @@
 
 namespace mla::cpu {
 
-enum class PeakPath { AmxTiles, Vdpbf16ps, Fma };
-// "TDPBF16PS (AMX tiles)", "VDPBF16PS (AVX-512 BF16)", "VFMADD231PS (AVX-512 float32 FMA)"
+enum class PeakPath { AmxTiles, Vdpbf16ps, Fma, Vnni };
+// "TDPBF16PS (AMX tiles)", "VDPBF16PS (AVX-512 BF16)", "VFMADD231PS (AVX-512 float32 FMA)",
+// "VPDPBUSD (AVX-512 VNNI int8)"
 const char* peak_path_name(PeakPath p);
 
-// The path the prompt's products take in ctx on this CPU (dispatch.h: features(ctx)).
-PeakPath prompt_peak_path(const Context& ctx);
+// The path the prompt's products take in ctx on this CPU (dispatch.h: features(ctx)); with
+// int_weights (the model's routed experts are INT4 / INT8 groups) the VNNI GEMM's where the
+// dispatch sends those products to it (Kernel::VnniGemm).
+PeakPath prompt_peak_path(const Context& ctx, bool int_weights = false);
 
 // Floating-point operations of one instruction (a multiply and an add per product):
 //  TDPBF16PS on full tiles: 16 x 16 float32 outputs, each the sum of 16 pairs = 32 products:
 //    2 * 16 * 16 * 32 = 16384;
 //  VDPBF16PS on zmm: 16 float32 lanes, each 2 products: 2 * 16 * 2 = 64;
-//  VFMADD231PS on zmm: 16 lanes, one product each: 2 * 16 = 32.
+//  VFMADD231PS on zmm: 16 lanes, one product each: 2 * 16 = 32;
+//  VPDPBUSD on zmm: 16 int32 lanes, each 4 byte products: 2 * 16 * 4 = 128 (integer operations).
 double flops_per_instruction(PeakPath p);
 
-// One thread's loop (amx_peak_loop, dpbf16_peak_loop, fma_peak_loop): `iters` rounds with the second operand
+// One thread's loop (amx_peak_loop, dpbf16_peak_loop, fma_peak_loop, vnni_peak_loop): `iters` rounds with the second operand
 // `b` everywhere (the first is 1.0). instructions: how many the loop issued; sum: the sum of
 // every output after it, which is instructions * products per instruction * b while it is
 // exact in float32 (the unit test's check of flops_per_instruction).
