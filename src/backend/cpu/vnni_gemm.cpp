@@ -56,9 +56,10 @@ void micro(const uint32_t* p, const float* ws, const int8_t* q, int64_t ldq, con
       const __m512i w = _mm512_load_si512(p + j * kRows);
 #pragma GCC unroll 12
       for (int t = 0; t < T; ++t) {
-        int32_t a;
-        std::memcpy(&a, q + t * ldq + c * 32 + 4 * j, 4);
-        acc[t] = _mm512_dpbusd_epi32(acc[t], w, _mm512_set1_epi32(a));
+        // The activations' 4 bytes as the instruction's broadcast memory operand: GCC 12 emits
+        // the intrinsic with a separate VPBROADCASTD per product.
+        const void* a = q + t * ldq + c * 32 + 4 * j;
+        asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc[t]) : "v"(w), "m"(*static_cast<const int32_t*>(a)));
       }
     }
     const __m512 s = _mm512_load_ps(ws + c * kRows);
