@@ -15,8 +15,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "backend/cpu/decode_avx512.h"
+#include "backend/cpu/transpose_avx512.h"
 
 namespace mla::cpu {
 
@@ -69,7 +72,67 @@ void micro(const uint16_t* w, int64_t ldw, const uint16_t* x, int64_t ldx, int64
   for (int t = 0; t < T; ++t) _mm_mask_storeu_ps(y + t * ldy, keep, reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
 }
 
+// y[t, 0..31] for T tokens over a block of 32 rows packed as column pairs (pack_column_pairs32):
+// per pair the 32 rows' two weights in two zmm, each token's two activations (one dword)
+// broadcast to both. Rows past `rows` not stored.
+template <int T>
+void micro_pairs(const uint32_t* p, const uint16_t* x, int64_t ldx, int64_t K, int rows, float* y, int64_t ldy) {
+  __m512 a0[T], a1[T];
+#pragma GCC unroll 12
+  for (int t = 0; t < T; ++t) a0[t] = a1[t] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 2, p += 32) {
+    const __m512i r0 = _mm512_load_si512(p), r1 = _mm512_load_si512(p + 16);
+#pragma GCC unroll 12
+    for (int t = 0; t < T; ++t) {
+      uint32_t pair;
+      std::memcpy(&pair, x + t * ldx + k, 4);
+      const __m512bh b = as_bh(_mm512_set1_epi32(int32_t(pair)));
+      a0[t] = _mm512_dpbf16_ps(a0[t], as_bh(r0), b);
+      a1[t] = _mm512_dpbf16_ps(a1[t], as_bh(r1), b);
+    }
+  }
+  const __mmask16 m0 = __mmask16((1u << std::min(rows, 16)) - 1);
+  const __mmask16 m1 = rows > 16 ? __mmask16((1u << std::min(rows - 16, 16)) - 1) : __mmask16(0);
+#pragma GCC unroll 12
+  for (int t = 0; t < T; ++t) {
+    _mm512_mask_storeu_ps(y + t * ldy, m0, a0[t]);
+    _mm512_mask_storeu_ps(y + t * ldy + 16, m1, a1[t]);
+  }
+}
+
 }  // namespace
+
+void dpbf16_gemm_pairs_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
+                              int64_t rows, float* y, int64_t ldy) {
+  thread_local std::vector<uint32_t> buf;  // each thread's, kept between calls
+  if (buf.size() < size_t(K / 2 * 32 + 16)) buf.resize(size_t(K / 2 * 32 + 16));
+  uint32_t* const packed = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+  pack_column_pairs32(W, ldw, K, packed);
+  constexpr int64_t kPairTokens = 12;  // 24 accumulators
+  const int64_t groups = (M + kPairTokens - 1) / kPairTokens;
+  const int nr = int(rows);
+  int64_t t0 = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t left = groups - g, tn = (M - t0 + left - 1) / left;
+    const uint16_t* xo = x + t0 * ldx;
+    float* yo = y + t0 * ldy;
+    switch (tn) {
+      case 1: micro_pairs<1>(packed, xo, ldx, K, nr, yo, ldy); break;
+      case 2: micro_pairs<2>(packed, xo, ldx, K, nr, yo, ldy); break;
+      case 3: micro_pairs<3>(packed, xo, ldx, K, nr, yo, ldy); break;
+      case 4: micro_pairs<4>(packed, xo, ldx, K, nr, yo, ldy); break;
+      case 5: micro_pairs<5>(packed, xo, ldx, K, nr, yo, ldy); break;
+      case 6: micro_pairs<6>(packed, xo, ldx, K, nr, yo, ldy); break;
+      case 7: micro_pairs<7>(packed, xo, ldx, K, nr, yo, ldy); break;
+      case 8: micro_pairs<8>(packed, xo, ldx, K, nr, yo, ldy); break;
+      case 9: micro_pairs<9>(packed, xo, ldx, K, nr, yo, ldy); break;
+      case 10: micro_pairs<10>(packed, xo, ldx, K, nr, yo, ldy); break;
+      case 11: micro_pairs<11>(packed, xo, ldx, K, nr, yo, ldy); break;
+      default: micro_pairs<12>(packed, xo, ldx, K, nr, yo, ldy); break;
+    }
+    t0 += tn;
+  }
+}
 
 void dpbf16_gemm_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
                         int64_t rows, bool prefetch, float* y, int64_t ldy) {

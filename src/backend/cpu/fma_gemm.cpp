@@ -20,17 +20,6 @@ namespace {
 constexpr int kRows = 32;    // weight rows per block: two zmm of float32 lanes
 constexpr int kTokens = 12;  // most tokens per register block: 24 accumulators
 
-// out[p * 32 + r] = the dword (W[r, 2p], W[r, 2p + 1]) for the 32 rows and K / 2 column pairs.
-void pack_pairs(const uint16_t* W, int64_t ldw, int64_t K, uint32_t* out) {
-  for (int64_t k0 = 0; k0 < K; k0 += 32)
-    for (int h = 0; h < 2; ++h) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(W + (h * 16 + i) * ldw + k0);
-      transpose16(r);
-      for (int j = 0; j < 16; ++j) _mm512_store_si512(out + (k0 / 2 + j) * kRows + h * 16, r[j]);
-    }
-}
-
 // y[t, 0..31] for T tokens over the packed pairs of K columns; rows past `rows` not stored.
 template <int T>
 void micro(const uint32_t* p, const float* x, int64_t ldx, int64_t K, int rows, float* y, int64_t ldy) {
@@ -73,7 +62,7 @@ void fma_gemm_rows32(const float* x, int64_t M, int64_t K, int64_t ldx, const ui
   thread_local std::vector<uint32_t> buf;
   if (buf.size() < size_t(K / 2 * kRows + 16)) buf.resize(size_t(K / 2 * kRows + 16));
   uint32_t* const packed = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
-  pack_pairs(W, ldw, K, packed);
+  pack_column_pairs32(W, ldw, K, packed);
   // Token groups of nearly equal size, at most 12 (29 tokens: 10, 10, 9).
   const int64_t groups = (M + kTokens - 1) / kTokens;
   const int nr = int(rows);

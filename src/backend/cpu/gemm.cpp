@@ -149,6 +149,7 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
       float* yb = y + t0 * ldy + n0;
       if (amx) amx_gemm_rows32(xp, tn, K, w, K, nr, prefetch, yb, ldy);
       else if (fma) fma_gemm_rows32(xf, tn, K, ldf, w, K, nr, yb, ldy);
+      else if (tn >= kDpbf16PairsMinTokens) dpbf16_gemm_pairs_rows32(xa, tn, K, K, w, K, nr, yb, ldy);
       else dpbf16_gemm_rows32(xa, tn, K, K, w, K, nr, prefetch, yb, ldy);
     }
     });
