@@ -16,9 +16,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "backend/cpu/decode_avx512.h"
+#include "backend/cpu/gemm_blocking.h"
 #include "backend/cpu/transpose_avx512.h"
 
 namespace mla::cpu {
@@ -76,11 +76,16 @@ void micro(const uint16_t* w, int64_t ldw, const uint16_t* x, int64_t ldx, int64
 // per pair the 32 rows' two weights in two zmm, each token's two activations (one dword)
 // broadcast to both. Rows past `rows` not stored.
 template <int T>
-void micro_pairs(const uint32_t* p, const uint16_t* x, int64_t ldx, int64_t K, int rows, float* y, int64_t ldy) {
+void micro_pairs(const uint32_t* p, const uint16_t* x, int64_t ldx, int64_t K, const char* pf, int64_t pf_lines,
+                 int rows, float* y, int64_t ldy) {
   __m512 a0[T], a1[T];
 #pragma GCC unroll 12
   for (int t = 0; t < T; ++t) a0[t] = a1[t] = _mm512_setzero_ps();
+  // pf_lines cache lines from pf, spread evenly over the K / 2 column pairs.
+  int64_t line = 0, due = 0;
   for (int64_t k = 0; k < K; k += 2, p += 32) {
+    for (; line < pf_lines && due <= k / 2 * pf_lines; ++line, due += K / 2)
+      _mm_prefetch(pf + line * 64, _MM_HINT_T1);
     const __m512i r0 = _mm512_load_si512(p), r1 = _mm512_load_si512(p + 16);
 #pragma GCC unroll 12
     for (int t = 0; t < T; ++t) {
@@ -91,74 +96,39 @@ void micro_pairs(const uint32_t* p, const uint16_t* x, int64_t ldx, int64_t K, i
       a1[t] = _mm512_dpbf16_ps(a1[t], as_bh(r1), b);
     }
   }
-  const __mmask16 m0 = __mmask16((1u << std::min(rows, 16)) - 1);
-  const __mmask16 m1 = rows > 16 ? __mmask16((1u << std::min(rows - 16, 16)) - 1) : __mmask16(0);
-#pragma GCC unroll 12
-  for (int t = 0; t < T; ++t) {
-    _mm512_mask_storeu_ps(y + t * ldy, m0, a0[t]);
-    _mm512_mask_storeu_ps(y + t * ldy + 16, m1, a1[t]);
-  }
+  store_rows32<T>(a0, a1, rows, y, ldy);
 }
 
 }  // namespace
 
 void dpbf16_gemm_pairs_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
-                              int64_t rows, float* y, int64_t ldy) {
-  thread_local std::vector<uint32_t> buf;  // each thread's, kept between calls
-  if (buf.size() < size_t(K / 2 * 32 + 16)) buf.resize(size_t(K / 2 * 32 + 16));
-  uint32_t* const packed = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+                              int64_t rows, bool prefetch, float* y, int64_t ldy) {
+  struct Tag;
+  uint32_t* const packed = thread_buffer<Tag, uint32_t>(size_t(K / 2 * 32));
   pack_column_pairs32(W, ldw, K, packed);
-  constexpr int64_t kPairTokens = 12;  // 24 accumulators
-  const int64_t groups = (M + kPairTokens - 1) / kPairTokens;
-  const int nr = int(rows);
-  int64_t t0 = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t left = groups - g, tn = (M - t0 + left - 1) / left;
-    const uint16_t* xo = x + t0 * ldx;
-    float* yo = y + t0 * ldy;
-    switch (tn) {
-      case 1: micro_pairs<1>(packed, xo, ldx, K, nr, yo, ldy); break;
-      case 2: micro_pairs<2>(packed, xo, ldx, K, nr, yo, ldy); break;
-      case 3: micro_pairs<3>(packed, xo, ldx, K, nr, yo, ldy); break;
-      case 4: micro_pairs<4>(packed, xo, ldx, K, nr, yo, ldy); break;
-      case 5: micro_pairs<5>(packed, xo, ldx, K, nr, yo, ldy); break;
-      case 6: micro_pairs<6>(packed, xo, ldx, K, nr, yo, ldy); break;
-      case 7: micro_pairs<7>(packed, xo, ldx, K, nr, yo, ldy); break;
-      case 8: micro_pairs<8>(packed, xo, ldx, K, nr, yo, ldy); break;
-      case 9: micro_pairs<9>(packed, xo, ldx, K, nr, yo, ldy); break;
-      case 10: micro_pairs<10>(packed, xo, ldx, K, nr, yo, ldy); break;
-      case 11: micro_pairs<11>(packed, xo, ldx, K, nr, yo, ldy); break;
-      default: micro_pairs<12>(packed, xo, ldx, K, nr, yo, ldy); break;
-    }
-    t0 += tn;
-  }
+  // The caller's next block of 32 rows (contiguous where ldw == K; a prefetch never faults)
+  // comes in while the token groups run, each fetching an equal share of its lines.
+  const char* next = reinterpret_cast<const char*>(W + 32 * ldw);
+  const int64_t lines = prefetch && ldw == K ? 32 * K * 2 / 64 : 0, groups = (M + 11) / 12;
+  int64_t g = 0;
+  for_each_token_group<12>(M, [&](auto n, int64_t t0) {  // 24 accumulators
+    const int64_t l0 = lines * g / groups, l1 = lines * (g + 1) / groups;
+    micro_pairs<decltype(n)::value>(packed, x + t0 * ldx, ldx, K, next + l0 * 64, l1 - l0, int(rows), y + t0 * ldy, ldy);
+    ++g;
+  });
 }
 
 void dpbf16_gemm_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
                         int64_t rows, bool prefetch, float* y, int64_t ldy) {
-  const int64_t groups = (M + kTokens - 1) / kTokens;
   for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
     const uint16_t* w = W + r0 * ldw;
     // The next 4 rows (past the last: the caller's next block of 32, as a thread takes its
     // blocks in order; a prefetch never faults) come in while the first token group runs.
     const uint16_t* next = prefetch ? W + (r0 + kRows < rows ? r0 + kRows : 32) * ldw : nullptr;
-    int64_t t0 = 0;
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t left = groups - g, tn = (M - t0 + left - 1) / left;
-      const uint16_t* pf = g == 0 ? next : nullptr;
-      const int nr = int(rows - r0);
-      float* yo = y + t0 * ldy + r0;
-      const uint16_t* xo = x + t0 * ldx;
-      switch (tn) {
-        case 1: micro<1>(w, ldw, xo, ldx, K, pf, nr, yo, ldy); break;
-        case 2: micro<2>(w, ldw, xo, ldx, K, pf, nr, yo, ldy); break;
-        case 3: micro<3>(w, ldw, xo, ldx, K, pf, nr, yo, ldy); break;
-        case 4: micro<4>(w, ldw, xo, ldx, K, pf, nr, yo, ldy); break;
-        case 5: micro<5>(w, ldw, xo, ldx, K, pf, nr, yo, ldy); break;
-        default: micro<6>(w, ldw, xo, ldx, K, pf, nr, yo, ldy); break;
-      }
-      t0 += tn;
-    }
+    for_each_token_group<kTokens>(M, [&](auto n, int64_t t0) {
+      micro<decltype(n)::value>(w, ldw, x + t0 * ldx, ldx, K, t0 == 0 ? next : nullptr, int(rows - r0), y + t0 * ldy + r0,
+                                ldy);
+    });
   }
 }
 

@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
+#include "backend/cpu/gemm_blocking.h"
 #include "backend/cpu/transpose_avx512.h"
 
 namespace mla::cpu {
@@ -45,49 +45,19 @@ void micro(const uint32_t* p, const float* x, int64_t ldx, int64_t K, int rows, 
       a1[t] = _mm512_fmadd_ps(o1, b, a1[t]);
     }
   }
-  const __mmask16 m0 = __mmask16((1u << std::min(rows, 16)) - 1);
-  const __mmask16 m1 = rows > 16 ? __mmask16((1u << std::min(rows - 16, 16)) - 1) : __mmask16(0);
-#pragma GCC unroll 12
-  for (int t = 0; t < T; ++t) {
-    _mm512_mask_storeu_ps(y + t * ldy, m0, a0[t]);
-    _mm512_mask_storeu_ps(y + t * ldy + 16, m1, a1[t]);
-  }
+  store_rows32<T>(a0, a1, rows, y, ldy);
 }
 
 }  // namespace
 
 void fma_gemm_rows32(const float* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
                      int64_t rows, float* y, int64_t ldy) {
-  // Each thread's buffer, kept between calls, its start rounded up to a cache line.
-  thread_local std::vector<uint32_t> buf;
-  if (buf.size() < size_t(K / 2 * kRows + 16)) buf.resize(size_t(K / 2 * kRows + 16));
-  uint32_t* const packed = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+  struct Tag;
+  uint32_t* const packed = thread_buffer<Tag, uint32_t>(size_t(K / 2 * kRows));
   pack_column_pairs32(W, ldw, K, packed);
-  // Token groups of nearly equal size, at most 12 (29 tokens: 10, 10, 9).
-  const int64_t groups = (M + kTokens - 1) / kTokens;
-  const int nr = int(rows);
-  int64_t t0 = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t left = groups - g, tn = (M - t0 + left - 1) / left;
-    const float* xo = x + t0 * ldx;
-    float* yo = y + t0 * ldy;
-    const uint32_t* p = packed;
-    switch (tn) {
-      case 1: micro<1>(p, xo, ldx, K, nr, yo, ldy); break;
-      case 2: micro<2>(p, xo, ldx, K, nr, yo, ldy); break;
-      case 3: micro<3>(p, xo, ldx, K, nr, yo, ldy); break;
-      case 4: micro<4>(p, xo, ldx, K, nr, yo, ldy); break;
-      case 5: micro<5>(p, xo, ldx, K, nr, yo, ldy); break;
-      case 6: micro<6>(p, xo, ldx, K, nr, yo, ldy); break;
-      case 7: micro<7>(p, xo, ldx, K, nr, yo, ldy); break;
-      case 8: micro<8>(p, xo, ldx, K, nr, yo, ldy); break;
-      case 9: micro<9>(p, xo, ldx, K, nr, yo, ldy); break;
-      case 10: micro<10>(p, xo, ldx, K, nr, yo, ldy); break;
-      case 11: micro<11>(p, xo, ldx, K, nr, yo, ldy); break;
-      default: micro<12>(p, xo, ldx, K, nr, yo, ldy); break;
-    }
-    t0 += tn;
-  }
+  for_each_token_group<kTokens>(M, [&](auto n, int64_t t0) {
+    micro<decltype(n)::value>(packed, x + t0 * ldx, ldx, K, int(rows), y + t0 * ldy, ldy);
+  });
 }
 
 }  // namespace mla::cpu

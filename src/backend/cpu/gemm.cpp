@@ -20,6 +20,7 @@
 #include "backend/cpu/decode_avx512.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/dpbf16_gemm.h"
+#include "backend/cpu/gemm_blocking.h"
 #include "backend/cpu/fma_gemm.h"
 #include "backend/cpu/onednn_threads.h"
 #include "backend/cpu/parallel.h"
@@ -149,7 +150,7 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
       float* yb = y + t0 * ldy + n0;
       if (amx) amx_gemm_rows32(xp, tn, K, w, K, nr, prefetch, yb, ldy);
       else if (fma) fma_gemm_rows32(xf, tn, K, ldf, w, K, nr, yb, ldy);
-      else if (tn >= kDpbf16PairsMinTokens) dpbf16_gemm_pairs_rows32(xa, tn, K, K, w, K, nr, yb, ldy);
+      else if (tn >= kDpbf16PairsMinTokens) dpbf16_gemm_pairs_rows32(xa, tn, K, K, w, K, nr, prefetch, yb, ldy);
       else dpbf16_gemm_rows32(xa, tn, K, K, w, K, nr, prefetch, yb, ldy);
     }
     });
@@ -411,11 +412,10 @@ void matmul_vnni(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
 #pragma omp for schedule(static)
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * kRows, nr = std::min(kRows, N - n0);
-        // Each thread's packed block and scales, kept between calls, 64-byte aligned.
-        thread_local std::vector<uint32_t> buf;
-        const size_t words = size_t(K / 4 * kRows), swords = size_t(Kc * kRows);
-        if (buf.size() < words + swords + 16) buf.resize(words + swords + 16);
-        uint32_t* const packed = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+        // Each thread's packed block and its scales.
+        struct Tag;
+        const size_t words = size_t(K / 4 * kRows);
+        uint32_t* const packed = thread_buffer<Tag, uint32_t>(words + size_t(Kc * kRows));
         float* const scales = reinterpret_cast<float*>(packed + words);
         vnni_pack_rows16(W, n0, nr, packed, scales);
         // The next block's codes and scales (contiguous) into L2 while this one computes: the

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/decode_avx512.h"
+#include "backend/cpu/gemm_blocking.h"
 #include "backend/cpu/transpose_avx512.h"
 
 namespace mla::cpu {
@@ -105,32 +106,10 @@ void vnni_pack_rows16(const MatrixView& W, int64_t n0, int64_t rows, uint32_t* p
 
 void vnni_gemm_rows16(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t K, int64_t ldq,
                       int64_t lds, const uint32_t* packed, const float* scales, int64_t rows, float* y, int64_t ldy) {
-  // Token groups of nearly equal size, at most 12 (29 tokens: 10, 10, 9).
-  const int64_t groups = (M + kTokens - 1) / kTokens;
-  const int nr = int(rows);
-  int64_t t0 = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t left = groups - g, tn = (M - t0 + left - 1) / left;
-    const int8_t* qo = q + t0 * ldq;
-    const float* so = qs + t0 * lds;
-    const int32_t* co = qc + t0 * lds;
-    float* yo = y + t0 * ldy;
-    switch (tn) {
-      case 1: micro<1>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
-      case 2: micro<2>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
-      case 3: micro<3>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
-      case 4: micro<4>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
-      case 5: micro<5>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
-      case 6: micro<6>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
-      case 7: micro<7>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
-      case 8: micro<8>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
-      case 9: micro<9>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
-      case 10: micro<10>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
-      case 11: micro<11>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
-      default: micro<12>(packed, scales, qo, ldq, so, co, lds, K, nr, yo, ldy); break;
-    }
-    t0 += tn;
-  }
+  for_each_token_group<kTokens>(M, [&](auto n, int64_t t0) {
+    micro<decltype(n)::value>(packed, scales, q + t0 * ldq, ldq, qs + t0 * lds, qc + t0 * lds, lds, K, int(rows),
+                              y + t0 * ldy, ldy);
+  });
 }
 
 }  // namespace mla::cpu
