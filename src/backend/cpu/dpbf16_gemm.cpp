@@ -107,14 +107,12 @@ void dpbf16_gemm_pairs_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t l
   uint32_t* const packed = thread_buffer<Tag, uint32_t>(size_t(K / 2 * 32));
   pack_column_pairs32(W, ldw, K, packed);
   // The caller's next block of 32 rows (contiguous where ldw == K; a prefetch never faults)
-  // comes in while the token groups run, each fetching an equal share of its lines.
+  // comes in while the token groups run, each fetching its tokens' share of the lines.
   const char* next = reinterpret_cast<const char*>(W + 32 * ldw);
-  const int64_t lines = prefetch && ldw == K ? 32 * K * 2 / 64 : 0, groups = (M + 11) / 12;
-  int64_t g = 0;
+  const int64_t lines = prefetch && ldw == K ? 32 * K * 2 / 64 : 0;
   for_each_token_group<12>(M, [&](auto n, int64_t t0) {  // 24 accumulators
-    const int64_t l0 = lines * g / groups, l1 = lines * (g + 1) / groups;
+    const int64_t l0 = lines * t0 / M, l1 = lines * (t0 + n) / M;
     micro_pairs<decltype(n)::value>(packed, x + t0 * ldx, ldx, K, next + l0 * 64, l1 - l0, int(rows), y + t0 * ldy, ldy);
-    ++g;
   });
 }
 

@@ -19,17 +19,18 @@ namespace mla::cpu {
 void dpbf16_gemm_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
                         int64_t rows, bool prefetch, float* y, int64_t ldy);
 
+// matmul_bf16's VDPBF16PS path runs a pass of at least this many tokens on the paired kernel
+// below (the transpose then costs little), fewer on dpbf16_gemm_rows32. One thread, 64 bf16
+// matrices of 2816 x 2048 cycled from DRAM, AMD Zen 5: 48 tokens 1.76 ms against 2.20 for the
+// row-major kernel.
+constexpr int64_t kDpbf16PairsMinTokens = 16;
+
 // The same product with the 32 rows first transposed into column pairs in a per-thread buffer
 // (pack_column_pairs32, as the FMA GEMM does): each VDPBF16PS then takes one column pair of 16
 // rows against one token's pair broadcast, 16 outputs in its lanes, 12 tokens x 32 rows of
 // accumulators; no horizontal sums. W readable for 32 rows. `prefetch`: W comes from memory and
-// the caller's next block follows it (ldw == K), fetched towards L2 while the first token group
-// runs. Per output one float32 chain, two roundings per column pair.
-// matmul_bf16's VDPBF16PS path runs a pass of at least this many tokens on the paired kernel
-// (the transpose then costs little), fewer on dpbf16_gemm_rows32. One thread, 64 bf16 matrices of
-// 2816 x 2048 cycled from DRAM, AMD Zen 5: 48 tokens 1.92 ms against 2.20 for the row-major
-// kernel, 128 tokens 3.87 against 4.86.
-constexpr int64_t kDpbf16PairsMinTokens = 16;
+// the caller's next block follows it (ldw == K), fetched towards L2 while the token groups run,
+// spread over their column pairs. Per output one float32 chain, two roundings per column pair.
 void dpbf16_gemm_pairs_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
                               int64_t rows, bool prefetch, float* y, int64_t ldy);
 

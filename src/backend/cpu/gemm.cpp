@@ -95,6 +95,13 @@ constexpr int64_t kAmxRows = 32;
 // tokens 1.05.
 int64_t amx_pass_tokens(int64_t K) { return std::clamp<int64_t>((int64_t(1) << 19) / K / 48 * 48, 48, 512); }
 
+// Tokens per pass for T tokens: at most amx_pass_tokens(K), the passes of equal size (a short
+// last pass would read every weight again for a few tokens).
+int64_t pass_tokens(int64_t T, int64_t K) {
+  const int64_t npass = (T + amx_pass_tokens(K) - 1) / amx_pass_tokens(K);
+  return (T + npass - 1) / npass;
+}
+
 // The AMX, VDPBF16PS and FMA paths of matmul_bf16, the weight rows split across the threads 32
 // at a time. bf16 weights are read where they lie; other formats are decoded to bf16 32 rows at
 // a time into a per-thread buffer (a short last block is padded). The activations, per pass of
@@ -108,9 +115,7 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
   const bool direct = W.format == WeightFormat::BF16;
   const bool permute_f32 = fma && !direct && layout_of(W.format) != Layout::Natural;
   const int64_t blocks = (N + kAmxRows - 1) / kAmxRows;
-  // Passes of equal size (a short last pass would read every weight again for a few tokens).
-  const int64_t npass = (T + amx_pass_tokens(K) - 1) / amx_pass_tokens(K);
-  const int64_t pass = (T + npass - 1) / npass;
+  const int64_t pass = pass_tokens(T, K);
   for (int64_t t0 = 0; t0 < T; t0 += pass) {
     const int64_t tn = std::min(pass, T - t0);
     if (!fma && s.a.size() < size_t(tn * K)) s.a.resize(size_t(tn * K));
@@ -392,10 +397,8 @@ void matmul_vnni(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
   constexpr int64_t kRows = 16;
   const int64_t blocks = (N + kRows - 1) / kRows;
   // Passes of tokens whose codes (a byte a column) stay within about 512 KiB, read again for
-  // every block of rows; equal in size (a short last pass would repack every weight again for a
-  // few tokens).
-  const int64_t npass = (T + amx_pass_tokens(K) - 1) / amx_pass_tokens(K);
-  const int64_t pass = (T + npass - 1) / npass;
+  // every block of rows (each pass repacks every weight).
+  const int64_t pass = pass_tokens(T, K);
   for (int64_t t0 = 0; t0 < T; t0 += pass) {
     const int64_t tn = std::min(pass, T - t0);
     if (a.q.size() < size_t(tn * K)) a.q.resize(size_t(tn * K));
