@@ -33,16 +33,18 @@ inline CLI::Option* add_model_option(CLI::App& app, std::string& dir, const std:
   return app.add_option("-m,--model", dir, help)->required();
 }
 
-// --threads, --int8-activations and, where the command offers the choice (a help text is
-// given), --precision; context() checks them and builds the cpu::Context the command hands to
-// Model::load.
+// --threads, --int8-activations, --indexer-precision and, where the command offers the choice
+// (a help text is given), --precision; context() checks them and builds the cpu::Context the
+// command hands to Model::load.
 struct CpuOptions {
   int threads = 0;
   std::string precision = "precise";
   std::string int8_activations = "on";
+  std::string indexer_precision = "float";
   cpu::Context context() const {
     cpu::Context ctx = cpu_context(threads, precision);
     ctx.int8_activations = int8_activations == "on";
+    ctx.fp8_indexer = indexer_precision == "fp8";
     return ctx;
   }
 };
@@ -54,6 +56,10 @@ inline void add_cpu_options(CLI::App& app, CpuOptions& o, const std::string& pre
                  "on | off: in the fast precision without AMX, the prompt's INT4 / INT8 weight products on int8 "
                  "activations (VNNI's VPDPBUSD; off: on the bf16 / float32 GEMMs)")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--indexer-precision", o.indexer_precision,
+                 "float | fp8: DeepSeek-V3.2 / GLM-5's sparse-attention indexer scores float values (default) or, "
+                 "as DeepSeek's own inference code, queries and keys rounded to FP8 (e4m3, a scale per 128)")
+      ->check(CLI::IsMember({"float", "fp8"}));
 }
 
 // --kv-dtype and --page-size: the latent cache's storage and tokens per page (mla logits, serve);

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "tensor/dtype.h"
+#include "tensor/quantize.h"
 
 namespace mla {
 
@@ -89,10 +90,10 @@ int64_t LatentPool::pages_for_budget(double bytes, int64_t num_layers, int64_t k
 }
 
 LatentPool::LatentPool(int64_t num_layers, int64_t kvr, int64_t rope, int64_t num_pages, int64_t page_size,
-                       KvDType dtype, int64_t index_dim)
+                       KvDType dtype, int64_t index_dim, bool index_pow2_scales)
     : num_layers_(num_layers), kv_lora_rank_(kvr), rope_dim_(rope), num_pages_(num_pages), page_size_(page_size),
       dtype_(dtype), row_bytes_(latent_row_bytes(kvr, rope, dtype)), index_dim_(index_dim),
-      index_row_bytes_(index_row_bytes(index_dim, dtype)) {
+      index_row_bytes_(index_row_bytes(index_dim, dtype)), index_pow2_scales_(index_pow2_scales) {
   if (num_layers <= 0 || kvr <= 0 || rope < 0 || num_pages < 0 || page_size <= 0 || index_dim < 0)
     throw std::invalid_argument("LatentPool: bad geometry");
   if (index_dim > 0) {
@@ -226,8 +227,18 @@ void LatentPool::write_index(int64_t layer, const PageTable& seq, int64_t pos, c
   check_position(seq, pos, "write_index");
   int32_t page = seq.pages[size_t(pos / page_size_)];
   if (refs_[size_t(page)] > 1) throw std::logic_error("LatentPool::write_index: page is shared with another sequence");
-  // FP8: one scale per 128 values, as DeepSeek-V3.2's act_quant of the key.
-  encode_values(dtype_, k, index_dim_, index_ptr(layer, page, pos % page_size_));
+  uint8_t* out = index_ptr(layer, page, pos % page_size_);
+  if (dtype_ != KvDType::FP8) {
+    encode_values(dtype_, k, index_dim_, out);
+    return;
+  }
+  // FP8: e4m3 codes, then one scale per 128 values, by DeepSeek-V3.2's act_quant of the key.
+  for (int64_t b = 0; b * 128 < index_dim_; ++b) {
+    const int64_t i0 = b * 128, i1 = std::min(index_dim_, i0 + 128);
+    const float scale = quant::fp8_act_scale(k + i0, i1 - i0, index_pow2_scales_);
+    std::memcpy(out + index_dim_ + b * 4, &scale, 4);
+    for (int64_t i = i0; i < i1; ++i) out[i] = f32_to_fp8e4m3(k[i] / scale);
+  }
 }
 
 void LatentPool::gather_index(int64_t layer, const PageTable& seq, int64_t s0, int64_t n, float* out) const {

@@ -4,7 +4,9 @@
 // sequence can share another's full prefix pages (fork). Exhaustion is reported, never fatal.
 // For DeepSeek Sparse Attention models (index_dim > 0) each token and layer also holds its
 // indexer key (index_dim values) in a second buffer per layer under the same page table, so
-// prefix sharing, forks, truncation and preemption carry it with the latent.
+// prefix sharing, forks, truncation and preemption carry it with the latent. In the fp8 format
+// a key is quantized as DeepSeek-V3.2's code caches it (act_quant: tensor/quantize.h's
+// fp8_act_scale, power-of-two scales where index_pow2_scales, the checkpoint's scale_fmt ue8m0).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -25,7 +27,7 @@ struct PageTable {
 class LatentPool {
  public:
   LatentPool(int64_t num_layers, int64_t kv_lora_rank, int64_t rope_dim, int64_t num_pages, int64_t page_size = 64,
-             KvDType dtype = KvDType::BF16, int64_t index_dim = 0);
+             KvDType dtype = KvDType::BF16, int64_t index_dim = 0, bool index_pow2_scales = false);
   // Pages that fit in a budget of bytes (all layers).
   static int64_t pages_for_budget(double bytes, int64_t num_layers, int64_t kv_lora_rank, int64_t rope_dim,
                                   int64_t page_size, KvDType dtype, int64_t index_dim = 0);
@@ -83,6 +85,7 @@ class LatentPool {
   int64_t row_bytes_;
   std::vector<std::vector<uint8_t>> layers_;
   int64_t index_dim_ = 0, index_row_bytes_ = 0;
+  bool index_pow2_scales_ = false;
   std::vector<std::vector<uint8_t>> index_layers_;  // [num_pages, page_size, index row] per layer
   std::vector<int32_t> free_;
   std::vector<int> refs_;

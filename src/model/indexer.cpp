@@ -7,6 +7,7 @@
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/parallel.h"
+#include "tensor/quantize.h"
 
 namespace mla {
 
@@ -63,6 +64,7 @@ Indexer::Indexer(const ModelConfig& c)
       hidden_(c.hidden_size),
       q_lora_(c.q_lora_rank),
       interleave_(c.indexer_rope_interleave),
+      pow2_scales_(c.ue8m0_scales),
       rope_(c) {}
 
 void Indexer::project(const cpu::Context& ctx, const IndexerWeights& W, const float* x, const float* qr, int64_t T,
@@ -82,6 +84,11 @@ void Indexer::project(const cpu::Context& ctx, const IndexerWeights& W, const fl
     layer_norm(kt, D, W.k_norm.data(), W.k_norm_bias.data());
     rotate(kt);
     for (int64_t h = 0; h < Hi; ++h) rotate(q + (t * Hi + h) * D);
+    if (ctx.fp8_indexer) {  // act_quant of q and k: blocks of 128, a head (D = 128) each in the releases
+      const int64_t block = std::min<int64_t>(D, 128);
+      quant::fp8_act_round(kt, D, block, pow2_scales_);
+      quant::fp8_act_round(q + t * Hi * D, Hi * D, block, pow2_scales_);
+    }
     for (int64_t h = 0; h < Hi; ++h) w[t * Hi + h] *= wscale;
   });
 }
@@ -94,7 +101,7 @@ void Indexer::write_cache(LatentPool& pool, int64_t layer, std::span<const SeqSl
   }
 }
 
-cpu::IndexKernel Indexer::kernel(const cpu::Context& ctx) const { return cpu::index_kernel(ctx, D_, cpu::host_features()); }
+cpu::IndexKernel Indexer::kernel(const cpu::Context& ctx) const { return cpu::index_kernel(ctx, D_, cpu::features(ctx)); }
 
 void Indexer::select(const cpu::Context& ctx, const SeqKeys& kk, const float* q, const float* w, int32_t* sel,
                      int64_t* count) {

@@ -30,9 +30,15 @@
 //   FP8 (official code): q and k quantized to e4m3 with one scale per 128 values (act_quant,
 //               ue8m0 scales when scale_fmt says so), the key cache stored as FP8 + float32
 //               scale, the score computed by fp8_index in FP8 with the q scale folded into w.
-//               This unit scores in float32 (in the fast precision on AMX tiles: q rounded to
-//               bf16, sums in float32; backend/cpu/index_score.h); the pool's fp8 format stores the key as e4m3 with
-//               one float32 scale per 128 values like DeepSeek's k_cache / k_scale_cache.
+//               This unit scores in float32 (in the fast precision on AMX tiles or VDPBF16PS:
+//               q rounded to bf16, sums in float32; backend/cpu/index_score.h); the pool's fp8
+//               format stores the key as e4m3 with one float32 scale per 128 values like
+//               DeepSeek's k_cache / k_scale_cache, by the same act_quant rule. With
+//               cpu::Context::fp8_indexer, project() rounds q and k as act_quant does, so that
+//               the scores are the official FP8 ones (e4m3 x e4m3 products are exact in
+//               float32; the scales are positive, so they pass through the ReLU) up to the
+//               float32 summation order; the fp8 cache then stores the key unchanged (within a
+//               float32 rounding of its scale where scales are not powers of two).
 //   GLM-5.x     indexer_types per layer ("full" / "shared"; or index_topk_pattern, or
 //               index_topk_freq with index_skip_topk_offset, transformers' schedule): a shared
 //               layer runs no indexer and reuses the previous layer's selection.
@@ -68,7 +74,8 @@ class Indexer {
 
   // From the normed layer input x [T, hidden] and the normed q LoRA qr [T, q_lora] of tokens at
   // positions pos: q [T, n_heads, head_dim] and k [T, head_dim] (rotated by RoPE and the
-  // Hadamard), w [T, n_heads] (the head weights with both scales).
+  // Hadamard; rounded to FP8 values with ctx.fp8_indexer), w [T, n_heads] (the head weights
+  // with both scales).
   void project(const cpu::Context& ctx, const IndexerWeights& W, const float* x, const float* qr, int64_t T,
                const int64_t* pos, float* q, float* w, float* k);
   // Every sequence's new keys at positions seq->length onwards (token-packed as in MlaAttention).
@@ -77,8 +84,8 @@ class Indexer {
   // The selection of one sequence's k.n queries (positions k.cached ..): sel [k.n, topk()]
   // ascending positions, count[i] = min(topk(), k.cached + i + 1) of them valid. Each query
   // scores its visible keys straight from the pool's pages on the kernel ctx dispatches
-  // (cpu::index_kernel: AMX tiles with q in bf16 in the fast precision where the CPU has them,
-  // else float32) and keeps the top-k by a radix select (backend/cpu/index_score.h).
+  // (cpu::index_kernel: in the fast precision AMX tiles or VDPBF16PS with q in bf16, else
+  // float32) and keeps the top-k by a radix select (backend/cpu/index_score.h).
   void select(const cpu::Context& ctx, const SeqKeys& k, const float* q, const float* w, int32_t* sel, int64_t* count);
   // The same selection from the keys decoded to float32, sgemm and nth_element: the plain
   // reference select() is held to.
@@ -89,7 +96,7 @@ class Indexer {
 
  private:
   int64_t Hi_, D_, rope_dim_, topk_, hidden_, q_lora_;
-  bool interleave_;
+  bool interleave_, pow2_scales_;
   Rope rope_;
   std::vector<float> keys_, scores_, qk_;  // a sequence's keys [S, D]; combined scores; per-head dots
   std::vector<int32_t> order_;

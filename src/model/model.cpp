@@ -99,7 +99,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
 
 LatentPool Model::make_pool(int64_t num_pages, int64_t page_size, KvDType dtype) const {
   return LatentPool(cfg_.num_hidden_layers, cfg_.kv_lora_rank, cfg_.qk_rope_head_dim, num_pages, page_size, dtype,
-                    cfg_.index_cache_dim());
+                    cfg_.index_cache_dim(), cfg_.ue8m0_scales);
 }
 
 void Model::admit(std::span<const SeqSlice> batch, LatentPool& pool, const char* cache, std::vector<int64_t>& first) const {

@@ -27,6 +27,20 @@ uint8_t f32_to_fp8e4m3_fast(float f) {
   return sign | uint8_t((r >> 20) - (120u << 3));
 }
 
+float fp8_act_scale(const float* x, int64_t n, bool pow2) {
+  float amax = 1e-4f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float s = amax / 448.0f;
+  return pow2 ? std::ldexp(1.0f, int(std::ceil(std::log2(s)))) : s;
+}
+
+void fp8_act_round(float* x, int64_t n, int64_t block, bool pow2) {
+  for (int64_t b = 0; b < n; b += block) {
+    const float s = fp8_act_scale(x + b, block, pow2);
+    for (int64_t i = b; i < b + block; ++i) x[i] = fp8e4m3_to_f32(f32_to_fp8e4m3_fast(x[i] / s)) * s;
+  }
+}
+
 void pack_int4(const int8_t* q, int64_t n, uint32_t* words) {
   for (int64_t w = 0; w < n / 8; ++w) {
     uint32_t v = 0;

@@ -27,6 +27,14 @@ namespace mla::quant {
 // arithmetic instead of a search over the code table; the same byte for every input.
 uint8_t f32_to_fp8e4m3_fast(float f);
 
+// DeepSeek's FP8 quantization of activations (act_quant in DeepSeek-V3.2's inference/kernel.py),
+// per block of values: s = max(absmax, 1e-4) / 448, rounded up to a power of two where pow2
+// (quantization_config scale_fmt "ue8m0"); codes e4m3(x / s), value = code x s.
+float fp8_act_scale(const float* x, int64_t n, bool pow2);
+// x replaced by its quantized value code x s, a block of `block` values at a time (n % block ==
+// 0): what the official code's FP8 step leaves of an activation.
+void fp8_act_round(float* x, int64_t n, int64_t block, bool pow2);
+
 // ---- INT4 groups
 
 // Packs n values q in [-8, 7] (n % 8 == 0) into n / 8 words as the format stores them, and back.

@@ -114,11 +114,13 @@ TEST(DsaIndexerKernels, AmxMatchesTheReference) { check_kernel(IndexKernel::Amx)
 TEST(DsaIndexerKernels, DispatchRule) {
   Context precise, fast;
   fast.precision = Precision::Fast;
-  EXPECT_EQ(index_kernel(precise, 128, {true}), IndexKernel::F32);
-  EXPECT_EQ(index_kernel(precise, 128, {false}), IndexKernel::F32);
-  EXPECT_EQ(index_kernel(fast, 128, {true}), IndexKernel::Amx);
-  EXPECT_EQ(index_kernel(fast, 128, {false}), IndexKernel::F32);  // VDPBF16PS measured slower (dispatch.cpp)
-  EXPECT_EQ(index_kernel(fast, 96, {true}), IndexKernel::Amx);
+  const CpuFeatures amx{true, false}, vdpbf16ps{false, false}, fma{false, true};
+  for (const CpuFeatures& f : {amx, vdpbf16ps, fma}) EXPECT_EQ(index_kernel(precise, 128, f), IndexKernel::F32);
+  EXPECT_EQ(index_kernel(fast, 128, amx), IndexKernel::Amx);
+  EXPECT_EQ(index_kernel(fast, 128, vdpbf16ps), IndexKernel::Bf16);
+  EXPECT_EQ(index_kernel(fast, 128, fma), IndexKernel::F32);  // FMAs timed faster than VDPBF16PS (dispatch.cpp)
+  EXPECT_EQ(index_kernel(fast, 96, amx), IndexKernel::Amx);
+  EXPECT_EQ(index_kernel(fast, 48, vdpbf16ps), IndexKernel::F32);
   EXPECT_FALSE(index_kernel_supported(IndexKernel::F32, 48));  // no kernel: the reference scores
   IndexQuery q;
   const std::vector<float> v(48 * 2, 1.0f);

@@ -18,6 +18,7 @@
 #include "model/indexer.h"
 #include "model/model.h"
 #include "model/presets.h"
+#include "tensor/quantize.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/analyze.h"
 #include "tools/run_modes.h"
@@ -126,6 +127,30 @@ TEST(DsaFixtures, SparsityIsRealAndTheDenseContextSkipsTheIndexer) {
   EXPECT_EQ(sparse.model->dsa_counters().selections, mid.selections);
 }
 
+// Selected positions of one capture (a prefill: every layer's selection of every query) that
+// are not in another's: {total, changed}.
+std::pair<int64_t, int64_t> changed_positions(const std::vector<std::vector<Model::Selection>>& a,
+                                              const std::vector<std::vector<Model::Selection>>& b) {
+  int64_t total = 0, changed = 0;
+  EXPECT_EQ(a.size(), b.size());
+  for (size_t layer = 0; layer < std::min(a.size(), b.size()); ++layer) {
+    const auto& x = a[layer][0];
+    const auto& y = b[layer][0];
+    EXPECT_EQ(x.pos.size(), y.pos.size());
+    if (x.pos.size() != y.pos.size()) continue;
+    const int64_t K = x.count.empty() ? 0 : int64_t(x.pos.size() / x.count.size());
+    for (size_t i = 0; i < x.count.size(); ++i) {
+      std::vector<int32_t> common;
+      std::set_intersection(x.pos.begin() + int64_t(i) * K, x.pos.begin() + int64_t(i) * K + x.count[i],
+                            y.pos.begin() + int64_t(i) * K, y.pos.begin() + int64_t(i) * K + y.count[i],
+                            std::back_inserter(common));
+      total += x.count[i];
+      changed += x.count[i] - int64_t(common.size());
+    }
+  }
+  return {total, changed};
+}
+
 // The bf16 and fp8 caches store the indexer keys rounded (fp8 like DeepSeek-V3.2's own FP8
 // k_cache), so near-equal index scores may swap places at the top-k's edge. Reported: how many
 // selected positions differ from the f32 cache's, and the logits' error; the dense fixture (the
@@ -133,87 +158,70 @@ TEST(DsaFixtures, SparsityIsRealAndTheDenseContextSkipsTheIndexer) {
 // (fp8) of the selected positions change (a wrong key cache selects about at random, changing
 // some 85% of them at these lengths), and the logits' mean error stays below 0.1 (bf16) and 0.25
 // (fp8) of the logits' spread. The fp8 bound is looser than the dense fixtures' 0.1
-// (test_batch.cpp) because of the selection (the fast precision's bf16 products are reported
-// and held to the bf16 cache's 2% the same way): with index_topk 8 a swapped position carries about
+// (test_batch.cpp) because of the selection: with index_topk 8 a swapped position carries about
 // an eighth of a query's attention (measured: fp8 0.13 with selection against 0.02 dense on the
-// same weights); at the releases' 2048 one swap moves the output far less.
+// same weights); at the releases' 2048 one swap moves the output far less. The same report and
+// bounds hold the fast precision's bf16 products (the bf16 cache's) and the official FP8
+// indexer arithmetic on the fp8 cache (cpu::Context::fp8_indexer, the fp8 cache's), whose
+// logits must also differ from the fp8 cache's alone: the mode takes effect.
 TEST(DsaFixtures, CacheFormatsChangeFewSelectedPositions) {
+  using Capture = std::vector<std::vector<Model::Selection>>;
   for (const std::string& name : {std::string("deepseek-v3.2-tiny"), std::string("glm-5-tiny"), std::string("deepseek-v3.2-dense-tiny")}) {
     auto& l = load(name);
-    std::map<KvDType, std::vector<std::vector<Model::Selection>>> sel;
-    std::map<KvDType, double> mean;
     double m1 = 0, m2 = 0;
     for (float v : l.logits[3]) m1 += v, m2 += double(v) * v;
     m1 /= double(l.logits[3].size());
     const double spread = std::sqrt(m2 / double(l.logits[3].size()) - m1 * m1);
-    for (KvDType dt : {KvDType::F32, KvDType::BF16, KvDType::FP8}) {
+    // Sequence 3's logits and selections with a cache format on a context; the logits' mean
+    // error against the golden.
+    auto run = [&](KvDType dt, const cpu::Context* ctx, Capture& sel, std::vector<float>& got) {
       RunOptions opt;
       opt.kv_dtype = dt;
-      l.model->set_capture_selection(&sel[dt]);
-      auto got = run_logits(*l.model, l.ids[3], opt);
+      opt.context = ctx;
+      l.model->set_capture_selection(&sel);
+      got = run_logits(*l.model, l.ids[3], opt);
       l.model->set_capture_selection(nullptr);
       double sum = 0;
       for (size_t i = 0; i < got.size(); ++i) sum += std::fabs(got[i] - l.logits[3][i]);
-      mean[dt] = sum / double(got.size());
-    }
-    {  // the fast precision (bf16 products) on the f32 cache
+      return sum / double(got.size());
+    };
+    std::map<KvDType, Capture> sel;
+    std::map<KvDType, std::vector<float>> logits;
+    std::map<KvDType, double> mean;
+    for (KvDType dt : {KvDType::F32, KvDType::BF16, KvDType::FP8}) mean[dt] = run(dt, nullptr, sel[dt], logits[dt]);
+    EXPECT_LE(mean[KvDType::F32], 1e-3);
+    auto report = [&](const std::string& what, const Capture& c, double err, bool fp8_bound) {
+      const auto [total, changed] = changed_positions(sel[KvDType::F32], c);
+      std::printf("[ dsa cache ] %-24s %-34s %lld of %lld selected positions differ from the f32 cache's; logits mean"
+                  " error %.2e (f32 %.2e; logits spread %.2f)\n",
+                  name.c_str(), what.c_str(), (long long)changed, (long long)total, err, mean[KvDType::F32], spread);
+      if (name != "deepseek-v3.2-dense-tiny") EXPECT_GT(total, 0) << what;
+      EXPECT_LE(double(changed), (fp8_bound ? 0.10 : 0.02) * double(total)) << name << " " << what;
+      EXPECT_LE(err, (fp8_bound ? 0.25 : 0.1) * spread) << name << " " << what;
+    };
+    report("bf16 cache", sel[KvDType::BF16], mean[KvDType::BF16], false);
+    report("fp8 cache", sel[KvDType::FP8], mean[KvDType::FP8], true);
+    {
       cpu::Context fast;
       fast.precision = cpu::Precision::Fast;
-      RunOptions opt;
-      opt.context = &fast;
-      std::vector<std::vector<Model::Selection>> fs;
-      l.model->set_capture_selection(&fs);
-      auto got = run_logits(*l.model, l.ids[3], opt);
-      l.model->set_capture_selection(nullptr);
-      int64_t total = 0, changed = 0;
-      for (size_t layer = 0; layer < fs.size(); ++layer) {
-        const auto& a = sel[KvDType::F32][layer][0];
-        const auto& b = fs[layer][0];
-        const int64_t K = a.count.empty() ? 0 : int64_t(a.pos.size() / a.count.size());
-        for (size_t i = 0; i < a.count.size(); ++i) {
-          std::vector<int32_t> common;
-          std::set_intersection(a.pos.begin() + int64_t(i) * K, a.pos.begin() + int64_t(i) * K + a.count[i],
-                                b.pos.begin() + int64_t(i) * K, b.pos.begin() + int64_t(i) * K + b.count[i],
-                                std::back_inserter(common));
-          total += a.count[i];
-          changed += a.count[i] - int64_t(common.size());
-        }
-      }
-      double sum = 0;
-      for (size_t i = 0; i < got.size(); ++i) sum += std::fabs(got[i] - l.logits[3][i]);
-      std::printf("[ dsa cache ] %-20s fast precision, f32 cache: %lld of %lld selected positions differ; logits mean"
-                  " error %.2e\n", name.c_str(), (long long)changed, (long long)total, sum / double(got.size()));
-      EXPECT_LE(double(changed), 0.02 * double(total)) << name << " fast precision";
+      Capture c;
+      std::vector<float> got;
+      const double err = run(KvDType::F32, &fast, c, got);
+      report("fast precision, f32 cache", c, err, false);
     }
-    for (KvDType dt : {KvDType::BF16, KvDType::FP8}) {
-      int64_t total = 0, changed = 0;
-      ASSERT_EQ(sel[dt].size(), sel[KvDType::F32].size());
-      for (size_t layer = 0; layer < sel[dt].size(); ++layer) {
-        const auto& a = sel[KvDType::F32][layer][0];
-        const auto& b = sel[dt][layer][0];
-        ASSERT_EQ(a.pos.size(), b.pos.size());
-        const int64_t K = a.count.empty() ? 0 : int64_t(a.pos.size() / a.count.size());
-        for (size_t i = 0; i < a.count.size(); ++i) {
-          std::vector<int32_t> x(a.pos.begin() + int64_t(i) * K, a.pos.begin() + int64_t(i) * K + a.count[i]);
-          std::vector<int32_t> y(b.pos.begin() + int64_t(i) * K, b.pos.begin() + int64_t(i) * K + b.count[i]);
-          std::vector<int32_t> common;
-          std::set_intersection(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(common));
-          total += int64_t(x.size());
-          changed += int64_t(x.size() - common.size());
-        }
-      }
-      std::printf("[ dsa cache ] %-20s %s: %lld of %lld selected positions differ from the f32 cache's;"
-                  " logits mean error %.2e (f32 %.2e; logits spread %.2f)\n",
-                  name.c_str(), kv_dtype_name(dt), (long long)changed, (long long)total, mean[dt], mean[KvDType::F32],
-                  spread);
+    {
+      cpu::Context official;
+      official.fp8_indexer = true;
+      Capture c;
+      std::vector<float> got;
+      const double err = run(KvDType::FP8, &official, c, got);
+      report("fp8 indexer arithmetic, fp8 cache", c, err, true);
       if (name != "deepseek-v3.2-dense-tiny") {
-        EXPECT_GT(total, 0);
+        EXPECT_GT(test::max_abs_diff(got, logits[KvDType::FP8]), 0.0f) << name << ": --indexer-precision fp8 had no effect";
+      } else {
+        EXPECT_EQ(test::max_abs_diff(got, logits[KvDType::FP8]), 0.0f) << name << ": no selection, nothing to change";
       }
-      const bool fp8 = dt == KvDType::FP8;
-      EXPECT_LE(double(changed), (fp8 ? 0.10 : 0.02) * double(total)) << name << " " << kv_dtype_name(dt);
-      EXPECT_LE(mean[dt], (fp8 ? 0.25 : 0.1) * spread) << name << " " << kv_dtype_name(dt);
     }
-    EXPECT_LE(mean[KvDType::F32], 1e-3);
   }
 }
 
@@ -279,6 +287,55 @@ TEST(DsaPool, IndexerKeysBesideTheLatent) {
   ASSERT_TRUE(plain.reserve(p, 1));
   std::vector<float> k(128);
   EXPECT_THROW(plain.write_index(0, p, 0, k.data()), std::logic_error);
+}
+
+// The official FP8 arithmetic's keys (quant::fp8_act_round, DeepSeek's act_quant) survive the fp8
+// cache unchanged with power-of-two scales (ue8m0, as DeepSeek-V3.2 ships) and within a float32
+// rounding without: the cache stores keys by the same rule, so cpu::Context::fp8_indexer
+// scores what DeepSeek's code scores. The scales are powers
+// of two where asked; unrounded keys lose up to half an e4m3 step of their block's scale.
+TEST(DsaPool, Fp8KeysAreStoredAsActQuantRoundsThem) {
+  std::mt19937 g(3);
+  std::normal_distribution<float> nd;
+  for (bool pow2 : {false, true}) {
+    LatentPool pool(1, 512, 64, 1, 16, KvDType::FP8, 256, pow2);
+    PageTable a;
+    ASSERT_TRUE(pool.reserve(a, 2));
+    std::vector<float> raw(256), rounded;
+    for (auto& x : raw) x = 3.0f * nd(g);
+    rounded = raw;
+    quant::fp8_act_round(rounded.data(), 256, 128, pow2);
+    EXPECT_GT(test::max_abs_diff(raw, rounded), 0.0f);
+    for (int64_t b = 0; b < 2; ++b) {
+      const float s = quant::fp8_act_scale(raw.data() + b * 128, 128, pow2);
+      float amax = 0;
+      for (int64_t i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(raw[size_t(b * 128 + i)]));
+      EXPECT_GE(s, amax / 448.0f * (1 - 1e-6f));
+      if (pow2) {
+        int e = 0;
+        EXPECT_EQ(std::frexp(s, &e), 0.5f) << s << " is not a power of two";
+        EXPECT_LT(s, 2 * amax / 448.0f);
+      } else {
+        EXPECT_FLOAT_EQ(s, amax / 448.0f);
+      }
+      for (int64_t i = 0; i < 128; ++i) {  // an e4m3 value times the scale (code x s / s rounds where s is not 2^n)
+        const float c = rounded[size_t(b * 128 + i)] / s;
+        EXPECT_NEAR(fp8e4m3_to_f32(f32_to_fp8e4m3(c)), c, pow2 ? 0.0f : 1e-6f * std::fabs(c));
+        EXPECT_LE(std::fabs(rounded[size_t(b * 128 + i)] - raw[size_t(b * 128 + i)]), s * 16.0f);  // half of e4m3's widest step (32)
+      }
+    }
+    pool.write_index(0, a, 0, rounded.data());
+    pool.write_index(0, a, 1, raw.data());
+    a.length = 2;
+    std::vector<float> back(2 * 256);
+    pool.gather_index(0, a, 0, 2, back.data());
+    // A power-of-two scale comes back exactly from the rounded key's largest value; amax / 448
+    // comes back within a float32 rounding of the scale (448 s / 448), so the codes do and the
+    // values within that rounding.
+    const float tol = pow2 ? 0.0f : 1e-6f * 448.0f * quant::fp8_act_scale(raw.data(), 256, false);
+    EXPECT_LE(test::max_abs_diff(std::vector<float>(back.begin(), back.begin() + 256), rounded), tol) << pow2;
+    EXPECT_EQ(test::max_abs_diff(std::vector<float>(back.begin() + 256, back.end()), rounded), 0.0f) << pow2;
+  }
 }
 
 TEST(DsaConfig, KeysAndIndexerTypes) {

@@ -53,6 +53,14 @@ struct Context {
   // multiply-adds an instruction against a float32 FMA's 16). False keeps those products on the
   // bf16 / float32 GEMMs above, activations as vector_gemm's kernel takes them.
   bool int8_activations = true;
+  // DeepSeek Sparse Attention's indexer in the official code's FP8 arithmetic (model/indexer.h):
+  // its queries and keys rounded to e4m3 with one scale per 128 values (power-of-two scales
+  // where the checkpoint's scale_fmt is ue8m0) before they are scored; the products and sums
+  // stay float32, as in DeepSeek's fp8_index. False scores the unrounded values (float32, or
+  // bf16 q on the fast precision's kernels). Selected positions can change where two index
+  // scores are close: the tests report how many, and the logits' distance, as for the fast
+  // precision.
+  bool fp8_indexer = false;
 
   // The thread count the kernels use: threads, or OpenMP's default when it is 0 (at least 1).
   int num_threads() const;

@@ -97,14 +97,18 @@ Kernel matmul_kernel(const Context& ctx, int64_t T, const MatrixView& W, const C
   return W.format == WeightFormat::F32 ? Kernel::Sgemm : Kernel::DequantSgemm;
 }
 
-// Without AMX the float32 kernel, in both precisions: on the 2-core development Xeon (no AMX
-// granted) mla bench --dsa timed the VDPBF16PS kernel slower at every context (scoring 65,536
-// keys of 64 x 128: 46.9 ms against 38.5 ms; 16,384: 7.5 against 6.9; 4,096: 1.18 against 0.95),
-// as the GEMV's measurements found (context.h: VDPBF16PS retires ~0.45 a cycle against 1.85 FMAs,
-// so its 32 products a cycle-slot give ~14 against ~30 per cycle). The Bf16 kernel stays
-// reachable (tests, benchmarks) for CPUs where that balance differs.
+// Without AMX the fast precision scores on VDPBF16PS where it outruns the float32 FMAs, which
+// the same timing as the GEMM's decides (CpuFeatures::fma_gemm false). On the 2-core
+// development Xeon (no AMX granted, fma_gemm true) mla bench --dsa timed the VDPBF16PS kernel
+// slower at every context (scoring 65,536 keys of 64 x 128: 46.9 ms against 38.5 ms; 16,384: 7.5
+// against 6.9; 4,096: 1.18 against 0.95), as the GEMV's measurements found (context.h:
+// VDPBF16PS retires ~0.45 a cycle against 1.85 FMAs); on AMD Zen 5, where both retire about 2 a
+// cycle, VDPBF16PS does twice the FMAs' multiply-adds per instruction (bench figures in
+// dispatch.h). The precise precision scores in float32.
 IndexKernel index_kernel(const Context& ctx, int64_t dim, const CpuFeatures& f) {
-  return ctx.fast() && f.amx && dim % 32 == 0 ? IndexKernel::Amx : IndexKernel::F32;
+  if (!ctx.fast() || dim % 32 != 0) return IndexKernel::F32;
+  if (f.amx) return IndexKernel::Amx;
+  return f.fma_gemm ? IndexKernel::F32 : IndexKernel::Bf16;
 }
 
 }  // namespace mla::cpu

@@ -58,9 +58,9 @@ Kernel gemm_bf16_kernel(int64_t T, const MatrixView& W, const CpuFeatures& f);
 Kernel matmul_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f);
 
 // The DeepSeek Sparse Attention indexer's scoring kernel (index_score.h) for keys of `dim`
-// values: in the fast precision Amx where the CPU has AMX and dim % 32 == 0; otherwise F32 (the
-// VDPBF16PS kernel measured slower than it without AMX; dispatch.cpp). dim % 32 != 0 has no
-// kernel: the caller scores on the reference.
+// values: in the fast precision, where dim % 32 == 0, Amx where the CPU has AMX, else Bf16
+// (VDPBF16PS) unless f.fma_gemm says float32 FMAs outrun it; otherwise F32 (dispatch.cpp has
+// the measurements). dim % 32 != 0 has no kernel: the caller scores on the reference.
 IndexKernel index_kernel(const Context& ctx, int64_t dim, const CpuFeatures& f);
 
 }  // namespace mla::cpu
