@@ -359,7 +359,7 @@ struct Server::Impl {
 
   // Counters for /metrics.
   std::atomic<int64_t> http_completions{0}, http_chat{0}, http_errors{0}, http_streams{0};
-  std::atomic<int64_t> rejected_queue_full{0}, rejected_draining{0}, rejected_connections{0};
+  std::atomic<int64_t> rejected_queue_full{0}, rejected_draining{0}, rejected_connections{0}, rejected_descriptors{0};
   std::atomic<int64_t> read_timeouts{0}, request_timeouts{0}, shutdown_cuts{0}, client_gone{0};
   std::atomic<int64_t> liveness_requests{0};
 
@@ -775,6 +775,26 @@ void Server::Impl::run_listener() {
     c.buf.clear();
     c.deadline = Clock::now() + std::chrono::seconds(1);
   };
+  // Out of file descriptors (accept4 failing with EMFILE or ENFILE), a connection would stay in
+  // the backlog and poll would report the listening socket readable at once, every time: the
+  // listener would spin on a core until a descriptor came free. A descriptor held in reserve is
+  // let go instead, the waiting connection accepted, answered 503 and closed, and the reserve
+  // taken back, so each connection past the limit is told to retry at once. Where the reserve
+  // cannot be had back, accepting pauses for 100 ms at a time.
+  int spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  Clock::time_point accept_paused_until{};
+  auto out_of_descriptors = [&] {
+    ++rejected_descriptors;
+    if (spare_fd >= 0) {
+      ::close(spare_fd);
+      if (const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC); fd >= 0) {
+        write_small_response(fd, 503, "the server has no file descriptor left for this connection; retry later");
+        ::close(fd);
+      }
+      spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    if (spare_fd < 0) accept_paused_until = Clock::now() + std::chrono::milliseconds(100);
+  };
   // Complete -> handed to a pool (false: stays pending or lingering).
   auto advance = [&](Pending& c) -> bool {
     if (c.lingering) return false;
@@ -825,9 +845,10 @@ void Server::Impl::run_listener() {
     }
     std::vector<pollfd> fds;
     fds.push_back({wake_fd, POLLIN, 0});
-    fds.push_back({listen_fd, POLLIN, 0});
+    fds.push_back({listen_fd, short(now < accept_paused_until ? 0 : POLLIN), 0});
     for (const Pending& c : pending) fds.push_back({c.fd, POLLIN, 0});
     Clock::time_point next = now + std::chrono::milliseconds(100);
+    if (now < accept_paused_until) next = std::min(next, accept_paused_until);
     for (const Pending& c : pending) next = std::min(next, c.deadline);
     const int r = ::poll(fds.data(), nfds_t(fds.size()), std::max(1, millis_until(next)));
     if (r < 0 && errno != EINTR) break;
@@ -838,7 +859,10 @@ void Server::Impl::run_listener() {
     if (fds[1].revents & POLLIN) {
       while (true) {
         const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;
+        if (fd < 0) {
+          if (errno == EMFILE || errno == ENFILE) out_of_descriptors();
+          break;
+        }
         ++open_connections;
         const int one = 1;
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -893,6 +917,7 @@ void Server::Impl::run_listener() {
     pending.swap(still);
   }
   for (Pending& c : pending) close_connection(c.fd);
+  if (spare_fd >= 0) ::close(spare_fd);
   ::close(listen_fd);
   listen_fd = -1;
   // The threads end once their requests are answered (cut ones included).
@@ -930,7 +955,8 @@ std::string Server::Impl::metrics() const {
   family("mla_http_rejected_total", "generation requests refused at once", "counter", "reason",
          {{"queue_full", rejected_queue_full.load()},
           {"draining", rejected_draining.load()},
-          {"connections", rejected_connections.load()}});
+          {"connections", rejected_connections.load()},
+          {"descriptors", rejected_descriptors.load()}});
   family("mla_http_cut_total", "requests the server ended before the engine did", "counter", "reason",
          {{"client_gone", client_gone.load()}, {"timeout", request_timeouts.load()}, {"shutdown", shutdown_cuts.load()}});
   line("mla_http_read_timeouts_total", "requests that did not arrive within the read timeout (408)", "counter",

@@ -47,14 +47,17 @@ inline void make_served_model(const std::filesystem::path& dir, int context = 0)
 }
 
 // `mla serve ARGS --port 0`, its standard error in `log`; port is the one it printed (0: it
-// printed none within a minute, or exited). Killed (SIGKILL) and reaped when the object goes,
-// on every way out of a test, unless pid was reset after reaping it.
+// printed none within a minute, or exited). nofile > 0: under that limit of open files (`ulimit
+// -n` in /bin/sh, which then execs the server: pid stays the server's). Killed (SIGKILL) and
+// reaped when the object goes, on every way out of a test, unless pid was reset after reaping it.
 struct ServeProcess {
   pid_t pid = 0;
   int port = 0;
   std::string log;
-  ServeProcess(std::string log_path, std::vector<std::string> args) : log(std::move(log_path)) {
+  ServeProcess(std::string log_path, std::vector<std::string> args, int nofile = 0) : log(std::move(log_path)) {
     args.insert(args.begin(), {MLA_BINARY, "serve", "--port", "0"});
+    if (nofile > 0)
+      args.insert(args.begin(), {"/bin/sh", "-c", "ulimit -n " + std::to_string(nofile) + " && exec \"$0\" \"$@\""});
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -62,7 +65,7 @@ struct ServeProcess {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    if (posix_spawn(&pid, MLA_BINARY, &fa, nullptr, argv.data(), environ) != 0) pid = 0;
+    if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid = 0;
     posix_spawn_file_actions_destroy(&fa);
     const std::regex re(R"(http://127\.0\.0\.1:([0-9]+))");
     for (int i = 0; pid > 0 && i < 600 && port == 0; ++i) {  // up to a minute for the load

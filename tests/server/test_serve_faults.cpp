@@ -15,8 +15,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -43,15 +46,16 @@ struct Serve {
   pid_t pid = 0;
   int port = 0;
   // context > 0: a model of that many positions (make_served_model) and a cache for 8 sequences
-  // of that length at 1 KiB a token (the fixture needs less).
-  explicit Serve(const std::vector<std::string>& extra, int context = 0) {
+  // of that length at 1 KiB a token (the fixture needs less); nofile > 0: the server's limit
+  // of open files.
+  explicit Serve(const std::vector<std::string>& extra, int context = 0, int nofile = 0) {
     test::make_served_model(dir.path, context);
     log = dir / "serve.log";
     const std::string cache_gb = context > 0 ? std::to_string(8.0 * context * 1024 / 1e9) : "0.001";
     std::vector<std::string> args = {"-m", dir.str(), "--threads", "1", "--kv-cache-gb", cache_gb,
                                      "--served-model-name", "tiny"};
     args.insert(args.end(), extra.begin(), extra.end());
-    proc = std::make_unique<test::ServeProcess>(log, args);
+    proc = std::make_unique<test::ServeProcess>(log, args, nofile);
     pid = proc->pid;
     port = proc->port;
   }
@@ -186,6 +190,60 @@ TEST(ServeBinary, SecondSignalExitsAtOnce) {
 // running, 2 queued), 3 clients x 4 that disconnect (mid-stream after the first event, or
 // mid-request before the answer), 80 slow senders (a byte each 150 ms, never whole within the
 // 1 s read timeout), a /health probe every 20 ms throughout, then 3 streams and a SIGTERM.
+// CPU seconds the process has run (user + system), from /proc/PID/stat.
+double cpu_seconds(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::istringstream rest(text.substr(text.rfind(')') + 2));  // after the command name
+  std::string field;
+  long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stoll(field);
+    if (i == 15) stime = std::stoll(field);
+  }
+  return double(utime + stime) / double(sysconf(_SC_CLK_TCK));
+}
+
+// A server out of file descriptors (ulimit -n 64, then 120 connections held open) answers the
+// connections it has no descriptor for 503 and closes them, does not spin on the listening
+// socket while they wait (before the reserve descriptor, accept4's EMFILE left them in the
+// backlog and poll woke the listener at once, forever: a whole core), and serves again once the
+// connections go.
+TEST(ServeBinary, OutOfFileDescriptorsAnswers503WithoutSpinning) {
+  Serve s({"--read-timeout", "30"}, 0, 64);
+  ASSERT_NE(s.port, 0) << read_all(s.log);
+  std::vector<std::unique_ptr<Raw>> held;
+  for (int i = 0; i < 120; ++i) held.push_back(std::make_unique<Raw>(s.port));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  int refused = 0, connected = 0;
+  for (auto& c : held) {
+    connected += c->fd >= 0;
+    if (c->read_until("\r\n\r\n", 5).find("HTTP/1.1 503") == 0) ++refused;
+  }
+  EXPECT_EQ(connected, 120);
+  EXPECT_GT(refused, 0) << "no connection was refused: was the limit reached? " << read_all(s.log);
+  const double cpu0 = cpu_seconds(s.pid);
+  for (int i = 0; i < 10; ++i) {  // more connections arrive while the server is at its limit
+    Raw late(s.port);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (late.read_until("\r\n\r\n", 100).find("HTTP/1.1 503") == 0) ++refused;
+  }
+  const double busy = cpu_seconds(s.pid) - cpu0;
+  std::printf("[ descriptors ] %d of %d connections refused 503; server CPU while at its limit: %.2f s in about 2 s\n",
+              refused, connected + 10, busy);
+  EXPECT_LT(busy, 0.5) << "the listener spins while out of descriptors";
+  held.clear();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto c = s.client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h) << "the server no longer answers";
+  EXPECT_EQ(h->status, 200);
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("mla_http_rejected_total{reason=\"descriptors\"}"), std::string::npos);
+  EXPECT_EQ(m->body.find("mla_http_rejected_total{reason=\"descriptors\"} 0\n"), std::string::npos);
+}
+
 TEST(ServeLoad, ConcurrencySlowSendersDisconnectsAndSigterm) {
   Serve s({"--max-num-seqs", "2", "--max-queued-requests", "2", "--shutdown-timeout", "1", "--read-timeout", "1",
            "--max-batch-tokens", "16"});
