@@ -6,6 +6,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "server/openai.h"
 #include "server/parser_text.h"
 
 namespace mla::server {
@@ -73,6 +74,9 @@ bool valid_name(std::string_view name) {
 std::optional<std::string> json_object_text(std::string_view s) {
   std::string_view t = trim(s);
   if (t.empty() || t.front() != '{') return std::nullopt;
+  // Nested deeper than a request body may be (openai.h): not taken as arguments, since writing
+  // the value back out recurses once per level.
+  if (json_nesting_depth(t, kMaxJsonDepth) > kMaxJsonDepth) return std::nullopt;
   try {
     Json j = Json::parse(t.data(), t.data() + t.size(), nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) return std::nullopt;
@@ -87,6 +91,7 @@ std::optional<std::string> json_object_text(std::string_view s) {
 OrderedJson parameter_value(std::string_view value, bool decode) {
   if (decode) {
     std::string_view t = trim(value);
+    if (json_nesting_depth(t, kMaxJsonDepth) > kMaxJsonDepth) return std::string(value);  // as in json_object_text
     try {
       OrderedJson j = OrderedJson::parse(t.data(), t.data() + t.size(), nullptr, false);
       if (!j.is_discarded()) return j;

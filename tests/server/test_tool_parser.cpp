@@ -348,6 +348,23 @@ TEST(ToolParser, Glm47ValuesStayStringsWithoutASchemaType) {
   EXPECT_EQ(arguments_of(r.tool_calls[0])["days"], "three");
 }
 
+// A model's value nested deeper than a request body may be (here 100,000 objects) stays a
+// string: writing it back out as arguments would recurse once per level. Parsed whole only (the
+// splits of 600 KB would take minutes).
+TEST(ToolParser, Glm47DeeplyNestedValueStaysAString) {
+  const int depth = 100000;
+  std::string deep;
+  for (int i = 0; i < depth; ++i) deep += "{\"a\":";
+  deep += "1" + std::string(size_t(depth), '}');
+  ToolParserOptions options;
+  options.tools = kGlmTools;
+  options.make_id = counter_ids();
+  const ToolParseResult r = parse_tool_calls(
+      "glm47", "<tool_call>get_weather<arg_key>opts</arg_key><arg_value>" + deep + "</arg_value></tool_call>", options);
+  ASSERT_EQ(r.tool_calls.size(), 1u);
+  EXPECT_EQ(r.tool_calls[0].arguments, "{\"opts\":" + Json(deep).dump() + "}");
+}
+
 TEST(ToolParser, Glm47MalformedAndUnterminatedCallsStayContent) {
   const std::string bad = "<tool_call>get_weather<arg_key>city</arg_key>oops</tool_call>";
   ToolParseResult r = parse_all_ways("glm47", "A" + bad + "\n<tool_call>get_time</tool_call> and then text", kGlmTools);

@@ -150,3 +150,30 @@ TEST(GlmTemplate, Glm47ParserReadsTheTemplatesToolCalls) {
 }
 
 }  // namespace
+
+// A client's call arguments nested far deeper than any tool takes (here 100,000 objects) are not
+// decoded for the template: the request body's depth check cannot see into a string, and the
+// template's walk over the decoded object would recurse once per level. They stay a string, so
+// GLM's template fails on them (`_args.items()`) with a template error, as on any string.
+TEST(GlmTemplate, DeeplyNestedArgumentsStayAString) {
+  const mla::Tokenizer tokenizer = mla::Tokenizer::load(std::string(MLA_SHARED_DIR) + "/fixtures/tokenizer/deepseek-v3");
+  const mla::ChatFormat format = mla::chat_format_for("glm_moe_dsa", glm_template());
+  const int depth = 100000;
+  std::string deep;
+  for (int i = 0; i < depth; ++i) deep += "{\"a\":";
+  deep += "1";
+  deep += std::string(size_t(depth), '}');
+  ojson call = {{"id", "c1"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", deep}}}};
+  ojson messages = ojson::array({ojson{{"role", "user"}, {"content", "hi"}},
+                                 ojson{{"role", "assistant"}, {"content", ""}, {"tool_calls", ojson::array({call})}}});
+  ojson body = {{"model", "m"}, {"messages", messages}};
+  const nlohmann::json plain = nlohmann::json::parse(body.dump());
+  mla::server::AgentFields agent = mla::server::parse_agent_fields(mla::server::Endpoint::ChatCompletions, plain, &body,
+                                                                   nlohmann::json::object(), 1000);
+  EXPECT_THROW(mla::server::render_chat_prompt(format, body["messages"], agent, tokenizer), mla::ChatTemplateError);
+  // At a depth a tool can take, the arguments are decoded as before.
+  call["function"]["arguments"] = R"({"a": {"b": [1, 2]}})";
+  body["messages"][1]["tool_calls"] = ojson::array({call});
+  EXPECT_NE(mla::server::render_chat_prompt(format, body["messages"], agent, tokenizer).find("<arg_key>a</arg_key>"),
+            std::string::npos);
+}
