@@ -272,7 +272,7 @@ nlohmann::ordered_json with_decoded_arguments(const nlohmann::ordered_json& mess
       const std::string& text = fn["arguments"].get_ref<const std::string&>();
       // The body's depth check cannot see into this string, and the template walks the
       // decoded object recursively: arguments nested deeper than a body may be stay a string.
-      if (json_nesting_depth(text, kMaxJsonDepth) > kMaxJsonDepth) continue;
+      if (!json_depth_ok(text)) continue;
       nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
       if (!parsed.is_discarded() && parsed.is_object()) fn["arguments"] = std::move(parsed);
     }

@@ -170,32 +170,6 @@ std::vector<std::string> stop_strings(const json& body) {
 
 }  // namespace
 
-size_t json_nesting_depth(std::string_view text, size_t stop_at, size_t* offset) {
-  size_t depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > deepest) deepest = depth;
-      if (deepest > stop_at) {
-        if (offset) *offset = i;
-        return deepest;
-      }
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
 json parse_json_body(std::string_view body, size_t max_depth) {
   size_t at = 0;
   if (json_nesting_depth(body, max_depth, &at) > max_depth)

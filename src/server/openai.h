@@ -13,6 +13,7 @@
 
 #include "engine/generation_config.h"
 #include "engine/request.h"
+#include "format/json_depth.h"
 #include "server/chat_request.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -72,17 +73,15 @@ struct ParsedRequest {
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
-// The most levels of nested arrays and objects a request body may have.
-inline constexpr size_t kMaxJsonDepth = 64;
+// The most levels of nested arrays and objects a request body may have (format/json_depth.h).
+using mla::kMaxJsonDepth;
+using mla::json_nesting_depth;
 
 // The bounded parse of a request body: its nesting depth is checked by a non-recursive scan
 // before nlohmann builds (and anything later copies or dumps) the value; a body nested deeper
 // than max_depth, or not JSON (a number past double's range included), raises ApiError 400
 // naming the problem and its byte offset.
 nlohmann::json parse_json_body(std::string_view body, size_t max_depth = kMaxJsonDepth);
-// The deepest nesting of arrays and objects in a JSON text (strings skipped; not validated);
-// stops at the first level past stop_at, its byte offset in *offset.
-size_t json_nesting_depth(std::string_view text, size_t stop_at = SIZE_MAX, size_t* offset = nullptr);
 
 // A value as an error message quotes it: its JSON, cut to a short prefix (a client may send
 // megabytes where a number belongs).

@@ -76,7 +76,7 @@ std::optional<std::string> json_object_text(std::string_view s) {
   if (t.empty() || t.front() != '{') return std::nullopt;
   // Nested deeper than a request body may be (openai.h): not taken as arguments, since writing
   // the value back out recurses once per level.
-  if (json_nesting_depth(t, kMaxJsonDepth) > kMaxJsonDepth) return std::nullopt;
+  if (!json_depth_ok(t)) return std::nullopt;
   try {
     Json j = Json::parse(t.data(), t.data() + t.size(), nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) return std::nullopt;
@@ -91,7 +91,7 @@ std::optional<std::string> json_object_text(std::string_view s) {
 OrderedJson parameter_value(std::string_view value, bool decode) {
   if (decode) {
     std::string_view t = trim(value);
-    if (json_nesting_depth(t, kMaxJsonDepth) > kMaxJsonDepth) return std::string(value);  // as in json_object_text
+    if (!json_depth_ok(t)) return std::string(value);  // as in json_object_text
     try {
       OrderedJson j = OrderedJson::parse(t.data(), t.data() + t.size(), nullptr, false);
       if (!j.is_discarded()) return j;

@@ -1,6 +1,7 @@
 // DeepSeek-V3.2's prompt encoder (see encoding_dsv32.h).
 #include "tokenizer/encoding_dsv32.h"
 
+#include "format/json_depth.h"
 #include "jinja/error.h"
 #include "jinja/value.h"
 
@@ -107,6 +108,8 @@ std::string arguments_text(const Json& call) {
   if (!args) fail("a tool call has no function.arguments");
   Json parsed;
   if (args->is_string()) {
+    if (!json_depth_ok(args->get_ref<const std::string&>()))
+      fail("tool call arguments nest deeper than " + std::to_string(kMaxJsonDepth) + " levels");
     try {
       parsed = Json::parse(args->get<std::string>());
     } catch (const nlohmann::json::exception&) {

@@ -129,6 +129,15 @@ TEST(EncodingDsv32, RejectsWhatTheOfficialEncoderRejects) {
                     {"tool_calls", ojson::array({{{"function", {{"name", "f"}, {"arguments", "[1]"}}}}})}};
   EXPECT_NE(fails(ojson::array({{{"role", "user"}, {"content", "x"}}, bad_args}), false).find("JSON object"),
             std::string::npos);
+  // Arguments nested past format/json_depth.h's limit are refused before they are parsed: writing
+  // them out as parameters recursed once per level (a stack overflow at 100,000).
+  std::string deep;
+  for (int i = 0; i < 100000; ++i) deep += "{\"a\":";
+  deep += "1" + std::string(100000, '}');
+  ojson deep_args = {{"role", "assistant"},
+                     {"tool_calls", ojson::array({{{"function", {{"name", "f"}, {"arguments", deep}}}}})}};
+  EXPECT_NE(fails(ojson::array({{{"role", "user"}, {"content", "x"}}, deep_args}), false).find("nest deeper"),
+            std::string::npos);
   ojson developer = {{"role", "developer"}, {"content", std::string()}};
   EXPECT_NE(fails(ojson::array({developer}), false).find("developer"), std::string::npos);
 }
