@@ -130,7 +130,8 @@ int main(int argc, char** argv) {
   std::printf("threads %d, huge pages %s; read loop over %.1f GiB: %.1f GB/s\n", base.num_threads(),
               huge ? "asked" : "off", double(target) / (1 << 30), bw);
 
-  // Decode: an MoE expert projection (1408 x 2048) and its transpose, T = 1 and 4.
+  // Decode: an MoE expert projection (1408 x 2048) and its transpose, T = 1 and 4, and in bf16
+  // the lm_head of DeepSeek-V3's vocabulary (129280 x 2048, the bench checkpoint's).
   // Both precisions: precise (float32 activations, weights decoded to float32, FMA) and fast
   // (activations rounded to bf16, weights decoded to bf16, VDPBF16PS; f32/f16 weights excepted;
   // by default only for 1 token, see cpu::Context::gemv_bf16_max_tokens: fast at T = 4 is the float32 kernel).
@@ -138,7 +139,8 @@ int main(int argc, char** argv) {
   for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP,
                  mla::WeightFormat::INT8_GROUP}) {
     if (l2_only) break;
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1408, 2048}, {2048, 1408}}) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1408, 2048}, {2048, 1408}, {129280, 2048}}) {
+      if (rows == 129280 && f != mla::WeightFormat::BF16) continue;  // the lm_head, bf16 as the checkpoints ship it
       mla::MatrixView probe;
       probe.format = f;
       probe.rows = rows;
