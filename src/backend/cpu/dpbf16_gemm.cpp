@@ -76,22 +76,20 @@ void micro(const uint16_t* w, int64_t ldw, const uint16_t* x, int64_t ldx, int64
 // per pair the 32 rows' two weights in two zmm, each token's two activations (one dword)
 // broadcast to both. Rows past `rows` not stored.
 template <int T>
-void micro_pairs(const uint32_t* p, const uint16_t* x, int64_t ldx, int64_t K, const char* pf, int64_t pf_lines,
-                 int rows, float* y, int64_t ldy) {
+void micro_pairs(const uint32_t* p, const uint32_t* x, int64_t K, const char* pf, int64_t pf_lines, int rows, float* y,
+                 int64_t ldy) {
   __m512 a0[T], a1[T];
 #pragma GCC unroll 12
   for (int t = 0; t < T; ++t) a0[t] = a1[t] = _mm512_setzero_ps();
   // pf_lines cache lines from pf, spread evenly over the K / 2 column pairs.
   int64_t line = 0, due = 0;
-  for (int64_t k = 0; k < K; k += 2, p += 32) {
+  for (int64_t k = 0; k < K; k += 2, p += 32, x += T) {
     for (; line < pf_lines && due <= k / 2 * pf_lines; ++line, due += K / 2)
       _mm_prefetch(pf + line * 64, _MM_HINT_T1);
     const __m512i r0 = _mm512_load_si512(p), r1 = _mm512_load_si512(p + 16);
 #pragma GCC unroll 12
     for (int t = 0; t < T; ++t) {
-      uint32_t pair;
-      std::memcpy(&pair, x + t * ldx + k, 4);
-      const __m512bh b = as_bh(_mm512_set1_epi32(int32_t(pair)));
+      const __m512bh b = as_bh(_mm512_set1_epi32(int32_t(x[t])));
       a0[t] = _mm512_dpbf16_ps(a0[t], as_bh(r0), b);
       a1[t] = _mm512_dpbf16_ps(a1[t], as_bh(r1), b);
     }
@@ -101,8 +99,19 @@ void micro_pairs(const uint32_t* p, const uint16_t* x, int64_t ldx, int64_t K, c
 
 }  // namespace
 
-void dpbf16_gemm_pairs_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
-                              int64_t rows, bool prefetch, float* y, int64_t ldy) {
+void pack_activation_pairs(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, uint32_t* out) {
+  for_each_token_group<kDpbf16PairsTokens>(M, [&](auto n, int64_t t0) {
+    constexpr int T = decltype(n)::value;
+    uint32_t* g = out + t0 * (K / 2);
+    for (int t = 0; t < T; ++t) {
+      const uint16_t* row = x + (t0 + t) * ldx;
+      for (int64_t j = 0; j < K / 2; ++j) std::memcpy(g + j * T + t, row + 2 * j, 4);
+    }
+  });
+}
+
+void dpbf16_gemm_pairs_rows32(const uint32_t* xp, int64_t M, int64_t K, const uint16_t* W, int64_t ldw, int64_t rows,
+                              bool prefetch, float* y, int64_t ldy) {
   struct Tag;
   uint32_t* const packed = thread_buffer<Tag, uint32_t>(size_t(K / 2 * 32));
   pack_column_pairs32(W, ldw, K, packed);
@@ -110,9 +119,9 @@ void dpbf16_gemm_pairs_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t l
   // comes in while the token groups run, each fetching its tokens' share of the lines.
   const char* next = reinterpret_cast<const char*>(W + 32 * ldw);
   const int64_t lines = prefetch && ldw == K ? 32 * K * 2 / 64 : 0;
-  for_each_token_group<12>(M, [&](auto n, int64_t t0) {  // 24 accumulators
+  for_each_token_group<kDpbf16PairsTokens>(M, [&](auto n, int64_t t0) {  // 24 accumulators
     const int64_t l0 = lines * t0 / M, l1 = lines * (t0 + n) / M;
-    micro_pairs<decltype(n)::value>(packed, x + t0 * ldx, ldx, K, next + l0 * 64, l1 - l0, int(rows), y + t0 * ldy, ldy);
+    micro_pairs<decltype(n)::value>(packed, xp + t0 * (K / 2), K, next + l0 * 64, l1 - l0, int(rows), y + t0 * ldy, ldy);
   });
 }
 

@@ -25,13 +25,23 @@ void dpbf16_gemm_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, co
 // row-major kernel.
 constexpr int64_t kDpbf16PairsMinTokens = 16;
 
+// The activations of the paired kernel below: x [M, K] (bf16, ldx apart) as dwords of column
+// pairs, token group by token group (gemm_blocking.h's for_each_token_group of
+// kDpbf16PairsTokens): the group of n tokens from t0 at out + t0 * K / 2, pair j of its token i
+// at [j * n + i]. The kernel then reads every token's pair from one pointer at fixed offsets
+// (with a pointer per token row, 12 of them, the compiler kept reloading them from the stack).
+// out: M * K / 2 dwords; the caller packs once per pass, every block of rows reads it.
+constexpr int kDpbf16PairsTokens = 12;
+void pack_activation_pairs(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, uint32_t* out);
+
 // The same product with the 32 rows first transposed into column pairs in a per-thread buffer
 // (pack_column_pairs32, as the FMA GEMM does): each VDPBF16PS then takes one column pair of 16
 // rows against one token's pair broadcast, 16 outputs in its lanes, 12 tokens x 32 rows of
-// accumulators; no horizontal sums. W readable for 32 rows. `prefetch`: W comes from memory and
-// the caller's next block follows it (ldw == K), fetched towards L2 while the token groups run,
-// spread over their column pairs. Per output one float32 chain, two roundings per column pair.
-void dpbf16_gemm_pairs_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
-                              int64_t rows, bool prefetch, float* y, int64_t ldy);
+// accumulators; no horizontal sums. xp: the activations by pack_activation_pairs. W readable
+// for 32 rows. `prefetch`: W comes from memory and the caller's next block follows it (ldw ==
+// K), fetched towards L2 while the token groups run, spread over their column pairs. Per output
+// one float32 chain, two roundings per column pair.
+void dpbf16_gemm_pairs_rows32(const uint32_t* xp, int64_t M, int64_t K, const uint16_t* W, int64_t ldw, int64_t rows,
+                              bool prefetch, float* y, int64_t ldy);
 
 }  // namespace mla::cpu

@@ -84,6 +84,7 @@ inline void store_bf16x32(uint16_t* dst, __m512 a, __m512 b) {
 struct Scratch {
   std::vector<uint16_t> a, w, p;
   std::vector<float> c, f;
+  std::vector<uint32_t> pairs;  // the paired VDPBF16PS kernel's activations (pack_activation_pairs)
 };
 
 constexpr int64_t kAmxRows = 32;
@@ -111,6 +112,7 @@ int64_t pass_tokens(int64_t T, int64_t K) {
 void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y,
                    int64_t ldy, Kernel kernel, Scratch& s) {
   const bool amx = kernel == Kernel::AmxGemm, fma = kernel == Kernel::FmaGemm;
+  const bool dpbf16 = kernel == Kernel::Dpbf16Gemm;
   const int64_t N = W.rows, K = W.cols;
   const bool direct = W.format == WeightFormat::BF16;
   const bool permute_f32 = fma && !direct && layout_of(W.format) != Layout::Natural;
@@ -121,6 +123,8 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
     if (!fma && s.a.size() < size_t(tn * K)) s.a.resize(size_t(tn * K));
     if (amx && s.p.size() < size_t(amx_packed_size(tn, K))) s.p.resize(size_t(amx_packed_size(tn, K)));
     if (permute_f32 && s.f.size() < size_t(tn * K)) s.f.resize(size_t(tn * K));
+    const bool pairs = dpbf16 && tn >= kDpbf16PairsMinTokens;
+    if (pairs && s.pairs.size() < size_t(tn * K / 2)) s.pairs.resize(size_t(tn * K / 2));
     const uint16_t* xa = s.a.data();
     const uint16_t* xp = s.p.data();
     const float* xf = permute_f32 ? s.f.data() : x + t0 * ldx;
@@ -139,6 +143,10 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
         if (amx) amx_pack_activations(s.a.data() + m0 * K, mn, K, K, s.p.data() + m0 * K);
       }
     }
+    if (pairs) {
+#pragma omp single
+      pack_activation_pairs(s.a.data(), tn, K, K, s.pairs.data());
+    }
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t n0 = b * kAmxRows, nr = std::min(kAmxRows, N - n0);
@@ -155,7 +163,7 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
       float* yb = y + t0 * ldy + n0;
       if (amx) amx_gemm_rows32(xp, tn, K, w, K, nr, prefetch, yb, ldy);
       else if (fma) fma_gemm_rows32(xf, tn, K, ldf, w, K, nr, yb, ldy);
-      else if (tn >= kDpbf16PairsMinTokens) dpbf16_gemm_pairs_rows32(xa, tn, K, K, w, K, nr, prefetch, yb, ldy);
+      else if (pairs) dpbf16_gemm_pairs_rows32(s.pairs.data(), tn, K, w, K, nr, prefetch, yb, ldy);
       else dpbf16_gemm_rows32(xa, tn, K, K, w, K, nr, prefetch, yb, ldy);
     }
     });
