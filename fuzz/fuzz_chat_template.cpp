@@ -7,7 +7,7 @@
 #include <string_view>
 
 #include "fuzz_util.h"
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > (64 << 10)) return 0;

@@ -20,7 +20,7 @@
 #include "cli/options.h"
 #include "engine/generation_config.h"
 #include "engine/engine.h"
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {

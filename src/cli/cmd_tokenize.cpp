@@ -15,7 +15,7 @@
 
 #include "cli/command.h"
 #include "cli/options.h"
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {

@@ -4,8 +4,8 @@
 #include <stdexcept>
 
 #include "server/openai.h"
-#include "server/reasoning_parser.h"
-#include "server/tool_parser.h"
+#include "chat/reasoning_parser.h"
+#include "chat/tool_parser.h"
 
 namespace mla::server {
 
@@ -14,10 +14,10 @@ using nlohmann::json;
 ChosenParsers choose_parsers(const std::string& model_type, const std::string& chat_template,
                              const std::string& tool_override, const std::string& reasoning_override) {
   ChosenParsers c;
-  if (tool_override.empty()) c.tool = default_tool_parser(model_type, chat_template);
-  else if (tool_override != "none") make_tool_parser(tool_override), c.tool = tool_override;  // throws if unknown
-  if (reasoning_override.empty()) c.reasoning = default_reasoning_parser(model_type, chat_template);
-  else if (reasoning_override != "none") make_reasoning_parser(reasoning_override), c.reasoning = reasoning_override;
+  if (tool_override.empty()) c.tool = chat::default_tool_parser(model_type, chat_template);
+  else if (tool_override != "none") chat::make_tool_parser(tool_override), c.tool = tool_override;  // throws if unknown
+  if (reasoning_override.empty()) c.reasoning = chat::default_reasoning_parser(model_type, chat_template);
+  else if (reasoning_override != "none") chat::make_reasoning_parser(reasoning_override), c.reasoning = reasoning_override;
   return c;
 }
 

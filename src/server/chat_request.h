@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace mla::server {
@@ -58,7 +58,7 @@ AgentFields parse_agent_fields(Endpoint endpoint, const nlohmann::json& body, co
                                const nlohmann::json& template_kwarg_defaults, int64_t vocab_size);
 
 // The prompt of a chat request through the checkpoint's chat format (a Jinja template or a
-// built-in encoder, tokenizer/chat_template.h), with the variables transformers passes a template:
+// built-in encoder, chat/chat_template.h), with the variables transformers passes a template:
 // the request's chat_template_kwargs (over the server's defaults), its tools, the tokenizer's
 // bos_token and eos_token; the generation prompt is added. messages are the request's, each with
 // role and content (a string or null) and whatever else it carries (tool_calls, tool_call_id,

@@ -5,15 +5,38 @@ namespace mla::server {
 
 using nlohmann::json;
 
-ChoiceBuilder::ChoiceBuilder(const ParsedRequest& p, const Tokenizer& tokenizer, int index)
-    : p_(p), tokenizer_(tokenizer), index_(index), chat_(p.endpoint == Endpoint::ChatCompletions) {
-  if (chat_ && (!p.tool_parser.empty() || !p.reasoning_parser.empty())) {
-    ReasoningOptions ro;
+ChoiceDecoder::ChoiceDecoder(const ParsedRequest& p) : parallel_tool_calls_(p.agent.parallel_tool_calls) {
+  if (p.endpoint != Endpoint::Completions && (!p.tool_parser.empty() || !p.reasoning_parser.empty())) {
+    chat::ReasoningOptions ro;
     ro.prompt_opened = p.reasoning_opened;
-    ToolParserOptions to;
+    chat::ToolParserOptions to;
     if (p.agent.has_tools()) to.tools = json(p.agent.tools);
-    parser_ = std::make_unique<ChatOutputParser>(p.reasoning_parser, ro, p.tool_parser, std::move(to));
+    parser_ = std::make_unique<chat::ChatOutputParser>(p.reasoning_parser, ro, p.tool_parser, std::move(to));
   }
+}
+
+std::vector<chat::ChatDelta> ChoiceDecoder::take(const RequestEvent& e) {
+  std::vector<chat::ChatDelta> deltas;
+  if (e.token >= 0) ++completion_tokens_;
+  if (parser_) {
+    if (!e.text.empty()) parser_->feed(e.text, deltas);
+    if (e.finished) parser_->finish(deltas);
+  } else if (!e.text.empty()) {
+    deltas.push_back({chat::ChatDelta::Kind::Content, -1, {}, {}, e.text});
+  }
+  if (!parallel_tool_calls_)  // one call at most: later ones are dropped
+    std::erase_if(deltas, [](const chat::ChatDelta& d) {
+      return d.kind != chat::ChatDelta::Kind::Content && d.kind != chat::ChatDelta::Kind::Reasoning && d.index > 0;
+    });
+  if (e.finished) {
+    finished_ = true;
+    reason_ = e.reason;
+  }
+  return deltas;
+}
+
+ChoiceBuilder::ChoiceBuilder(const ParsedRequest& p, const Tokenizer& tokenizer, int index)
+    : p_(p), tokenizer_(tokenizer), index_(index), chat_(p.endpoint != Endpoint::Completions), decoder_(p) {
   if (p.agent.logprobs >= 0) {
     if (chat_) logprobs_ = {{"content", json::array()}};
     else
@@ -31,8 +54,7 @@ json ChoiceBuilder::token_entry(int32_t id, float logprob) const {
   return {{"token", sanitize_utf8(raw)}, {"logprob", logprob}, {"bytes", bytes}};
 }
 
-void ChoiceBuilder::take(const RequestEvent& e, std::vector<ChatDelta>& deltas, json& lp) {
-  if (e.token >= 0) ++completion_tokens_;
+void ChoiceBuilder::take(const RequestEvent& e, std::vector<chat::ChatDelta>& deltas, json& lp) {
   const bool eos_end = e.finished && e.reason == FinishReason::Eos;
   if (p_.agent.logprobs >= 0 && e.token >= 0 && !eos_end) {
     if (chat_) {
@@ -54,28 +76,17 @@ void ChoiceBuilder::take(const RequestEvent& e, std::vector<ChatDelta>& deltas, 
     }
   }
   text_bytes_ += e.text.size();
-  if (parser_) {
-    if (!e.text.empty()) parser_->feed(e.text, deltas);
-    if (e.finished) parser_->finish(deltas);
-  } else if (!e.text.empty()) {
-    deltas.push_back({ChatDelta::Kind::Content, -1, {}, {}, e.text});
-  }
-  if (!p_.agent.parallel_tool_calls)  // one call at most: later ones are dropped
-    std::erase_if(deltas, [](const ChatDelta& d) { return d.kind != ChatDelta::Kind::Content && d.kind != ChatDelta::Kind::Reasoning && d.index > 0; });
-  if (e.finished) {
-    finished_ = true;
-    reason_ = e.reason;
-  }
+  deltas = decoder_.take(e);
 }
 
 const char* ChoiceBuilder::finish_reason() const {
-  const char* r = openai_finish_reason(reason_);
-  if (parser_ && parser_->calls() > 0 && std::string_view(r) == "stop") return "tool_calls";
+  const char* r = openai_finish_reason(decoder_.reason());
+  if (decoder_.calls() > 0 && std::string_view(r) == "stop") return "tool_calls";
   return r;
 }
 
 std::vector<json> ChoiceBuilder::stream(const RequestEvent& e) {
-  std::vector<ChatDelta> deltas;
+  std::vector<chat::ChatDelta> deltas;
   json lp;
   take(e, deltas, lp);
   std::vector<json> out;
@@ -95,21 +106,21 @@ std::vector<json> ChoiceBuilder::stream(const RequestEvent& e) {
   return out;
 }
 
-json ChoiceBuilder::delta_choice(const std::vector<ChatDelta>& deltas, const json& lp) const {
+json ChoiceBuilder::delta_choice(const std::vector<chat::ChatDelta>& deltas, const json& lp) const {
   json delta = json::object();
   std::string content, reasoning;
   json calls = json::array();
-  for (const ChatDelta& d : deltas) {
+  for (const chat::ChatDelta& d : deltas) {
     switch (d.kind) {
-      case ChatDelta::Kind::Content: content += d.text; break;
-      case ChatDelta::Kind::Reasoning: reasoning += d.text; break;
-      case ChatDelta::Kind::CallStart:
+      case chat::ChatDelta::Kind::Content: content += d.text; break;
+      case chat::ChatDelta::Kind::Reasoning: reasoning += d.text; break;
+      case chat::ChatDelta::Kind::CallStart:
         calls.push_back({{"index", d.index},
                          {"id", d.id},
                          {"type", "function"},
                          {"function", {{"name", d.name}, {"arguments", ""}}}});
         break;
-      case ChatDelta::Kind::Arguments:
+      case chat::ChatDelta::Kind::Arguments:
         if (!calls.empty() && calls.back()["index"] == d.index) {
           calls.back()["function"]["arguments"] = calls.back()["function"]["arguments"].get<std::string>() + d.text;
         } else {
@@ -125,15 +136,15 @@ json ChoiceBuilder::delta_choice(const std::vector<ChatDelta>& deltas, const jso
 }
 
 void ChoiceBuilder::add(const RequestEvent& e) {
-  std::vector<ChatDelta> deltas;
+  std::vector<chat::ChatDelta> deltas;
   json lp;
   take(e, deltas, lp);
-  for (const ChatDelta& d : deltas) {
+  for (const chat::ChatDelta& d : deltas) {
     switch (d.kind) {
-      case ChatDelta::Kind::Reasoning: reasoning_ += d.text; break;
-      case ChatDelta::Kind::Content: text_ += d.text; break;
-      case ChatDelta::Kind::CallStart: calls_.apply({ToolCallDelta::Kind::CallStart, d.index, d.id, d.name, {}}); break;
-      case ChatDelta::Kind::Arguments: calls_.apply({ToolCallDelta::Kind::Arguments, d.index, {}, {}, d.text}); break;
+      case chat::ChatDelta::Kind::Reasoning: reasoning_ += d.text; break;
+      case chat::ChatDelta::Kind::Content: text_ += d.text; break;
+      case chat::ChatDelta::Kind::CallStart: calls_.apply({chat::ToolCallDelta::Kind::CallStart, d.index, d.id, d.name, {}}); break;
+      case chat::ChatDelta::Kind::Arguments: calls_.apply({chat::ToolCallDelta::Kind::Arguments, d.index, {}, {}, d.text}); break;
     }
   }
   if (!lp.is_null())
@@ -150,7 +161,7 @@ json ChoiceBuilder::choice() const {
   if (!p_.reasoning_parser.empty()) message["reasoning_content"] = reasoning_.empty() ? json(nullptr) : json(reasoning_);
   if (calls) {
     json list = json::array();
-    for (const ToolCall& c : calls_.tool_calls)
+    for (const chat::ToolCall& c : calls_.tool_calls)
       list.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
     message["tool_calls"] = list;
   }

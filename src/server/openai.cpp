@@ -7,9 +7,9 @@
 #include <optional>
 #include <random>
 
-#include "server/reasoning_parser.h"
+#include "chat/reasoning_parser.h"
 #include "server/structured.h"
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 
 namespace mla::server {
 
@@ -200,13 +200,20 @@ json error_body(int status, const std::string& message, const std::string& param
   return {{"error", e}};
 }
 
-ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingContext& ctx, std::string_view raw_body) {
+ContextLengthError::ContextLengthError(const std::string& message, std::string param, int64_t prompt_tokens_,
+                                       int64_t limit_)
+    : ApiError(400, message, std::move(param), "invalid_request_error", "context_length_exceeded"),
+      prompt_tokens(prompt_tokens_),
+      limit(limit_) {}
+
+ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingContext& ctx, std::string_view raw_body,
+                            ParseOptions options) {
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
   check_known_fields(endpoint, body);
   ParsedRequest p;
   p.endpoint = endpoint;
   p.model = ctx.model_name;
-  if (auto model = get_string(body, "model"); model && *model != ctx.model_name)
+  if (auto model = get_string(body, "model"); model && *model != ctx.model_name && !options.any_model)
     throw ApiError(404, "the model '" + *model + "' does not exist; this server serves '" + ctx.model_name + "'",
                    "model", "not_found_error", "model_not_found");
   p.stream = get_bool(body, "stream").value_or(false);
@@ -274,7 +281,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingCo
     r.prompt = ctx.tokenizer->encode(p.prompt_text, false);  // the template writes the BOS itself
     if (a.tools_active()) p.tool_parser = ctx.tool_parser;
     p.reasoning_parser = ctx.reasoning_parser;
-    p.reasoning_opened = !p.reasoning_parser.empty() && prompt_opens_reasoning(p.prompt_text);
+    p.reasoning_opened = !p.reasoning_parser.empty() && chat::prompt_opens_reasoning(p.prompt_text);
     r.keep_special_token_ids = parser_marker_ids(*ctx.tokenizer, p.tool_parser, p.reasoning_parser);
   }
   r.logprobs = p.agent.logprobs;
@@ -288,7 +295,9 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingCo
   const std::string what = ctx.context_length > 0 && room == ctx.context_length
                                ? "this model's maximum context length of " + std::to_string(room) + " tokens"
                                : "the " + std::to_string(room) + " tokens one request can hold in the KV cache";
-  if (room > 0 && n > room) bad(prompt_param, "the prompt is " + std::to_string(n) + " tokens, more than " + what);
+  if (room > 0 && n > room)
+    throw ContextLengthError("the prompt is " + std::to_string(n) + " tokens, more than " + what, prompt_param, n, room);
+  if (max_tokens && room > 0 && options.cap_max_tokens) max_tokens = std::min(*max_tokens, room - n);
   // max_tokens > room - n, not n + max_tokens > room: no overflow for max_tokens up to 2^63 - 1.
   if (max_tokens && room > 0 && *max_tokens > room - n)
     bad("max_tokens", "the request asks for " + std::to_string(n) + " prompt tokens and " +

@@ -15,7 +15,7 @@
 #include "engine/request.h"
 #include "format/json_depth.h"
 #include "server/chat_request.h"
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace mla::grammar {
@@ -33,11 +33,20 @@ struct ApiError : std::runtime_error {
   std::string type, param, code;
 };
 
+// A prompt longer than the room of one request (the context, or what the KV cache holds): the
+// 400 carries both numbers, which the Messages adapter writes as Anthropic does.
+struct ContextLengthError : ApiError {
+  ContextLengthError(const std::string& message, std::string param, int64_t prompt_tokens, int64_t limit);
+  int64_t prompt_tokens, limit;
+};
+
 // {"error": {"message", "type", "param", "code"}}; type defaults from the status.
 nlohmann::json error_body(int status, const std::string& message, const std::string& param = {},
                           const std::string& type = {}, const std::string& code = {});
 
-enum class Endpoint { Completions, ChatCompletions };
+// The API a request came in by. Messages (Anthropic) and Responses (OpenAI) requests are chat
+// requests: their adapters translate them into a chat body parsed by parse_request.
+enum class Endpoint { Completions, ChatCompletions, Messages, Responses };
 
 // What a request needs from the server: the tokenizer, the checkpoint's defaults and limits.
 struct ServingContext {
@@ -96,8 +105,13 @@ std::string brief_json(const Json& v) {
 // of the wrong type or out of range, contradictory fields, an empty or too long prompt raise
 // ApiError (400; a model name other than the served one: 404). raw_body, when given, is the
 // body's text: tools and response_format schemas are read from it with their key order.
+// How an adapter's translated body is read where the protocols differ from chat completions.
+struct ParseOptions {
+  bool any_model = false;      // any model name is served (Anthropic's and Codex's clients name their own)
+  bool cap_max_tokens = false; // max_tokens beyond the room left is lowered to it, not a 400
+};
 ParsedRequest parse_request(Endpoint endpoint, const nlohmann::json& body, const ServingContext& ctx,
-                            std::string_view raw_body = {});
+                            std::string_view raw_body = {}, ParseOptions options = {});
 
 // The special tokens a request's output parsers match (their markers), to keep in its text;
 // special_only false: every marker that is one token (special or added).

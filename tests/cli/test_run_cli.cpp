@@ -15,7 +15,7 @@
 #include "backend/cpu/context.h"
 #include "engine/generation_config.h"
 #include "model/model.h"
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "test_util.h"
 

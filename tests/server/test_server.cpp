@@ -24,7 +24,7 @@
 #include "server/server.h"
 #include "server/serve_process.h"
 #include "test_util.h"
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 

@@ -15,10 +15,10 @@
 
 #include "server/chat_request.h"
 #include "server/openai.h"
-#include "server/reasoning_parser.h"
+#include "chat/reasoning_parser.h"
 #include "server/stream_splits.h"
-#include "server/tool_parser.h"
-#include "tokenizer/chat_template.h"
+#include "chat/tool_parser.h"
+#include "chat/chat_template.h"
 
 namespace {
 
@@ -104,16 +104,16 @@ TEST(GlmTemplate, ChatRequestDecodesStringArguments) {
 // The checkpoint's parsers follow from its template: glm47 calls, glm45 reasoning (the prompt
 // opens <think> unless enable_thinking is false).
 TEST(GlmTemplate, SelectsTheGlmParsers) {
-  EXPECT_EQ(mla::server::default_tool_parser("glm4_moe_lite", glm_template()), "glm47");
-  EXPECT_EQ(mla::server::default_reasoning_parser("glm4_moe_lite", glm_template()), "glm45");
+  EXPECT_EQ(mla::chat::default_tool_parser("glm4_moe_lite", glm_template()), "glm47");
+  EXPECT_EQ(mla::chat::default_reasoning_parser("glm4_moe_lite", glm_template()), "glm45");
   // GLM-5's model_type; its template is of the same family.
-  EXPECT_EQ(mla::server::default_tool_parser("glm_moe_dsa", glm_template()), "glm47");
-  EXPECT_EQ(mla::server::default_reasoning_parser("glm_moe_dsa", glm_template()), "glm45");
-  EXPECT_EQ(mla::server::default_tool_parser("glm_moe_dsa", ""), "glm47");
+  EXPECT_EQ(mla::chat::default_tool_parser("glm_moe_dsa", glm_template()), "glm47");
+  EXPECT_EQ(mla::chat::default_reasoning_parser("glm_moe_dsa", glm_template()), "glm45");
+  EXPECT_EQ(mla::chat::default_tool_parser("glm_moe_dsa", ""), "glm47");
   for (const ojson& c : cases()) {
     if (!c["add_generation_prompt"].get<bool>()) continue;
     const bool off = c["kwargs"].contains("enable_thinking") && !c["kwargs"]["enable_thinking"].get<bool>();
-    EXPECT_EQ(mla::server::prompt_opens_reasoning(c["expected"].get<std::string>()), !off) << c["name"];
+    EXPECT_EQ(mla::chat::prompt_opens_reasoning(c["expected"].get<std::string>()), !off) << c["name"];
   }
 }
 
@@ -127,13 +127,13 @@ TEST(GlmTemplate, Glm47ParserReadsTheTemplatesToolCalls) {
       mla::test::for_each_split(
           o["text"].get<std::string>(),
           [&](const std::vector<std::string>& pieces, const std::string& how) {
-            mla::server::ToolParserOptions options;
+            mla::chat::ToolParserOptions options;
             options.tools = tools;
-            auto parser = mla::server::make_tool_parser("glm47", options);
-            std::vector<mla::server::ToolCallDelta> deltas;
+            auto parser = mla::chat::make_tool_parser("glm47", options);
+            std::vector<mla::chat::ToolCallDelta> deltas;
             for (const std::string& p : pieces) parser->feed(p, deltas);
             parser->finish(deltas);
-            mla::server::ToolParseResult r;
+            mla::chat::ToolParseResult r;
             for (const auto& d : deltas) r.apply(d);
             EXPECT_EQ(r.content, o["content"].get<std::string>()) << c["name"] << ", " << how;
             ASSERT_EQ(r.tool_calls.size(), o["tool_calls"].size()) << c["name"] << ", " << how;

@@ -25,9 +25,9 @@
 #include <string_view>
 #include <vector>
 
-#include "server/stream_parser.h"
+#include "chat/stream_parser.h"
 
-namespace mla::server {
+namespace mla::chat {
 
 struct ReasoningDelta {
   enum class Kind { Reasoning, Content };
@@ -39,7 +39,7 @@ struct ReasoningOptions {
   bool prompt_opened = false;  // the rendered prompt ends with an open <think>
 };
 
-// A StreamParser (server/stream_parser.h) whose deltas are reasoning or content. Adjacent deltas
+// A StreamParser (chat/stream_parser.h) whose deltas are reasoning or content. Adjacent deltas
 // of one kind that one call appends are merged. A delta never ends inside a UTF-8 character: an
 // incomplete trailing sequence waits for its next bytes (finish() emits whatever is left,
 // complete or not).
@@ -75,4 +75,4 @@ struct ReasoningSplit {
 // The whole output at once: exactly the concatenation of what feed(text) + finish() stream.
 ReasoningSplit split_reasoning(std::string_view parser_name, std::string_view text, ReasoningOptions options = {});
 
-}  // namespace mla::server
+}  // namespace mla::chat

@@ -1,10 +1,10 @@
-#include "server/reasoning_parser.h"
+#include "chat/reasoning_parser.h"
 
 #include <stdexcept>
 
-#include "server/parser_text.h"
+#include "chat/parser_text.h"
 
-namespace mla::server {
+namespace mla::chat {
 namespace {
 
 using namespace parser_text;
@@ -185,7 +185,7 @@ std::string default_reasoning_parser(std::string_view model_type, std::string_vi
     if (mentions_think) return "deepseek_r1";
     return {};
   }
-  // DeepSeek-V3.2 ships no template: its built-in encoder (tokenizer/encoding_dsv32.h) ends the
+  // DeepSeek-V3.2 ships no template: its built-in encoder (chat/encoding_dsv32.h) ends the
   // generation prompt with <think> in thinking mode and with </think> otherwise, as V3.1's does.
   // With a template of its own (V3.2-Exp), the template's evidence decides as for V3.
   if (model_type == "deepseek_v32") {
@@ -209,4 +209,4 @@ ReasoningSplit split_reasoning(std::string_view parser_name, std::string_view te
   return split;
 }
 
-}  // namespace mla::server
+}  // namespace mla::chat

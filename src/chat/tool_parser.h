@@ -47,9 +47,9 @@
 #include <string_view>
 #include <vector>
 
-#include "server/reasoning_parser.h"
+#include "chat/reasoning_parser.h"
 
-namespace mla::server {
+namespace mla::chat {
 
 struct ToolCallDelta {
   enum class Kind { Content, CallStart, Arguments };
@@ -79,7 +79,7 @@ struct ToolParserOptions {
   std::function<std::string()> make_id;
 };
 
-// A StreamParser (server/stream_parser.h) whose deltas are content, a call's start or its
+// A StreamParser (chat/stream_parser.h) whose deltas are content, a call's start or its
 // arguments. Adjacent Content deltas that one call appends are merged; a Content delta never
 // ends inside a UTF-8 character.
 class ToolCallParser : public StreamParser<ToolCallDelta> {
@@ -148,4 +148,4 @@ class ChatOutputParser {
   std::vector<ToolCallDelta> tool_out_;
 };
 
-}  // namespace mla::server
+}  // namespace mla::chat

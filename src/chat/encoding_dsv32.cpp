@@ -1,5 +1,5 @@
 // DeepSeek-V3.2's prompt encoder (see encoding_dsv32.h).
-#include "tokenizer/encoding_dsv32.h"
+#include "chat/encoding_dsv32.h"
 
 #include "format/json_depth.h"
 #include "jinja/error.h"

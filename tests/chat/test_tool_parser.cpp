@@ -10,10 +10,10 @@
 #include <sstream>
 
 #include "server/stream_splits.h"
-#include "server/tool_parser.h"
-#include "tokenizer/chat_template.h"
+#include "chat/tool_parser.h"
+#include "chat/chat_template.h"
 
-namespace mla::server {
+namespace mla::chat {
 namespace {
 
 using Json = nlohmann::json;
@@ -699,4 +699,4 @@ TEST(ToolParser, Glm47ThinkingThenToolCallsAndNoParsers) {
 }
 
 }  // namespace
-}  // namespace mla::server
+}  // namespace mla::chat

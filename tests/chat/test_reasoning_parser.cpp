@@ -5,10 +5,10 @@
 // text leaks.
 #include <gtest/gtest.h>
 
-#include "server/reasoning_parser.h"
+#include "chat/reasoning_parser.h"
 #include "server/stream_splits.h"
 
-namespace mla::server {
+namespace mla::chat {
 namespace {
 
 ReasoningSplit feed_pieces(const std::string& name, ReasoningOptions options, const std::vector<std::string>& pieces) {
@@ -195,4 +195,4 @@ TEST(ReasoningParser, PromptOpensReasoning) {
 }
 
 }  // namespace
-}  // namespace mla::server
+}  // namespace mla::chat

@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-namespace mla::server::parser_text {
+namespace mla::chat::parser_text {
 
 // The length of the longest suffix of s that is a proper prefix of one of the markers: bytes
 // that must wait, since the next fragment may complete a marker with them.
@@ -92,4 +92,4 @@ class Utf8Holder {
   std::string pending_;
 };
 
-}  // namespace mla::server::parser_text
+}  // namespace mla::chat::parser_text

@@ -1,8 +1,8 @@
 // Chat templates over the Jinja interpreter of src/jinja/ (see chat_template.h).
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 
 #include "jinja/template.h"
-#include "tokenizer/encoding_dsv32.h"
+#include "chat/encoding_dsv32.h"
 
 namespace mla {
 

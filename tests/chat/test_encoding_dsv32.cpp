@@ -16,11 +16,11 @@
 #include "deepseek_fixture.h"
 #include "server/chat_request.h"
 #include "server/openai.h"
-#include "server/reasoning_parser.h"
+#include "chat/reasoning_parser.h"
 #include "server/stream_splits.h"
-#include "server/tool_parser.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/encoding_dsv32.h"
+#include "chat/tool_parser.h"
+#include "chat/chat_template.h"
+#include "chat/encoding_dsv32.h"
 #include "test_util.h"
 
 namespace {
@@ -178,10 +178,10 @@ TEST(EncodingDsv32, ChatRequestRendersThroughTheFormat) {
     // The parsers the server picks for the checkpoint, and whether the prompt opened reasoning.
     // The prompt opens a reasoning block when thinking is on and the model's turn comes next.
     const bool model_next = c["messages"].back()["role"] != "assistant";
-    EXPECT_EQ(mla::server::prompt_opens_reasoning(prompt), c["thinking"].get<bool>() && model_next) << c["name"];
+    EXPECT_EQ(mla::chat::prompt_opens_reasoning(prompt), c["thinking"].get<bool>() && model_next) << c["name"];
   }
-  EXPECT_EQ(mla::server::default_tool_parser("deepseek_v32", ""), "deepseek_v32");
-  EXPECT_EQ(mla::server::default_reasoning_parser("deepseek_v32", ""), "deepseek_v31");
+  EXPECT_EQ(mla::chat::default_tool_parser("deepseek_v32", ""), "deepseek_v32");
+  EXPECT_EQ(mla::chat::default_reasoning_parser("deepseek_v32", ""), "deepseek_v31");
 }
 
 // ---- mla chat-template on a V3.2 checkpoint folder ---------------------------------------------
@@ -233,17 +233,17 @@ TEST(EncodingDsv32, DsmlParserReadsTheEncodersToolCalls) {
       mla::test::for_each_split(
           text,
           [&](const std::vector<std::string>& pieces, const std::string& how) {
-            mla::server::ToolParserOptions options;
+            mla::chat::ToolParserOptions options;
             options.tools = nlohmann::json::parse(c["tools"].dump());
             int n = 0;
             options.make_id = [&n] { return "call_" + std::to_string(n++); };
-            auto parser = mla::server::make_tool_parser("deepseek_v32", options);
-            mla::server::ToolParseResult r;
-            std::vector<mla::server::ToolCallDelta> deltas;
+            auto parser = mla::chat::make_tool_parser("deepseek_v32", options);
+            mla::chat::ToolParseResult r;
+            std::vector<mla::chat::ToolCallDelta> deltas;
             for (const std::string& p : pieces) parser->feed(p, deltas);
             parser->finish(deltas);
             for (const auto& d : deltas) {
-              if (d.kind == mla::server::ToolCallDelta::Kind::Content) {
+              if (d.kind == mla::chat::ToolCallDelta::Kind::Content) {
                 EXPECT_TRUE(mla::test::valid_utf8(d.text)) << how;
               }
               r.apply(d);
@@ -273,18 +273,18 @@ TEST(EncodingDsv32, ThinkingTurnWithCallsThroughTheChatOutputParser) {
       "need the tool</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter "
       "name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>";
   mla::test::for_each_split(text, [&](const std::vector<std::string>& pieces, const std::string& how) {
-    mla::server::ReasoningOptions ro;
+    mla::chat::ReasoningOptions ro;
     ro.prompt_opened = true;
-    mla::server::ChatOutputParser p("deepseek_v31", ro, "deepseek_v32", {});
-    std::vector<mla::server::ChatDelta> out;
+    mla::chat::ChatOutputParser p("deepseek_v31", ro, "deepseek_v32", {});
+    std::vector<mla::chat::ChatDelta> out;
     for (const std::string& piece : pieces) p.feed(piece, out);
     p.finish(out);
     std::string reasoning, content, name, args;
     for (const auto& d : out) {
-      if (d.kind == mla::server::ChatDelta::Kind::Reasoning) reasoning += d.text;
-      if (d.kind == mla::server::ChatDelta::Kind::Content) content += d.text;
-      if (d.kind == mla::server::ChatDelta::Kind::CallStart) name += d.name;
-      if (d.kind == mla::server::ChatDelta::Kind::Arguments) args += d.text;
+      if (d.kind == mla::chat::ChatDelta::Kind::Reasoning) reasoning += d.text;
+      if (d.kind == mla::chat::ChatDelta::Kind::Content) content += d.text;
+      if (d.kind == mla::chat::ChatDelta::Kind::CallStart) name += d.name;
+      if (d.kind == mla::chat::ChatDelta::Kind::Arguments) args += d.text;
     }
     EXPECT_EQ(reasoning, "need the tool") << how;
     EXPECT_EQ(content, "") << how;

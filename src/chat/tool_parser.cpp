@@ -1,4 +1,4 @@
-#include "server/tool_parser.h"
+#include "chat/tool_parser.h"
 
 #include <map>
 #include <optional>
@@ -7,9 +7,9 @@
 #include <stdexcept>
 
 #include "server/openai.h"
-#include "server/parser_text.h"
+#include "chat/parser_text.h"
 
-namespace mla::server {
+namespace mla::chat {
 namespace {
 
 using namespace parser_text;
@@ -668,4 +668,4 @@ void ChatOutputParser::route(const std::vector<ReasoningDelta>& in, std::vector<
   }
 }
 
-}  // namespace mla::server
+}  // namespace mla::chat

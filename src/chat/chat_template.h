@@ -49,7 +49,7 @@ std::string render_chat_template(const std::string& tmpl, const nlohmann::ordere
                                  const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
 
 // A checkpoint's chat format: the Jinja template it ships, or a built-in encoder for a checkpoint
-// that ships none (DeepSeek-V3.2: tokenizer/encoding_dsv32.h). Both take the inputs of
+// that ships none (DeepSeek-V3.2: chat/encoding_dsv32.h). Both take the inputs of
 // render_chat_template.
 struct ChatFormat {
   enum class Kind { None, Jinja, DeepSeekV32 };

@@ -10,9 +10,9 @@
 #include <random>
 
 #include "server/stream_splits.h"
-#include "server/tool_parser.h"
+#include "chat/tool_parser.h"
 
-namespace mla::server {
+namespace mla::chat {
 namespace {
 
 using Json = nlohmann::json;
@@ -207,4 +207,4 @@ TEST(ToolParserDsml, SelectedForDeepSeekV32) {
 }
 
 }  // namespace
-}  // namespace mla::server
+}  // namespace mla::chat

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "tokenizer/chat_template.h"
+#include "chat/chat_template.h"
 #include "deepseek_fixture.h"
 #include "tokenizer/tokenizer.h"
 

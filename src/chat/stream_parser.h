@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-namespace mla::server {
+namespace mla::chat {
 
 // One per request. feed() and finish() append deltas to out; they never throw on any model
 // output. After finish() the parser takes no more text.
@@ -36,4 +36,4 @@ inline std::invalid_argument unknown_parser(std::string_view kind, std::string_v
   return std::invalid_argument("unknown " + std::string(kind) + " '" + std::string(name) + "' (known: " + list + ")");
 }
 
-}  // namespace mla::server
+}  // namespace mla::chat
