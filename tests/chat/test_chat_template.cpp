@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chat/chat_template.h"
-#include "deepseek_fixture.h"
+#include "tokenizer/deepseek_fixture.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {

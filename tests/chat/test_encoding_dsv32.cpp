@@ -13,7 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "deepseek_fixture.h"
+#include "tokenizer/deepseek_fixture.h"
 #include "server/chat_request.h"
 #include "server/openai.h"
 #include "chat/reasoning_parser.h"
