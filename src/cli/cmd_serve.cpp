@@ -39,6 +39,8 @@ struct ServeOptions {
   double shutdown_timeout = 30, read_timeout = 10;
   int64_t max_request_bytes = int64_t(16) << 20;
   int max_connections = 1024;
+  int64_t max_output_tokens = 0;
+  int64_t responses_store = 256;
 };
 
 std::string default_model_name(const std::string& dir) {
@@ -81,6 +83,11 @@ int serve_cmd(int argc, char** argv) {
                  "seconds for a whole request to arrive (else 408) and for an idle connection to stay open (default 10)");
   app.add_option("--max-request-bytes", o.max_request_bytes, "largest request body, else 413 (default 16 MiB)");
   app.add_option("--max-connections", o.max_connections, "open client connections at most, else 503 (default 1024)");
+  app.add_option("--max-output-tokens", o.max_output_tokens,
+                 "tokens one request generates at most, whatever it asks (default 0: the room left in the context)");
+  app.add_option("--responses-store", o.responses_store,
+                 "responses kept for previous_response_id (/v1/responses), least recently used dropped; 0: none "
+                 "(default 256)");
   mla::cli::QuantizeOptions quantize;
   mla::cli::add_quantize_options(app, quantize);
   CLI11_PARSE(app, argc, argv);
@@ -97,6 +104,9 @@ int serve_cmd(int argc, char** argv) {
     throw std::invalid_argument("--read-timeout must be in (0, 3600] seconds");
   if (o.max_request_bytes < 1024) throw std::invalid_argument("--max-request-bytes must be at least 1024");
   if (o.max_connections < 1) throw std::invalid_argument("--max-connections must be positive");
+  if (o.max_output_tokens < 0) throw std::invalid_argument("--max-output-tokens must not be negative");
+  if (o.responses_store < 0 || o.responses_store > 1000000)
+    throw std::invalid_argument("--responses-store must be in [0, 1000000]");
   nlohmann::json template_kwargs = nlohmann::json::object();
   if (!o.chat_template_kwargs.empty()) {
     template_kwargs = nlohmann::json::parse(o.chat_template_kwargs, nullptr, false);
@@ -144,6 +154,8 @@ int serve_cmd(int argc, char** argv) {
   sopt.read_timeout = o.read_timeout;
   sopt.max_body_bytes = size_t(o.max_request_bytes);
   sopt.max_connections = o.max_connections;
+  sopt.max_output_tokens = o.max_output_tokens;
+  sopt.responses_store = size_t(o.responses_store);
   mla::server::Server server(engine, tokenizer, generation, c, sopt);
   const int port = server.bind();
   engine.start();

@@ -1,6 +1,6 @@
 // Pieces of the server for agent clients, kept apart from the HTTP routes: the output parsers a
 // checkpoint gets (from config.json's model_type and the chat template, or named on the
-// command line), the Bearer-key check of /v1/*, and the /tokenize and /detokenize bodies.
+// command line), the key check of /v1/* (Bearer or x-api-key), and the /tokenize and /detokenize bodies.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
@@ -20,6 +20,8 @@ ChosenParsers choose_parsers(const std::string& model_type, const std::string& c
 
 // True when the Authorization header carries "Bearer <key>" (compared in constant time).
 bool authorized(const std::string& authorization_header, const std::string& key);
+// The same, or the x-api-key header carrying the key (Anthropic's clients send it).
+bool authorized(const std::string& authorization_header, const std::string& x_api_key_header, const std::string& key);
 
 // POST /tokenize: {"prompt" | "content": text, "add_special_tokens"? (vLLM, default true) |
 // "add_special"? (llama-server, default false)} -> {"tokens": [...], "count", "max_model_len"}.

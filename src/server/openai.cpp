@@ -306,6 +306,7 @@ ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingCo
   // Default: generation_config.json's max_new_tokens, else until EOS; never beyond the room.
   int64_t max_new = max_tokens.value_or(ctx.generation ? ctx.generation->max_new_tokens.value_or(-1) : -1);
   if (room > 0 && (max_new < 0 || max_new > room - n)) max_new = room - n;
+  if (ctx.max_output_tokens > 0 && (max_new < 0 || max_new > ctx.max_output_tokens)) max_new = ctx.max_output_tokens;
   r.max_new_tokens = max_new;
 
   if (!get_bool(body, "ignore_eos").value_or(false)) {

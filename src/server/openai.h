@@ -56,6 +56,7 @@ struct ServingContext {
   int64_t context_length = 0;       // the model's (0: unknown)
   int64_t max_sequence_tokens = 0;  // the most tokens one request may hold (engine)
   int64_t vocab_size = 0;           // the model's logit rows (logit_bias ids); 0: the tokenizer's
+  int64_t max_output_tokens = 0;    // every request generates at most this many (0: no cap)
   // The checkpoint's output parsers ("" for none; server.cpp picks them from the model type and
   // the chat template, or from --tool-call-parser / --reasoning-parser) and the template
   // variables every chat request starts from (--chat-template-kwargs).

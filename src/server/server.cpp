@@ -30,9 +30,11 @@
 #include <thread>
 
 #include "server/agent_api.h"
+#include "server/api_openai.h"
 #include "server/choice.h"
 #include "server/connection.h"
 #include "server/generation.h"
+#include "server/http_io.h"
 #include "server/openai.h"
 #include "server/structured.h"
 
@@ -70,152 +72,6 @@ thread_local int current_socket = -1;
 // How often a waiting HTTP thread looks at its client's connection, its timeout and shutdown.
 constexpr std::chrono::milliseconds kConnectionPoll{20};
 
-// A fixed set of threads over a queue of jobs.
-class Pool {
- public:
-  explicit Pool(size_t n) {
-    for (size_t i = 0; i < std::max<size_t>(n, 1); ++i) threads_.emplace_back([this] { work(); });
-  }
-  ~Pool() { shutdown(); }
-  void post(std::function<void()> job) {
-    {
-      std::lock_guard lk(mu_);
-      jobs_.push_back(std::move(job));
-    }
-    cv_.notify_one();
-  }
-  void shutdown() {  // runs the jobs already posted, then joins
-    {
-      std::lock_guard lk(mu_);
-      if (done_) return;
-      done_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-
- private:
-  void work() {
-    while (true) {
-      std::function<void()> job;
-      {
-        std::unique_lock lk(mu_);
-        cv_.wait(lk, [&] { return done_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  std::vector<std::thread> threads_;
-  bool done_ = false;
-};
-
-bool numeric_address(const sockaddr_storage& a, socklen_t len, std::string& ip, int& port) {
-  char h[NI_MAXHOST], s[NI_MAXSERV];
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, h, sizeof h, s, sizeof s,
-                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-    return false;
-  ip = h;
-  port = std::atoi(s);
-  return true;
-}
-
-// One connection as cpp-httplib's Stream: first the bytes the listener has read (a whole
-// request, perhaps the start of the next), then the socket (non-blocking, polled with the
-// timeouts).
-class ConnStream : public httplib::Stream {
- public:
-  ConnStream(int fd, std::string buffered, double read_timeout, double write_timeout)
-      : fd_(fd),
-        buf_(std::move(buffered)),
-        read_ms_(int(read_timeout * 1000)),
-        write_ms_(int(write_timeout * 1000)) {}
-
-  bool is_readable() const override { return pos_ < buf_.size() || wait(POLLIN, read_ms_); }
-  bool is_writable() const override { return wait(POLLOUT, write_ms_); }
-  ssize_t read(char* ptr, size_t size) override {
-    if (pos_ < buf_.size()) {
-      const size_t n = std::min(size, buf_.size() - pos_);
-      std::memcpy(ptr, buf_.data() + pos_, n);
-      pos_ += n;
-      return ssize_t(n);
-    }
-    while (true) {
-      if (!wait(POLLIN, read_ms_)) return -1;
-      const ssize_t n = ::recv(fd_, ptr, size, 0);
-      if (n >= 0 || (errno != EAGAIN && errno != EINTR)) return n;
-    }
-  }
-  ssize_t write(const char* ptr, size_t size) override {
-    while (true) {
-      if (!wait(POLLOUT, write_ms_)) return -1;
-      const ssize_t n = ::send(fd_, ptr, size, MSG_NOSIGNAL);
-      if (n >= 0 || (errno != EAGAIN && errno != EINTR)) return n;
-    }
-  }
-  void get_remote_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage a{};
-    socklen_t len = sizeof a;
-    if (getpeername(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0) numeric_address(a, len, ip, port);
-  }
-  void get_local_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage a{};
-    socklen_t len = sizeof a;
-    if (getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0) numeric_address(a, len, ip, port);
-  }
-  socket_t socket() const override { return fd_; }
-  std::string leftover() const { return buf_.substr(pos_); }
-
- private:
-  bool wait(short events, int ms) const {
-    pollfd p{fd_, events, 0};
-    while (true) {
-      const int r = ::poll(&p, 1, ms);
-      if (r < 0 && errno == EINTR) continue;
-      return r > 0 && (p.revents & events);
-    }
-  }
-  int fd_;
-  std::string buf_;
-  size_t pos_ = 0;
-  int read_ms_, write_ms_;
-};
-
-// cpp-httplib's server without its accept loop: we hand it whole requests on our stream.
-class HttpCore : public httplib::Server {
- public:
-  bool serve(httplib::Stream& strm, bool close_connection, bool& connection_closed) {
-    return process_request(strm, close_connection, connection_closed, nullptr);
-  }
-  // Its streaming stops once this socket is invalid ("shutting down"): ours while we serve.
-  void set_listen_socket(int fd) { svr_sock_ = fd; }
-};
-
-// What the listener made of the bytes of a connection so far.
-struct Head {
-  enum Kind { NeedMore, Complete, Reject } kind = NeedMore;
-  int status = 0;  // Reject
-  std::string message;
-  bool liveness = false;  // Complete: GET /health, /metrics or /v1/models
-  bool send_continue = false;
-};
-
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() &&
-         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return std::tolower(x) == std::tolower(y); });
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
-  return s;
-}
-
 // The routes each method is allowed on (405 with Allow for another method).
 const std::map<std::string, std::string, std::less<>>& known_routes() {
   static const std::map<std::string, std::string, std::less<>> routes = {
@@ -223,105 +79,6 @@ const std::map<std::string, std::string, std::less<>>& known_routes() {
       {"/health", "GET"},          {"/metrics", "GET"},           {"/tokenize", "POST"},
       {"/detokenize", "POST"}};
   return routes;
-}
-
-// Looks at the head (and body length) of the request at the start of buf. An Expect:
-// 100-continue line is taken out of buf (the listener answers it itself).
-Head examine(std::string& buf, size_t max_header, size_t max_body, bool continue_sent) {
-  Head h;
-  size_t end = buf.find("\r\n\r\n");
-  size_t sep = 4;
-  if (const size_t lf = buf.find("\n\n"); lf != std::string::npos && (end == std::string::npos || lf < end))
-    end = lf, sep = 2;
-  if (end == std::string::npos) {
-    if (buf.size() > max_header) {
-      h.kind = Head::Reject, h.status = 431;
-      h.message = "the request's line and headers exceed " + std::to_string(max_header) + " bytes";
-    }
-    return h;
-  }
-  if (end + sep > max_header) {
-    h.kind = Head::Reject, h.status = 431;
-    h.message = "the request's line and headers exceed " + std::to_string(max_header) + " bytes";
-    return h;
-  }
-  std::string_view head(buf.data(), end);
-  const size_t eol = head.find('\n');
-  std::string_view line = trim(head.substr(0, eol));
-  const size_t sp1 = line.find(' '), sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
-  std::string_view method = line.substr(0, sp1), target;
-  if (sp1 != std::string_view::npos) target = line.substr(sp1 + 1, sp2 == std::string_view::npos ? sp2 : sp2 - sp1 - 1);
-  target = target.substr(0, target.find('?'));
-  uint64_t length = 0;
-  bool have_length = false, expect_continue = false;
-  size_t expect_begin = 0, expect_end = 0;
-  size_t pos = eol == std::string_view::npos ? head.size() : eol + 1;
-  while (pos < head.size()) {
-    size_t next = head.find('\n', pos);
-    if (next == std::string_view::npos) next = head.size();
-    std::string_view l = head.substr(pos, next - pos);
-    const size_t colon = l.find(':');
-    if (colon != std::string_view::npos) {
-      std::string_view name = trim(l.substr(0, colon)), value = trim(l.substr(colon + 1));
-      if (iequals(name, "content-length")) {
-        uint64_t v = 0;
-        bool ok = !value.empty();
-        for (char c : value) {
-          if (c < '0' || c > '9' || v > (UINT64_MAX - 9) / 10) {
-            ok = false;
-            break;
-          }
-          v = v * 10 + uint64_t(c - '0');
-        }
-        if (!ok || (have_length && v != length)) {
-          h.kind = Head::Reject, h.status = 400;
-          h.message = "the Content-Length header is not one non-negative integer";
-          return h;
-        }
-        have_length = true;
-        length = v;
-      } else if (iequals(name, "transfer-encoding")) {
-        h.kind = Head::Reject, h.status = 411;
-        h.message = "request bodies must come with a Content-Length (Transfer-Encoding is not supported)";
-        return h;
-      } else if (iequals(name, "expect") && iequals(value, "100-continue")) {
-        expect_continue = true;
-        // the line and its end (for the last line, the first half of the blank line's separator)
-        expect_begin = pos, expect_end = next < head.size() ? next + 1 : end + sep / 2;
-      }
-    }
-    pos = next + 1;
-  }
-  if (length > max_body) {
-    h.kind = Head::Reject, h.status = 413;
-    h.message = "the request body of " + std::to_string(length) + " bytes exceeds the limit of " +
-                std::to_string(max_body) + " bytes";
-    return h;
-  }
-  if (expect_continue) {  // answered here; cpp-httplib never sees the header
-    buf.erase(expect_begin, expect_end - expect_begin);
-    end -= expect_end - expect_begin;
-    h.send_continue = !continue_sent && length > 0;
-  }
-  if (buf.size() < end + sep + length) return h;
-  h.kind = Head::Complete;
-  h.liveness = method == "GET" && (target == "/health" || target == "/metrics" || target == "/v1/models");
-  return h;
-}
-
-// A short response written by the listener itself (the socket is non-blocking: best effort).
-void write_small_response(int fd, int status, const std::string& message) {
-  const std::string body = dump(error_body(status, message));
-  std::string reason = status == 408   ? "Request Timeout"
-                       : status == 411 ? "Length Required"
-                       : status == 413 ? "Payload Too Large"
-                       : status == 431 ? "Request Header Fields Too Large"
-                       : status == 503 ? "Service Unavailable"
-                                       : "Bad Request";
-  std::string msg = "HTTP/1.1 " + std::to_string(status) + " " + reason +
-                    "\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
-                    std::to_string(body.size()) + (status == 503 ? "\r\nRetry-After: 1" : "") + "\r\n\r\n" + body;
-  (void)!::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL);
 }
 
 }  // namespace
@@ -333,6 +90,8 @@ struct Server::Impl {
   const ModelConfig& model;
   ServerOptions opt;
   ServingContext ctx;
+  // The protocols (protocol.h), each over ctx.
+  OpenAiProtocol completions_api{Endpoint::Completions, ctx}, chat_api{Endpoint::ChatCompletions, ctx};
   std::unique_ptr<StructuredOutputs> structured;
   HttpCore http;
   int port = -1;
@@ -358,7 +117,9 @@ struct Server::Impl {
   std::map<Flight*, std::shared_ptr<Flight>> flights;
 
   // Counters for /metrics.
-  std::atomic<int64_t> http_completions{0}, http_chat{0}, http_errors{0}, http_streams{0};
+  // Requests per generation protocol (Protocol::name()); the map is filled before serving.
+  std::map<std::string, std::atomic<int64_t>> requests_by_protocol;
+  std::atomic<int64_t> http_errors{0}, http_streams{0};
   std::atomic<int64_t> rejected_queue_full{0}, rejected_draining{0}, rejected_connections{0}, rejected_descriptors{0};
   std::atomic<int64_t> read_timeouts{0}, request_timeouts{0}, shutdown_cuts{0}, client_gone{0};
   std::atomic<int64_t> liveness_requests{0};
@@ -371,6 +132,7 @@ struct Server::Impl {
     ctx.context_length = model.max_position_embeddings;
     ctx.max_sequence_tokens = engine.max_sequence_tokens();
     ctx.vocab_size = model.vocab_size;
+    ctx.max_output_tokens = opt.max_output_tokens;
     ChosenParsers parsers =
         choose_parsers(model.model_type, tokenizer.chat_template(), opt.tool_call_parser, opt.reasoning_parser);
     ctx.tool_parser = parsers.tool;
@@ -391,9 +153,10 @@ struct Server::Impl {
   }
 
   void routes();
-  void generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  // The one request path of every generation endpoint (protocol.h).
+  void serve_generation(Protocol& protocol, const httplib::Request& req, httplib::Response& res);
   struct Watch;
-  void stream(std::shared_ptr<const ParsedRequest> p, std::shared_ptr<Watch> watch, httplib::Response& res);
+  void stream(std::shared_ptr<Exchange> ex, std::shared_ptr<Watch> watch, httplib::Response& res);
   std::string metrics() const;
   void wake() {
     const uint64_t one = 1;
@@ -463,16 +226,16 @@ struct Admission {
 enum class Cut { None, ClientGone, Timeout, Shutdown };
 
 // The error a request cut by the server gets.
-std::pair<int, json> cut_error(Cut cut, double timeout, int64_t tokens) {
+ErrorInfo cut_error(Cut cut, double timeout, int64_t tokens) {
   const std::string after = " after " + std::to_string(tokens) + " generated tokens";
   if (cut == Cut::Timeout) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%g", timeout);
-    return {504, error_body(504, std::string("the request's timeout of ") + buf + " s passed" + after, "timeout",
-                            "timeout_error", "request_timeout")};
+    return {504, std::string("the request's timeout of ") + buf + " s passed" + after, "timeout", "timeout_error",
+            "request_timeout"};
   }
-  return {503, error_body(503, "the server is shutting down: the request was cut" + after, {}, "service_unavailable",
-                          "server_shutdown")};
+  return {503, "the server is shutting down: the request was cut" + after, {}, "service_unavailable",
+          "server_shutdown"};
 }
 
 }  // namespace
@@ -511,14 +274,15 @@ void Server::Impl::routes() {
   http.set_keep_alive_timeout(time_t(std::max(1.0, opt.read_timeout)));
   http.set_keep_alive_max_count(1000);
 
-  http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    ++http_completions;
-    generate(Endpoint::Completions, req, res);
-  });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    ++http_chat;
-    generate(Endpoint::ChatCompletions, req, res);
-  });
+  auto generation_route = [this](const char* path, Protocol& protocol) {
+    std::atomic<int64_t>& count = requests_by_protocol[protocol.name()];
+    http.Post(path, [this, &protocol, &count](const httplib::Request& req, httplib::Response& res) {
+      ++count;
+      serve_generation(protocol, req, res);
+    });
+  };
+  generation_route("/v1/completions", completions_api);
+  generation_route("/v1/chat/completions", chat_api);
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     ++liveness_requests;
     json m = {{"id", opt.model_name},
@@ -598,7 +362,11 @@ void Server::Impl::routes() {
   });
 }
 
-void Server::Impl::generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+void Server::Impl::serve_generation(Protocol& protocol, const httplib::Request& req, httplib::Response& res) {
+  auto fail = [&](const ErrorInfo& e) {
+    res.status = e.status;
+    res.set_content(dump(protocol.error_body(e)), "application/json");
+  };
   try {
     if (stopping) {
       ++rejected_draining;
@@ -615,7 +383,8 @@ void Server::Impl::generate(Endpoint endpoint, const httplib::Request& req, http
                      {}, "rate_limit_exceeded", "queue_full");
     }
     auto admission = std::make_shared<Admission>(*this);  // from here on it counts in_flight
-    ParsedRequest p = parse_request(endpoint, parse_json_body(req.body), ctx, req.body);
+    std::shared_ptr<Exchange> ex = protocol.parse(parse_json_body(req.body), req.body);
+    const ParsedRequest& p = ex->request;
     auto watch = std::make_shared<Watch>(Watch{
         *this, admission,
         current_socket >= 0 ? ClientConnection(current_socket)
@@ -623,97 +392,81 @@ void Server::Impl::generate(Endpoint endpoint, const httplib::Request& req, http
         p.timeout_seconds > 0 ? Clock::now() + seconds(p.timeout_seconds) : Clock::time_point::max(),
         p.timeout_seconds});
     if (p.stream) {
-      stream(std::make_shared<const ParsedRequest>(std::move(p)), watch, res);
+      stream(ex, watch, res);
       return;
     }
-    const std::string id = new_response_id(endpoint);
-    const int64_t created = unix_time();
     std::optional<RequestEvent> failed;  // the first choice that ended with an error or cancelled
     // Throws RequestError before anything is queued: answered 400 below.
     Generation gen(engine, p, tokenizer);
-    std::vector<ChoiceBuilder> choices;
-    for (int64_t i = 0; i < gen.choices(); ++i) choices.emplace_back(p, tokenizer, int(i));
     Usage u;
+    u.prompt_tokens = int64_t(p.request.prompt.size());
     int64_t open = gen.choices();
     while (open > 0) {
       for (Generation::Event& ev : gen.wait(kConnectionPoll)) {
         const RequestEvent& e = ev.event;
-        ChoiceBuilder& c = choices[size_t(ev.choice)];
         if (ev.choice == 0) u.prompt_tokens = e.prompt_tokens, u.cached_tokens = e.cached_tokens;
         if (e.finished && (e.reason == FinishReason::Error || e.reason == FinishReason::Cancelled)) {
           if (watch->cut == Cut::None) gen.cancel();  // the others have no answer to go into
           if (!failed) failed = e;
           if (e.reason == FinishReason::Cancelled) watch->settle(e.reason);
         } else {
-          c.add(e);
+          ex->add(ev.choice, e);
         }
         if (e.finished) --open;
       }
       if (open > 0) watch->check(gen);
     }
     if (watch->cut == Cut::ClientGone) return;  // nobody to answer
-    for (const ChoiceBuilder& c : choices) u.completion_tokens += c.completion_tokens();
-    if (failed && failed->reason == FinishReason::Cancelled && watch->cut != Cut::None) {
-      auto [status, body] = cut_error(watch->cut, watch->timeout, u.completion_tokens);
-      res.status = status;
-      res.set_content(dump(body), "application/json");
-      return;
-    }
+    u.completion_tokens = ex->completion_tokens();
+    if (failed && failed->reason == FinishReason::Cancelled && watch->cut != Cut::None)
+      return fail(cut_error(watch->cut, watch->timeout, u.completion_tokens));
     if (failed && failed->reason == FinishReason::Error) throw ApiError(500, "generation failed: " + failed->message);
     if (failed) throw ApiError(503, "the request was cancelled: " + failed->message);
-    json list = json::array();
-    for (const ChoiceBuilder& c : choices) list.push_back(c.choice());
-    json out = completion_response(p, id, created, "", "stop", u);
-    out["choices"] = list;
-    res.set_content(dump(out), "application/json");
+    res.set_content(dump(ex->body(u)), "application/json");
   } catch (const ApiError& e) {
-    send_error(res, e.status, e.what(), e.param, e.type, e.code);
+    fail(ErrorInfo::from(e));
   } catch (const RequestError& e) {
-    send_error(res, 400, e.what(), endpoint == Endpoint::Completions ? "prompt" : "messages");
+    fail({400, e.what(), "messages", {}, {}});
   }
 }
 
-void Server::Impl::stream(std::shared_ptr<const ParsedRequest> p, std::shared_ptr<Watch> watch,
-                          httplib::Response& res) {
+void Server::Impl::stream(std::shared_ptr<Exchange> ex, std::shared_ptr<Watch> watch, httplib::Response& res) {
   ++http_streams;
   // Throws RequestError before anything is sent: the caller answers 400.
-  auto gen = std::make_shared<Generation>(engine, *p, tokenizer);
+  auto gen = std::make_shared<Generation>(engine, ex->request, tokenizer);
   struct StreamState {
-    std::vector<ChoiceBuilder> choices;
     int64_t open = 0;
-    bool sent_role = false;
+    bool begun = false;
     Usage usage;
+    Clock::time_point last_write = Clock::now();
   };
   auto st = std::make_shared<StreamState>();
-  for (int64_t i = 0; i < gen->choices(); ++i) st->choices.emplace_back(*p, tokenizer, int(i));
   st->open = gen->choices();
-  const std::string id = new_response_id(p->endpoint);
-  const int64_t created = unix_time();
+  st->usage.prompt_tokens = int64_t(ex->request.request.prompt.size());
+  const auto keepalive = seconds(opt.keepalive_seconds);
   res.set_header("Cache-Control", "no-cache");
   // The provider holds the watch (and with it the admission) until the response is written.
   res.set_chunked_content_provider(
       "text/event-stream",
-      [p, gen, st, id, created, watch](size_t, httplib::DataSink& sink) {
-        auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
-        auto chunk = [&](json choice) {
-          json c = stream_chunk(*p, id, created, "", nullptr);
-          c["choices"] = json::array({std::move(choice)});
-          return write(sse_event(c));
+      [ex, gen, st, watch, keepalive](size_t, httplib::DataSink& sink) {
+        auto write = [&](const std::string& s) {
+          st->last_write = Clock::now();
+          return s.empty() || sink.write(s.data(), s.size());
         };
         bool ok = true;
-        if (p->endpoint == Endpoint::ChatCompletions && !st->sent_role) {
-          st->sent_role = true;
-          for (size_t i = 0; i < st->choices.size() && ok; ++i)
-            ok = chunk({{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
-                        {"finish_reason", nullptr}});
+        if (!st->begun) {
+          st->begun = true;
+          ok = write(ex->stream_begin(st->usage));
         }
         std::deque<Generation::Event> events;
         // The watch is checked after every wait, not only an idle one: a stream whose tokens
         // never stop coming must still see its client go, its timeout pass and the shutdown cut.
+        // While nothing comes (a long prompt being read) the client gets keep-alives.
         while (ok && events.empty()) {
           events = gen->wait(kConnectionPoll);
           watch->check(*gen);
           if (watch->cut == Cut::ClientGone) ok = false;
+          else if (events.empty() && Clock::now() - st->last_write >= keepalive) ok = write(ex->stream_keepalive());
         }
         for (Generation::Event& ev : events) {
           if (!ok) break;
@@ -722,27 +475,23 @@ void Server::Impl::stream(std::shared_ptr<const ParsedRequest> p, std::shared_pt
           if (e.finished && (e.reason == FinishReason::Error || e.reason == FinishReason::Cancelled)) {
             gen->cancel();
             if (e.reason == FinishReason::Cancelled) watch->settle(e.reason);
+            st->usage.completion_tokens = ex->completion_tokens();
+            ErrorInfo error;
             if (e.reason == FinishReason::Cancelled && watch->cut != Cut::None) {
-              int64_t tokens = 0;
-              for (const ChoiceBuilder& c : st->choices) tokens += c.completion_tokens();
-              ok = write(sse_event(cut_error(watch->cut, watch->timeout, tokens).second));
+              error = cut_error(watch->cut, watch->timeout, st->usage.completion_tokens);
             } else {
-              int status = e.reason == FinishReason::Error ? 500 : 503;
-              ok = write(sse_event(error_body(status, std::string("generation ended: ") +
-                                                          finish_reason_name(e.reason) +
-                                                          (e.message.empty() ? "" : ": " + e.message))));
+              error.status = e.reason == FinishReason::Error ? 500 : 503;
+              error.message = std::string("generation ended: ") + finish_reason_name(e.reason) +
+                              (e.message.empty() ? "" : ": " + e.message);
             }
-            if (ok) ok = write(kSseDone);
+            ok = write(ex->stream_error(error, st->usage));
             if (ok) sink.done();
             return ok;
           }
-          for (json& c : st->choices[size_t(ev.choice)].stream(e))
-            if (ok) ok = chunk(std::move(c));
-          if (!e.finished) continue;
-          st->usage.completion_tokens += st->choices[size_t(ev.choice)].completion_tokens();
-          if (--st->open > 0) continue;
-          if (ok && p->include_usage) ok = write(sse_event(usage_chunk(*p, id, created, st->usage)));
-          if (ok) ok = write(kSseDone);
+          ok = write(ex->stream_event(ev.choice, e));
+          if (!e.finished || --st->open > 0) continue;
+          st->usage.completion_tokens = ex->completion_tokens();
+          if (ok) ok = write(ex->stream_end(st->usage));
           if (ok) sink.done();
           return ok;
         }
@@ -769,7 +518,7 @@ void Server::Impl::run_listener() {
   const size_t read_cap = opt.max_header_bytes + opt.max_body_bytes + 1;
   Clock::time_point cut_time{};
   auto reject = [&](Pending& c, int status, const std::string& message) {
-    write_small_response(c.fd, status, message);
+    write_small_response(c.fd, status, dump(error_body(status, message)));
     ::shutdown(c.fd, SHUT_WR);
     c.lingering = true;
     c.buf.clear();
@@ -788,7 +537,7 @@ void Server::Impl::run_listener() {
     if (spare_fd >= 0) {
       ::close(spare_fd);
       if (const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC); fd >= 0) {
-        write_small_response(fd, 503, "the server has no file descriptor left for this connection; retry later");
+        write_small_response(fd, 503, dump(error_body(503, "the server has no file descriptor left for this connection; retry later")));
         ::close(fd);
       }
       spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -810,7 +559,9 @@ void Server::Impl::run_listener() {
       return false;
     }
     if (h.kind != Head::Complete) return false;
-    Pool& pool = h.liveness ? *liveness_pool : *work_pool;
+    const bool liveness =
+        h.method == "GET" && (h.target == "/health" || h.target == "/metrics" || h.target == "/v1/models");
+    Pool& pool = liveness ? *liveness_pool : *work_pool;
     pool.post([this, fd = c.fd, bytes = std::move(c.buf)]() mutable { serve_connection(fd, std::move(bytes)); });
     return true;
   };
@@ -946,8 +697,10 @@ std::string Server::Impl::metrics() const {
     o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
     for (const auto& [value, v] : values) o << name << "{" << label << "=\"" << value << "\"} " << v << "\n";
   };
-  family("mla_http_requests_total", "HTTP requests to the generation endpoints", "counter", "endpoint",
-         {{"completions", http_completions.load()}, {"chat_completions", http_chat.load()}});
+  o << "# HELP mla_http_requests_total HTTP requests to the generation endpoints\n"
+       "# TYPE mla_http_requests_total counter\n";
+  for (const auto& [name, count] : requests_by_protocol)
+    o << "mla_http_requests_total{endpoint=\"" << name << "\"} " << count.load() << "\n";
   line("mla_http_streams_total", "streamed (server-sent events) responses", "counter", http_streams.load());
   line("mla_http_errors_total", "responses with an error status", "counter", http_errors.load());
   line("mla_http_liveness_requests_total", "requests to /health, /metrics and /v1/models", "counter",

@@ -53,10 +53,13 @@ struct ServerOptions {
   double shutdown_timeout = 30;       // seconds stop() lets the requests in flight run
   double read_timeout = 10;           // seconds for a whole request to arrive (and keep-alive idling)
   double write_timeout = 10;          // seconds a client may leave one write unread
+  double keepalive_seconds = 5;       // a stream with nothing to send for this long gets a keep-alive event
   size_t max_body_bytes = size_t(16) << 20;
   size_t max_header_bytes = size_t(16) << 10;  // request line and headers
   int max_connections = 1024;                   // open connections; more are answered 503
   int liveness_threads = 2;
+  int64_t max_output_tokens = 0;  // the most tokens one request generates (0: the room left)
+  size_t responses_store = 256;   // responses kept for previous_response_id (0: none)
 };
 
 class Server {
