@@ -403,5 +403,88 @@ TEST(ServerLimits, DrainFinishesThenCutsWithErrorEventAndDone) {
   EXPECT_EQ(l.metric("mla_kv_pages_held_by_requests"), 0);
 }
 
+
+// The Messages and Responses endpoints run the same request path as chat completions: the
+// same bound answers 429 (in each API's error shape), a client that goes away has its request
+// cancelled, a waiting stream gets keep-alive events, and the shutdown cut ends a stream with
+// each API's error event.
+TEST(ServerLimits, MessagesAndResponsesShareTheLimits) {
+  server::ServerOptions so;
+  so.max_queued_requests = 0;
+  so.keepalive_seconds = 0.05;
+  Local l(small_engine(/*max_running=*/1), so, /*threaded=*/false);  // nothing finishes unless stepped
+  const json messages = {{"model", "any"}, {"max_tokens", 8}, {"stream", true},
+                         {"messages", {{{"role", "user"}, {"content", "wait"}}}}};
+  // One streamed request holds the only place; no step runs, so it gets keep-alives only.
+  Raw held(l.port);
+  ASSERT_TRUE(held.send(post_head("/v1/messages", messages.dump().size(), "Connection: close\r\n") + messages.dump()));
+  ASSERT_TRUE(l.wait_for([&] { return l.metric("mla_http_requests_in_flight") == 1; }));
+  auto c = l.client();
+  auto m = c.Post("/v1/messages", json({{"model", "any"}, {"max_tokens", 4}, {"messages", {{{"role", "user"}, {"content", "x"}}}}}).dump(),
+                  "application/json");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 429) << m->body;
+  EXPECT_EQ(json::parse(m->body)["type"], "error") << m->body;
+  EXPECT_EQ(json::parse(m->body)["error"]["type"], "rate_limit_error") << m->body;
+  auto r = c.Post("/v1/responses", json({{"model", "any"}, {"input", "x"}}).dump(), "application/json");
+  expect_error(r, 429, "limit");
+  const std::string early = held.read_until("event: ping", 3000);
+  EXPECT_NE(early.find("event: message_start"), std::string::npos) << early;
+  EXPECT_NE(early.find("event: ping"), std::string::npos) << "no keep-alive while the prompt waits: " << early;
+  // The client goes away: the request is cancelled and leaves the bound.
+  held.close();
+  for (int i = 0; i < 20 && l.metric("mla_http_requests_in_flight") != 0; ++i) {
+    l.engine->step();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(l.metric("mla_http_requests_in_flight"), 0);
+  EXPECT_EQ(l.metric("mla_http_cut_total{reason=\"client_gone\"}"), 1);
+}
+
+TEST(ServerLimits, ShutdownCutEndsMessagesAndResponsesStreamsWithTheirErrorEvents) {
+  server::ServerOptions so;
+  so.shutdown_timeout = 0.3;
+  Local l(small_engine(), so, /*threaded=*/false);
+  std::atomic<bool> stepping{true};
+  std::thread stepper([&] {
+    while (stepping) {
+      l.engine->step();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  std::string anthropic, responses;
+  std::thread a([&] {
+    auto s = l.client().Post("/v1/messages",
+                             json({{"model", "any"}, {"max_tokens", 200}, {"stream", true},
+                                   {"messages", {{{"role", "user"}, {"content", "long"}}}}}).dump(),
+                             "application/json");
+    if (s) anthropic = s->body;
+  });
+  std::thread b([&] {
+    auto s = l.client().Post("/v1/responses",
+                             json({{"model", "any"}, {"max_output_tokens", 200}, {"stream", true}, {"input", "long too"}}).dump(),
+                             "application/json");
+    if (s) responses = s->body;
+  });
+  ASSERT_TRUE(l.wait_for([&] { return l.metric("mla_http_requests_in_flight") == 2; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  l.srv->stop();
+  a.join();
+  b.join();
+  l.thread.join();
+  l.thread = std::thread([] {});
+  stepping = false;
+  stepper.join();
+  // Unless the random model ended a reply first (EOS) before the cut.
+  if (anthropic.find("event: message_stop") == std::string::npos) {
+    EXPECT_NE(anthropic.find("event: error"), std::string::npos) << anthropic;
+    EXPECT_NE(anthropic.find("overloaded_error"), std::string::npos) << anthropic;
+  }
+  if (responses.find("response.completed") == std::string::npos) {
+    EXPECT_NE(responses.find("response.failed"), std::string::npos) << responses;
+  }
+  EXPECT_EQ(l.metric("mla_kv_pages_held_by_requests"), 0);
+}
+
 }  // namespace
 }  // namespace mla
