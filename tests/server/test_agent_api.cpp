@@ -386,13 +386,13 @@ TEST(AgentStructured, ForcedToolCallGrammarsParseBackInEveryFormat) {
     EXPECT_TRUE(grammar_accepts(g, c.two)) << g;
     EXPECT_FALSE(grammar_accepts(g, "Sure! " + c.one));  // nothing before the call
     // What the grammar allows, the family's parser reads back as calls.
-    server::ToolParserOptions to;
+    chat::ToolParserOptions to;
     to.tools = json(a.tools);
-    auto r = server::parse_tool_calls(c.parser, c.one, to);
+    auto r = chat::parse_tool_calls(c.parser, c.one, to);
     ASSERT_EQ(r.tool_calls.size(), 1u);
     EXPECT_EQ(r.tool_calls[0].name, "get_weather");
     EXPECT_EQ(json::parse(r.tool_calls[0].arguments), json({{"city", "Paris"}, {"days", 3}}));
-    EXPECT_EQ(server::parse_tool_calls(c.parser, c.two, to).tool_calls.size(), 2u);
+    EXPECT_EQ(chat::parse_tool_calls(c.parser, c.two, to).tool_calls.size(), 2u);
     // One call only without parallel_tool_calls; a named choice allows that tool alone.
     a.parallel_tool_calls = false;
     const std::string single = server::tool_call_gbnf(c.parser, a);
@@ -537,7 +537,7 @@ TEST(AgentStructured, DeepSeekMarkersAreWholeTokensOfTheGrammar) {
   for (int32_t id : tok.encode(call, false)) ASSERT_TRUE(m.accept_token(id)) << id;
   EXPECT_TRUE(m.can_end());
   EXPECT_TRUE(m.accept_token(tok.eos_id()));
-  EXPECT_EQ(server::parse_tool_calls("deepseek_v3", call).tool_calls.size(), 1u);
+  EXPECT_EQ(chat::parse_tool_calls("deepseek_v3", call).tool_calls.size(), 1u);
 
   grammar::Matcher inside(g);
   for (int32_t id : tok.encode("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>say\n```json\n{\"text\": \"a", false))
