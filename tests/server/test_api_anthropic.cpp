@@ -50,7 +50,8 @@ server::ServingContext reasoning_template_context() {
   server::ServingContext ctx = deepseek_context();
   ctx.chat_format.kind = ChatFormat::Kind::Jinja;
   ctx.chat_format.jinja =
-      "{% for t in tools %}[tool {{ t['function']['name'] }}: {{ t['function']['description'] }}]{% endfor %}"
+      "{% if tools %}{% for t in tools %}[tool {{ t['function']['name'] }}: {{ t['function']['description'] }}]"
+      "{% endfor %}{% endif %}"
       "{% for m in messages %}[{{ m['role'] }}]"
       "{% if m['reasoning_content'] is defined %}<r>{{ m['reasoning_content'] }}</r>{% endif %}"
       "{% if m['content'] %}{{ m['content'] }}{% endif %}{% endfor %}[assistant]";
