@@ -447,6 +447,8 @@ class OutputBuilder {
           if (pending_.find_first_not_of(" \t\r\n") == std::string::npos) return;
           std::string text = std::move(pending_);
           pending_.clear();
+          // After another item, a message starts at its text ("</think>\n\n" leaves no newlines).
+          if (open_ != Open::None || !items.empty()) text.erase(0, text.find_first_not_of(" \t\r\n"));
           open_message();
           append_text(text);
           return;

@@ -42,8 +42,9 @@
 //
 // Output: an event's deltas open and close items in order (a change of kind closes the open
 // item). Content that is only whitespace between other items (the "\n\n" after </think>, before
-// a call) makes no message. usage.output_tokens_details.reasoning_tokens counts the generated
-// tokens whose event produced reasoning text (the token that closes </think> is not one).
+// a call) makes no message, and a message after another item starts at its first non-space.
+// usage.output_tokens_details.reasoning_tokens counts the generated tokens whose event produced
+// reasoning text (the token that closes </think> is not one).
 // A finish by EOS or a stop string is "completed"; by a length limit "incomplete" with
 // incomplete_details {reason: "max_output_tokens"}; an error "failed".
 #pragma once
