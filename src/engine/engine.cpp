@@ -211,6 +211,7 @@ void Engine::finish(Sequence& s, FinishReason reason, std::string message, int32
   e.finished = true;
   e.reason = reason;
   e.message = std::move(message);
+  if (reason == FinishReason::StopString) e.stop_string = s.output.matched_stop();
   emit(s, std::move(e));
 }
 

@@ -27,6 +27,7 @@ class OutputStream {
   std::string push(int32_t id);
   // A stop string matched; later tokens give no text.
   bool stopped() const { return stops_.stopped(); }
+  const std::string& matched_stop() const { return stops_.matched(); }  // the stop string, once stopped()
   // The end: the text still held back; empty after a stop or a first finish().
   std::string finish();
 

@@ -61,6 +61,7 @@ struct RequestEvent {
   bool finished = false;
   FinishReason reason = FinishReason::MaxTokens;  // when finished
   std::string message;                             // Error / KvCacheFull / ContextLength: what happened
+  std::string stop_string;                         // StopString: the stop string that matched
   int64_t prompt_tokens = 0;                       // the prompt's length
   int64_t cached_tokens = 0;                       // prompt tokens taken from the prefix cache
   int64_t completion_tokens = 0;                   // tokens sampled so far
