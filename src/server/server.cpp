@@ -30,7 +30,9 @@
 #include <thread>
 
 #include "server/agent_api.h"
+#include "server/api_anthropic.h"
 #include "server/api_openai.h"
+#include "server/api_responses.h"
 #include "server/choice.h"
 #include "server/connection.h"
 #include "server/generation.h"
@@ -77,7 +79,8 @@ const std::map<std::string, std::string, std::less<>>& known_routes() {
   static const std::map<std::string, std::string, std::less<>> routes = {
       {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/models", "GET"},
       {"/health", "GET"},          {"/metrics", "GET"},           {"/tokenize", "POST"},
-      {"/detokenize", "POST"}};
+      {"/detokenize", "POST"},     {"/v1/messages", "POST"},      {"/v1/messages/count_tokens", "POST"},
+      {"/v1/responses", "POST"}};
   return routes;
 }
 
@@ -92,6 +95,18 @@ struct Server::Impl {
   ServingContext ctx;
   // The protocols (protocol.h), each over ctx.
   OpenAiProtocol completions_api{Endpoint::Completions, ctx}, chat_api{Endpoint::ChatCompletions, ctx};
+  AnthropicMessages messages_api{ctx};
+  std::unique_ptr<ResponsesApi> responses_api;
+  // The protocol whose error shape a path's errors take: Anthropic's under /v1/messages,
+  // OpenAI's elsewhere.
+  const Protocol& errors_for(const std::string& path) const {
+    if (path.rfind("/v1/messages", 0) == 0) return messages_api;
+    return chat_api;
+  }
+  void send_protocol_error(httplib::Response& res, const std::string& path, const ErrorInfo& e) const {
+    res.status = e.status;
+    res.set_content(dump(errors_for(path).error_body(e)), "application/json");
+  }
   std::unique_ptr<StructuredOutputs> structured;
   HttpCore http;
   int port = -1;
@@ -141,6 +156,7 @@ struct Server::Impl {
     ctx.chat_format = chat_format_for(model.model_type, tokenizer.chat_template());
     structured = std::make_unique<StructuredOutputs>(tokenizer, model.vocab_size);
     ctx.structured = structured.get();
+    responses_api = std::make_unique<ResponsesApi>(ctx, opt.responses_store);
     if (opt.max_queued_requests < 0) throw std::invalid_argument("server: max_queued_requests must not be negative");
     admit_limit = std::max<int64_t>(engine.options().max_running, 1) + opt.max_queued_requests;
     wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -283,6 +299,31 @@ void Server::Impl::routes() {
   };
   generation_route("/v1/completions", completions_api);
   generation_route("/v1/chat/completions", chat_api);
+  generation_route("/v1/messages", messages_api);
+  generation_route("/v1/responses", *responses_api);
+  http.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
+    try {
+      res.set_content(dump(messages_api.count_tokens(parse_json_body(req.body), req.body)), "application/json");
+    } catch (const ApiError& e) {
+      send_protocol_error(res, req.path, ErrorInfo::from(e));
+    }
+  });
+  // A stored response (previous_response_id): read or deleted by its id.
+  const char* stored = R"(/v1/responses/([A-Za-z0-9_\-]+))";
+  http.Get(stored, [this](const httplib::Request& req, httplib::Response& res) {
+    try {
+      res.set_content(dump(responses_api->get(req.matches[1])), "application/json");
+    } catch (const ApiError& e) {
+      send_protocol_error(res, req.path, ErrorInfo::from(e));
+    }
+  });
+  http.Delete(stored, [this](const httplib::Request& req, httplib::Response& res) {
+    try {
+      res.set_content(dump(responses_api->remove(req.matches[1])), "application/json");
+    } catch (const ApiError& e) {
+      send_protocol_error(res, req.path, ErrorInfo::from(e));
+    }
+  });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     ++liveness_requests;
     json m = {{"id", opt.model_name},
@@ -295,11 +336,13 @@ void Server::Impl::routes() {
   // Agents: /v1/* behind --api-key; the tokenizer's endpoints.
   if (!opt.api_key.empty())
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (req.path.rfind("/v1/", 0) != 0 || authorized(req.get_header_value("Authorization"), opt.api_key))
+      if (req.path.rfind("/v1/", 0) != 0 ||
+          authorized(req.get_header_value("Authorization"), req.get_header_value("x-api-key"), opt.api_key))
         return httplib::Server::HandlerResponse::Unhandled;
       ++http_errors;
-      send_error(res, 401, "a valid API key is required: Authorization: Bearer KEY", {}, "authentication_error",
-                 "invalid_api_key");
+      send_protocol_error(res, req.path,
+                          {401, "a valid API key is required: Authorization: Bearer KEY or x-api-key: KEY", {},
+                           "authentication_error", "invalid_api_key"});
       return httplib::Server::HandlerResponse::Handled;
     });
   for (const char* path : {"/tokenize", "/detokenize"})
@@ -313,6 +356,10 @@ void Server::Impl::routes() {
         send_error(res, e.status, e.what(), e.param, e.type, e.code);
       }
     });
+  // GET / (and HEAD /, which clients such as Claude Code send to see that the server is up).
+  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("mla serve: the API is under /v1\n", "text/plain; charset=utf-8");
+  });
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     ++liveness_requests;
     if (stopping) {
@@ -347,7 +394,7 @@ void Server::Impl::routes() {
         msg = "no route for " + req.method + " " + req.path;
       }
     }
-    send_error(res, res.status, msg);
+    send_protocol_error(res, req.path, {res.status, msg, {}, {}, {}});
     return httplib::Server::HandlerResponse::Handled;
   }));
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
