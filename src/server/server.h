@@ -1,7 +1,11 @@
-// The OpenAI-compatible HTTP server (cpp-httplib) over the Engine:
-//   POST /v1/completions, POST /v1/chat/completions (JSON, or server-sent events with stream)
+// The HTTP server (cpp-httplib) over the Engine, one request path under every API (protocol.h):
+//   POST /v1/completions, POST /v1/chat/completions (OpenAI; api_openai.h)
+//   POST /v1/messages, POST /v1/messages/count_tokens (Anthropic; api_anthropic.h)
+//   POST /v1/responses, GET and DELETE /v1/responses/{id} (OpenAI Responses; api_responses.h)
 //   GET  /v1/models, /health, /metrics (plain text)
 //   POST /tokenize, /detokenize (llama-server / vLLM shapes; agent_api.h)
+// Each generation endpoint answers JSON, or server-sent events with "stream": true. The pieces
+// of the HTTP layer that know no API are in http_io.h.
 //
 // Connections: one listener thread accepts every connection and reads each request (head and
 // body) without blocking, under limits: the head's size (431), the body's size (413, from its
