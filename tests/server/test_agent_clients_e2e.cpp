@@ -9,7 +9,7 @@
 //   - Codex: `codex exec` (@openai/codex) with a model provider whose wire_api is "responses".
 // Each is skipped, saying why, when node or its npm package is missing (`npm ci --prefix
 // tests/e2e` installs them). The model is random: an agent completing its turn with the
-// server's answer, exit status 0, is what is checked; --max-output-tokens keeps its replies short.
+// server's answer, exit status 0, is what is checked.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -40,8 +40,11 @@ fs::path e2e_dir() { return source_dir() / "tests/e2e"; }
 bool have_package(const std::string& name) { return fs::exists(e2e_dir() / "node_modules" / name / "package.json"); }
 
 // The fixture's shape with DeepSeek-V3's vocabulary (129,280 ids) and a 32k context, random
-// weights, the real tokenizer; chat_template replaces the tokenizer's.
-void make_model(const fs::path& dir, const std::string& chat_template) {
+// weights, the real tokenizer; chat_template replaces the tokenizer's. short_replies: the
+// generation config lists every other id as an end of sequence, so that the random model ends
+// its replies within a few tokens as a trained one would (an agent reads a reply cut at
+// max_tokens as a failure).
+void make_model(const fs::path& dir, const std::string& chat_template, bool short_replies) {
   json config = json::parse(read_all(test::fixture("deepseek-v3-tiny") + "/config.json"));
   config["vocab_size"] = 129280;
   config["max_position_embeddings"] = 32768;
@@ -55,6 +58,10 @@ void make_model(const fs::path& dir, const std::string& chat_template) {
   json cfg = json::parse(read_all((tok / "tokenizer_config.json").string()));
   cfg["chat_template"] = chat_template;
   std::ofstream(dir / "tokenizer_config.json") << cfg.dump(1);
+  json eos = json::array({1});
+  if (short_replies)
+    for (int64_t id = 2; id < 129280; id += 2) eos.push_back(id);
+  std::ofstream(dir / "generation_config.json") << json({{"bos_token_id", 0}, {"eos_token_id", eos}}).dump();
 }
 
 std::string v3_template() {
@@ -77,7 +84,7 @@ std::string thinking_template() {
 std::vector<std::string> serve_args(const fs::path& dir, const std::string& name, std::vector<std::string> extra) {
   std::vector<std::string> args = {"-m", dir.string(), "--threads", "2", "--kv-cache-gb", "0.1",
                                    "--page-size", "16", "--max-batch-tokens", "2048",
-                                   "--served-model-name", name, "--max-output-tokens", "24"};
+                                   "--served-model-name", name, "--max-output-tokens", "64"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -93,8 +100,8 @@ struct Servers {
       error = "DeepSeek-V3's generation prompt was not found in its template";
       return;
     }
-    make_model(agent_dir.path, v3_template());
-    make_model(think_dir.path, thinking);
+    make_model(agent_dir.path, v3_template(), /*short_replies=*/true);
+    make_model(think_dir.path, thinking, /*short_replies=*/false);
     agent = std::make_unique<test::ServeProcess>((agent_dir.path / "serve.log").string(),
                                                  serve_args(agent_dir.path, "agent", {"--api-key", "sk-e2e"}));
     think = std::make_unique<test::ServeProcess>(
