@@ -136,9 +136,9 @@ std::vector<SseEvent> streamed(Exchange& x, const std::vector<RequestEvent>& eve
   return parse_sse(s);
 }
 
-// Items without their random ids, to compare two exchanges' outputs.
+// Items without their random ids (item and call), to compare two exchanges' outputs.
 json without_ids(json items) {
-  for (json& it : items) it.erase("id");
+  for (json& it : items) it.erase("id"), it.erase("call_id");
   return items;
 }
 
@@ -239,6 +239,9 @@ TEST(ResponsesApiRequest, InputItemsBecomeChatMessages) {
 
 TEST(ResponsesApiRequest, ToolsMapBothWays) {
   auto ctx = context();
+  Fixture& f = Fixture::get();
+  server::StructuredOutputs so(f.tok, int64_t(f.tok.vocab_size()));  // a named tool_choice's grammar
+  ctx.structured = &so;
   ResponsesApi api(ctx, 0);
   json body = json::parse(R"({
     "input": "patch it", "tool_choice": "auto", "parallel_tool_calls": false,
