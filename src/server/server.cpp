@@ -35,6 +35,7 @@
 #include "server/generation.h"
 #include "server/openai.h"
 #include "server/structured.h"
+#include "server/webui.h"
 
 namespace mla::server {
 
@@ -221,7 +222,7 @@ const std::map<std::string, std::string, std::less<>>& known_routes() {
   static const std::map<std::string, std::string, std::less<>> routes = {
       {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/models", "GET"},
       {"/health", "GET"},          {"/metrics", "GET"},           {"/tokenize", "POST"},
-      {"/detokenize", "POST"}};
+      {"/detokenize", "POST"}, {"/", "GET"}};
   return routes;
 }
 
@@ -563,6 +564,22 @@ void Server::Impl::routes() {
     ++liveness_requests;
     res.set_content(metrics(), "text/plain; version=0.0.4");
   });
+  // The chat page (webui.h): "/" and each of its files, on the work pool, without the API key
+  // (the page asks for it when /v1/* answers 401). no-cache: a restarted server's page is
+  // fetched again.
+  if (opt.webui) {
+    auto serve_asset = [](const httplib::Request& req, httplib::Response& res) {
+      const WebAsset* a = webui_asset(req.path);
+      if (!a) {
+        res.status = 404;  // a path the route's pattern matched loosely: the error handler answers
+        return;
+      }
+      res.set_header("Cache-Control", "no-cache");
+      res.set_content(std::string(a->body), std::string(a->content_type));
+    };
+    http.Get("/", serve_asset);
+    for (const WebAsset& a : webui_assets()) http.Get(std::string(a.path), serve_asset);
+  }
   // Statuses without a body (unknown route, wrong method ...) get OpenAI's error object too;
   // a known route asked with another method is a 405 with Allow.
   http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,

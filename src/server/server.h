@@ -2,6 +2,7 @@
 //   POST /v1/completions, POST /v1/chat/completions (JSON, or server-sent events with stream)
 //   GET  /v1/models, /health, /metrics (plain text)
 //   POST /tokenize, /detokenize (llama-server / vLLM shapes; agent_api.h)
+//   GET  / and its files: the chat page (webui.h; off with ServerOptions::webui = false)
 //
 // Connections: one listener thread accepts every connection and reads each request (head and
 // body) without blocking, under limits: the head's size (431), the body's size (413, from its
@@ -48,6 +49,7 @@ struct ServerOptions {
   std::string tool_call_parser, reasoning_parser;
   nlohmann::json chat_template_kwargs = nlohmann::json::object();
   std::string api_key;      // empty: no authentication
+  bool webui = true;        // GET / serves the chat page (webui.h), outside the API key
   // Limits (see above).
   int64_t max_queued_requests = 128;  // generation requests admitted beyond the running ones
   double shutdown_timeout = 30;       // seconds stop() lets the requests in flight run
