@@ -1,6 +1,7 @@
 // The chat page in a real browser (tests/e2e/webui.mjs) under ctest: two `mla serve` processes on
 // the deepseek-v3-tiny fixture with a byte-level tokenizer and DeepSeek-V3's chat template (one
-// whose template opens <think>, with --reasoning-parser deepseek_r1), then node drives headless
+// whose template opens <think>, with --reasoning-parser deepseek_r1; one behind --api-key), then
+// node drives headless
 // Chromium through puppeteer-core against them. Skipped, saying why, when node, Chromium or the
 // package is missing (`apt-get install chromium`, `npm ci --prefix tests/e2e`). WEBUI_SCREENSHOT
 // in the environment is passed on: the page is saved there as a PNG.
@@ -79,14 +80,18 @@ TEST(WebUiE2E, ChromiumChat) {
   test::ServeProcess think((think_dir.path / "serve.log").string(),
                            serve_args(think_dir.path, "tiny-think", {"--reasoning-parser", "deepseek_r1"}));
   ASSERT_NE(think.port, 0) << read_all(think.log);
+  test::ServeProcess keyed((chat_dir.path / "keyed.log").string(),
+                           serve_args(chat_dir.path, "tiny-keyed", {"--api-key", "sk-webui"}));
+  ASSERT_NE(keyed.port, 0) << read_all(keyed.log);
 
   std::string cmd = "cd '" + src.string() + "' && WEBUI_URL=" + chat.url() + " WEBUI_THINK_URL=" + think.url() +
+                    " WEBUI_KEY_URL=" + keyed.url() + " WEBUI_API_KEY=sk-webui" +
                     " CHROMIUM='" + chromium + "'";
   if (const char* shot = std::getenv("WEBUI_SCREENSHOT")) cmd += std::string(" WEBUI_SCREENSHOT='") + shot + "'";
   cmd += " timeout 120 node tests/e2e/webui.mjs";
   auto r = test::run_command(cmd, true);
   EXPECT_EQ(r.status, 0) << r.output << "\nchat server:\n" << read_all(chat.log) << "\nthink server:\n"
-                         << read_all(think.log);
+                         << read_all(think.log) << "\nkeyed server:\n" << read_all(keyed.log);
   EXPECT_NE(r.output.find(" passed"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("not ok"), std::string::npos) << r.output;
   std::printf("%s", r.output.c_str());
