@@ -12,3 +12,5 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   python3-numpy >/dev/null
 # Node.js and npm run the end-to-end tests with the official openai client (tests/e2e).
 command -v npm >/dev/null || $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+# Chromium runs the chat page's browser test (tests/e2e/webui.mjs, through puppeteer-core).
+command -v chromium >/dev/null || $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null

@@ -32,6 +32,7 @@ struct ServeOptions {
   int64_t max_batch_tokens = 512, max_num_seqs = 64;
   mla::cli::CacheOptions cache;
   mla::cli::CpuOptions cpu{.threads = 0, .precision = "fast"};
+  bool no_webui = false;
   bool no_prefix_cache = false;
   mla::cli::SpeculativeCliOptions spec;
   std::string tool_call_parser, reasoning_parser, chat_template_kwargs, api_key;
@@ -66,6 +67,7 @@ int serve_cmd(int argc, char** argv) {
                             "fast (bf16 activations in the matrix products, AMX for prompts) | precise (float32 throughout)");
   app.add_option("--served-model-name", o.served_model_name, "the model name of the API (default: the folder's name)");
   app.add_flag("--no-prefix-cache", o.no_prefix_cache, "do not share cached prompt prefixes between requests");
+  app.add_flag("--no-webui", o.no_webui, "do not serve the chat page at GET /");
   app.add_option("--tool-call-parser", o.tool_call_parser,
                  "tool-call format of the output: deepseek_v3 | deepseek_v31 | kimi_k2 | glm47 | none "
                  "(default: from the checkpoint)");
@@ -149,6 +151,7 @@ int serve_cmd(int argc, char** argv) {
   sopt.reasoning_parser = o.reasoning_parser;
   sopt.chat_template_kwargs = template_kwargs;
   sopt.api_key = o.api_key;
+  sopt.webui = !o.no_webui;
   sopt.max_queued_requests = o.max_queued_requests;
   sopt.shutdown_timeout = o.shutdown_timeout;
   sopt.read_timeout = o.read_timeout;
@@ -195,6 +198,7 @@ int serve_cmd(int argc, char** argv) {
                sopt.model_name.c_str(), o.host.c_str(), port, (long long)pages, (long long)eo.page_size,
                o.cache.kv_dtype.c_str(), (long long)engine.pool().bytes_per_token(), (long long)eo.max_batch_tokens,
                (long long)engine.options().max_running);
+  if (sopt.webui) std::fprintf(stderr, "mla serve: chat page: http://%s:%d/\n", o.host.c_str(), port);
   std::fflush(stderr);
   server.listen();
   engine.stop();

@@ -39,6 +39,7 @@
 #include "server/http_io.h"
 #include "server/openai.h"
 #include "server/structured.h"
+#include "server/webui.h"
 
 namespace mla::server {
 
@@ -80,7 +81,7 @@ const std::map<std::string, std::string, std::less<>>& known_routes() {
       {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/models", "GET"},
       {"/health", "GET"},          {"/metrics", "GET"},           {"/tokenize", "POST"},
       {"/detokenize", "POST"},     {"/v1/messages", "POST"},      {"/v1/messages/count_tokens", "POST"},
-      {"/v1/responses", "POST"}};
+      {"/v1/responses", "POST"},   {"/", "GET"}};
   return routes;
 }
 
@@ -359,10 +360,6 @@ void Server::Impl::routes() {
         send_error(res, e.status, e.what(), e.param, e.type, e.code);
       }
     });
-  // GET / (and HEAD /, which clients such as Claude Code send to see that the server is up).
-  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("mla serve: the API is under /v1\n", "text/plain; charset=utf-8");
-  });
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     ++liveness_requests;
     if (stopping) {
@@ -377,6 +374,27 @@ void Server::Impl::routes() {
     ++liveness_requests;
     res.set_content(metrics(), "text/plain; version=0.0.4");
   });
+  // The chat page (webui.h): "/" and each of its files, on the work pool, without the API key
+  // (the page asks for it when /v1/* answers 401). no-cache: a restarted server's page is
+  // fetched again.
+  if (opt.webui) {
+    auto serve_asset = [](const httplib::Request& req, httplib::Response& res) {
+      const WebAsset* a = webui_asset(req.path);
+      if (!a) {
+        res.status = 404;  // a path the route's pattern matched loosely: the error handler answers
+        return;
+      }
+      res.set_header("Cache-Control", "no-cache");
+      res.set_content(std::string(a->body), std::string(a->content_type));
+    };
+    http.Get("/", serve_asset);
+    for (const WebAsset& a : webui_assets()) http.Get(std::string(a.path), serve_asset);
+  } else {
+    // HEAD / still answers 200: clients such as Claude Code send it to see that the server is up.
+    http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("mla serve: the chat page is off (--no-webui); the API is under /v1\n", "text/plain; charset=utf-8");
+    });
+  }
   // Statuses without a body (unknown route, wrong method ...) get OpenAI's error object too;
   // a known route asked with another method is a 405 with Allow.
   http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,

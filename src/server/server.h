@@ -4,6 +4,7 @@
 //   POST /v1/responses, GET and DELETE /v1/responses/{id} (OpenAI Responses; api_responses.h)
 //   GET  /v1/models, /health, /metrics (plain text)
 //   POST /tokenize, /detokenize (llama-server / vLLM shapes; agent_api.h)
+//   GET  / and its files: the chat page (webui.h; off with ServerOptions::webui = false)
 // Each generation endpoint answers JSON, or server-sent events with "stream": true. The pieces
 // of the HTTP layer that know no API are in http_io.h.
 //
@@ -52,6 +53,7 @@ struct ServerOptions {
   std::string tool_call_parser, reasoning_parser;
   nlohmann::json chat_template_kwargs = nlohmann::json::object();
   std::string api_key;      // empty: no authentication
+  bool webui = true;        // GET / serves the chat page (webui.h), outside the API key
   // Limits (see above).
   int64_t max_queued_requests = 128;  // generation requests admitted beyond the running ones
   double shutdown_timeout = 30;       // seconds stop() lets the requests in flight run
