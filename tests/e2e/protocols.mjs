@@ -220,7 +220,9 @@ await check('responses: a plain reply with usage', async () => {
 let call;
 await check('responses: a forced function call has JSON arguments valid against the schema', async () => {
   const r = await openai.responses.create({
-    model: 'm', input: 'Weather in Paris?', tools: [responsesTool], tool_choice: { type: 'function', name: 'get_weather' }, max_output_tokens: 64,
+    // A prompt of several cache pages, so that the continuation below finds them cached.
+    model: 'm', input: 'Weather in Paris? ' + 'Answer with the tool, briefly. '.repeat(12), tools: [responsesTool],
+    tool_choice: { type: 'function', name: 'get_weather' }, max_output_tokens: 64,
   });
   call = r.output.find((i) => i.type === 'function_call');
   assert(call, `a function_call item: ${JSON.stringify(r.output)}`);

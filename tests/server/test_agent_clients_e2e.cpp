@@ -1,8 +1,9 @@
-// The coding agents and official SDKs against `mla serve` (tests/e2e): two servers on a
+// The coding agents and official SDKs against `mla serve` (tests/e2e): three servers on a
 // random-weight checkpoint of the deepseek-v3-tiny fixture's shape with DeepSeek-V3's real
 // vocabulary, tokenizer and chat template (the agents' prompts are 10k-20k tokens of DeepSeek's
-// BPE; byte by byte they would be five times longer), one behind --api-key, one whose template
-// opens <think> when `thinking` is set. Then:
+// BPE; byte by byte they would be five times longer): one behind --api-key for the SDKs, one
+// whose template opens <think> when `thinking` is set, and one for the agents whose replies end
+// within a few tokens (make_model). Then:
 //   - OfficialSdks: tests/e2e/protocols.mjs with @anthropic-ai/sdk (Messages) and openai
 //     (Responses);
 //   - ClaudeCode: `claude -p` (@anthropic-ai/claude-code) with ANTHROPIC_BASE_URL on the server;
@@ -91,8 +92,8 @@ std::vector<std::string> serve_args(const fs::path& dir, const std::string& name
 
 // The servers every test of the suite uses, started once.
 struct Servers {
-  test::TempDir agent_dir{"e2e-clients-agent"}, think_dir{"e2e-clients-think"};
-  std::unique_ptr<test::ServeProcess> agent, think;
+  test::TempDir sdk_dir{"e2e-clients-sdk"}, think_dir{"e2e-clients-think"}, agent_dir{"e2e-clients-agent"};
+  std::unique_ptr<test::ServeProcess> sdk, think, agent;
   std::string error;
   Servers() {
     const std::string thinking = thinking_template();
@@ -100,18 +101,23 @@ struct Servers {
       error = "DeepSeek-V3's generation prompt was not found in its template";
       return;
     }
-    make_model(agent_dir.path, v3_template(), /*short_replies=*/true);
+    make_model(sdk_dir.path, v3_template(), /*short_replies=*/false);
     make_model(think_dir.path, thinking, /*short_replies=*/false);
+    make_model(agent_dir.path, v3_template(), /*short_replies=*/true);
+    sdk = std::make_unique<test::ServeProcess>((sdk_dir.path / "serve.log").string(),
+                                               serve_args(sdk_dir.path, "sdk", {"--api-key", "sk-e2e"}));
     agent = std::make_unique<test::ServeProcess>((agent_dir.path / "serve.log").string(),
                                                  serve_args(agent_dir.path, "agent", {"--api-key", "sk-e2e"}));
     think = std::make_unique<test::ServeProcess>(
         (think_dir.path / "serve.log").string(),
         serve_args(think_dir.path, "think", {"--reasoning-parser", "deepseek_r1"}));
-    if (agent->port == 0) error = "the agent server did not start:\n" + read_all(agent->log);
+    if (sdk->port == 0) error = "the SDK server did not start:\n" + read_all(sdk->log);
+    else if (agent->port == 0) error = "the agent server did not start:\n" + read_all(agent->log);
     else if (think->port == 0) error = "the thinking server did not start:\n" + read_all(think->log);
   }
   std::string logs() const {
-    return "\nagent server:\n" + read_all(agent->log) + "\nthink server:\n" + read_all(think->log);
+    return "\nSDK server:\n" + read_all(sdk->log) + "\nthink server:\n" + read_all(think->log) +
+           "\nagent server:\n" + read_all(agent->log);
   }
 };
 
@@ -131,7 +137,7 @@ TEST(AgentClientsE2E, OfficialSdks) {
   REQUIRE_NODE_AND("@anthropic-ai/sdk");
   ASSERT_TRUE(have_package("openai"));
   Servers& s = servers();
-  const std::string cmd = "cd '" + source_dir().string() + "' && MLA_URL=" + s.agent->url() +
+  const std::string cmd = "cd '" + source_dir().string() + "' && MLA_URL=" + s.sdk->url() +
                           " MLA_THINK_URL=" + s.think->url() + " MLA_API_KEY=sk-e2e node tests/e2e/protocols.mjs";
   auto r = test::run_command(cmd, true);
   EXPECT_EQ(r.status, 0) << r.output << s.logs();
