@@ -4,10 +4,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <sstream>
 #include <stdexcept>
@@ -39,6 +44,59 @@ std::vector<int32_t> parse_id_list(const std::string& s, const std::string& opti
   }
   if (ids.empty()) throw std::invalid_argument(option + ": no token ids given");
   return ids;
+}
+
+namespace {
+// One id: the whole token must be a decimal integer in int32 range.
+bool parse_one_id(const std::string& token, int32_t& id) {
+  try {
+    size_t used = 0;
+    long long v = std::stoll(token, &used);
+    if (used != token.size() || v < INT32_MIN || v > INT32_MAX) return false;
+    id = int32_t(v);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+}  // namespace
+
+std::vector<int32_t> parse_id_text(const std::string& text, const std::string& source) {
+  std::vector<int32_t> ids;
+  auto is_separator = [](char c) { return c == ',' || std::isspace(static_cast<unsigned char>(c)); };
+  size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && is_separator(text[i])) ++i;  // a run of separators is one separator
+    if (i == text.size()) break;
+    size_t end = i;
+    while (end < text.size() && !is_separator(text[end])) ++end;
+    std::string token = text.substr(i, end - i);
+    int32_t id = 0;
+    if (!parse_one_id(token, id)) {
+      if (token.size() > 40) token = token.substr(0, 40) + "...";
+      throw std::invalid_argument(source + ": token " + std::to_string(ids.size() + 1) + " ('" + token +
+                                  "') is not an integer token id");
+    }
+    ids.push_back(id);
+    i = end;
+  }
+  if (ids.empty()) throw std::invalid_argument(source + ": no token ids in it");
+  return ids;
+}
+
+std::vector<int32_t> read_id_file(const std::string& path) {
+  const std::string source = "--ids-file " + (path == "-" ? std::string("- (standard input)") : path);
+  std::string text;
+  if (path == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    if (std::cin.bad()) throw std::runtime_error(source + ": cannot read standard input");
+  } else {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw std::runtime_error(source + ": cannot open the file: " + std::strerror(errno));
+    text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    if (f.bad()) throw std::runtime_error(source + ": cannot read the file");
+  }
+  return parse_id_text(text, source);
 }
 
 Command::Command(std::string name, std::string summary, CommandFn fn) {

@@ -15,6 +15,7 @@
 #include <functional>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <span>
 #include <sstream>
@@ -164,14 +165,17 @@ void each_fixed_weight(const ModelWeights& w, F&& f) {
 // The MTP module beside the benchmark's checkpoint: the decoder layer `layers` of the same
 // config one layer longer (random, seed 2), eh_proj (random) and enorm / hnorm /
 // shared_head.norm (ones), written to mtp.safetensors and added to the index and to config.json
-// (num_nextn_predict_layers 1). The main layers' files are not touched. bf16 and fp8 weights
-// (the int4 checkpoint is a kimi_k25 wrapper, left without).
-void add_mtp_module(const std::string& dir, int64_t layers, RandomWeights kind) {
+// (num_nextn_predict_layers 1). The main layers' files are not touched. Every weight format: the
+// int4 checkpoint is a kimi_k25 wrapper, so there the names carry its "language_model." prefix,
+// the count goes into text_config, and eh_proj (bf16 here) joins the INT4 ignore list, which
+// would otherwise ask for it packed as an nn.Linear outside the listed exceptions.
+// `cfg`: the main checkpoint's config with num_hidden_layers layers + 1.
+void add_mtp_module(const std::string& dir, int64_t layers, const nlohmann::json& cfg, RandomWeights kind) {
   RandomCheckpointOptions ro;
   ro.weights = kind;
   ro.seed = 2;
-  const nlohmann::json cfg = bench_checkpoint_config(layers + 1);
-  const std::string pre = "model.layers." + std::to_string(layers) + ".";
+  const std::string pre = std::string(kind == RandomWeights::INT4_EXPERTS ? "language_model." : "") + "model.layers." +
+                          std::to_string(layers) + ".";
   std::vector<TensorSpec> mine;
   for (auto& t : random_tensors(cfg, ro))
     if (t.name.compare(0, pre.size(), pre) == 0) mine.push_back(std::move(t));
@@ -206,7 +210,13 @@ void add_mtp_module(const std::string& dir, int64_t layers, RandomWeights kind) 
   }
   nlohmann::json c;
   std::ifstream(dir + "/config.json") >> c;
-  c["num_nextn_predict_layers"] = 1;
+  if (c.contains("text_config")) {  // the kimi_k25 wrapper of the int4 checkpoint
+    c["text_config"]["num_nextn_predict_layers"] = 1;
+    if (c.contains("quantization_config") && c["quantization_config"].contains("ignore"))
+      c["quantization_config"]["ignore"].push_back("re:.*eh_proj.*");
+  } else {
+    c["num_nextn_predict_layers"] = 1;
+  }
   std::ofstream(dir + "/config.json") << c.dump(2) << "\n";
 }
 
@@ -392,7 +402,10 @@ SpecCosts measure_spec_costs(Model& model, const Options& opt, const ActiveWeigh
   const int64_t k = opt.draft_tokens, passes = std::max<int64_t>(opt.spec_tokens / 4, 4), D = c.hidden_size;
   const int64_t total = opt.context + (opt.runs + 1) * passes + k + 1;
   LatentPool pool = model.make_pool(2 * (pages_for_tokens(total, 64) + 1), 64);
-  LatentPool mtp_pool = model.make_mtp_pool(pages_for_tokens(total, 64) + 1, 64);
+  // Without an MTP module only the plain and verify passes are measured (draft.ms stays 0).
+  const bool with_draft = model.has_mtp();
+  std::optional<LatentPool> mtp_store;
+  if (with_draft) mtp_store.emplace(model.make_mtp_pool(pages_for_tokens(total, 64) + 1, 64));
   // Two sequences of the same prompt: one decoded plainly, one speculatively.
   PageTable plain, spec, mtp_seq;
   int64_t mtp_first = -1;  // the position of the MTP cache's row 0
@@ -426,6 +439,8 @@ SpecCosts measure_spec_costs(Model& model, const Options& opt, const ActiveWeigh
       model.forward(std::span<SeqSlice>(&v, 1), pool, vo, logits);
       model.set_profile(nullptr);
       pool.truncate(spec, pos + 1);  // every draft rejected: the last token's row stays
+      if (!with_draft) continue;
+      LatentPool& mtp_pool = *mtp_store;
       if (mtp_first < 0) mtp_first = pos;
       auto next = ids(1);
       MtpSlice m{&mtp_seq, next, hidden.data(), pos};
@@ -509,7 +524,15 @@ Report run(const Options& opt) {
                                   .string()
                             : opt.dir;
   const std::string stamp = rep.dir + "/mla-bench.json";
-  const nlohmann::json want = {{"config", "v2_lite"}, {"layers", opt.layers}, {"weights", opt.weights}, {"seed", 1}};
+  // The checkpoint's config at n layers: the benchmark's own unless the caller gave one.
+  auto checkpoint_config = [&](int64_t n) {
+    if (opt.checkpoint_config.is_null()) return bench_checkpoint_config(n);
+    nlohmann::json c = opt.checkpoint_config;
+    c["num_hidden_layers"] = n;
+    return c;
+  };
+  const nlohmann::json want = {{"config", opt.checkpoint_config.is_null() ? nlohmann::json("v2_lite") : opt.checkpoint_config},
+                               {"layers", opt.layers}, {"weights", opt.weights}, {"seed", 1}};
   if (std::filesystem::exists(rep.dir + "/config.json")) {
     nlohmann::json have;
     if (std::ifstream f(stamp); f) f >> have;
@@ -526,14 +549,14 @@ Report run(const Options& opt) {
     ro.seed = 1;
     ro.shards = 4;
     ro.progress = !opt.quiet;
-    write_random_checkpoint(rep.dir, bench_checkpoint_config(opt.layers), ro);
+    write_random_checkpoint(rep.dir, checkpoint_config(opt.layers), ro);
     std::ofstream(stamp) << want.dump() << "\n";
     rep.write_seconds = seconds_since(t0);
   }
 
-  if (kind != RandomWeights::INT4_EXPERTS && !std::filesystem::exists(rep.dir + "/mtp.safetensors")) {
+  if (!std::filesystem::exists(rep.dir + "/mtp.safetensors")) {
     say("adding an MTP module (mtp.safetensors) ...");
-    add_mtp_module(rep.dir, opt.layers, kind);
+    add_mtp_module(rep.dir, opt.layers, checkpoint_config(opt.layers + 1), kind);
   }
 
   auto t0 = Clock::now();
@@ -694,7 +717,10 @@ Report run(const Options& opt) {
       say("  acceptance " + std::to_string(a) + (adaptive ? "" : " (gate off)") + ": " + std::to_string(row.ratio.median) + "x plain");
     }
     const quant::QuantFormat head = quant::parse_quant_format(opt.draft_head, "--draft-head");
-    if (model->has_mtp()) {
+    if (!model->has_mtp()) {
+      rep.mtp_missing = "the checkpoint in " + rep.dir + " has no MTP module (num_nextn_predict_layers 0 or no eh_proj)";
+      say("  skipping the MTP module's drafts: " + rep.mtp_missing);
+    } else {
       rep.have_mtp = true;
       EngineOptions so = eo;
       so.speculative.enabled = true;
@@ -963,12 +989,15 @@ std::string format_report(const Report& r) {
                       sc.draft_head_error);
         pass_line(what, sc.draft);
       }
-      std::snprintf(buf, sizeof buf,
-                    "  against a plain pass: verify %.2fx by time, %.2fx by bytes; MTP draft %.2fx by time, %.2fx by "
-                    "bytes\n",
-                    sc.verify.ms / sc.plain.ms, sc.verify.bytes / sc.plain.bytes, sc.draft.ms / sc.plain.ms,
-                    sc.draft.bytes / sc.plain.bytes);
+      std::snprintf(buf, sizeof buf, "  against a plain pass: verify %.2fx by time, %.2fx by bytes",
+                    sc.verify.ms / sc.plain.ms, sc.verify.bytes / sc.plain.bytes);
       o << buf;
+      if (sc.draft.ms > 0) {
+        std::snprintf(buf, sizeof buf, "; MTP draft %.2fx by time, %.2fx by bytes", sc.draft.ms / sc.plain.ms,
+                      sc.draft.bytes / sc.plain.bytes);
+        o << buf;
+      }
+      o << "\n";
     }
     for (const SpecRow& s : r.spec) {
       char what[64];
@@ -983,6 +1012,8 @@ std::string format_report(const Report& r) {
                     "weights %.2f)\n",
                     r.mtp_draft_ms, r.mtp_cost_ratio, r.mtp_acceptance);
       o << buf;
+    } else if (!r.mtp_missing.empty()) {
+      o << "  MTP rows skipped: " << r.mtp_missing << "\n";
     }
   }
   if (r.prompt_tps.median > 0) {

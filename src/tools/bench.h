@@ -117,6 +117,10 @@ struct Options {
   int64_t draft_tokens = 1;
   std::string draft_head = "int4";  // the MTP drafts' head: bf16 (as stored) | fp8 | int4
   bool quiet = false;
+  // The checkpoint's config.json with num_hidden_layers replaced by `layers` (and layers + 1 for
+  // the MTP module's layer). Null: bench_checkpoint_config, DeepSeek-V2-Lite's shape, the one
+  // every recorded figure used. Tests give a small model of the same family so a run takes seconds.
+  nlohmann::json checkpoint_config;
   LoadQuantization quantize;  // quantize at load (weights as stored when unset)
   bool amx = true;            // false: the AVX-512 BF16 kernels where the CPU has AMX (cpu::Context::amx)
   cpu::Context::VectorGemm vector_gemm = cpu::Context::VectorGemm::Auto;  // cpu::Context::vector_gemm
@@ -199,6 +203,7 @@ struct Report {
   // The MTP module's own drafts (when the checkpoint has one): its cost per verify step against
   // a plain decode step, its acceptance on these random weights, and the tokens/s ratio.
   bool have_mtp = false;
+  std::string mtp_missing;  // without it: why (the MTP rows and the draft pass are left out)
   double mtp_draft_ms = 0, mtp_cost_ratio = 0, mtp_acceptance = 0;
   SpecRow mtp;
   SpecCosts spec_costs;

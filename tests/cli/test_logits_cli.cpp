@@ -1,6 +1,8 @@
 // `mla logits` end to end: the file it writes, and its errors.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "test_util.h"
 
 namespace mla {
@@ -31,6 +33,61 @@ TEST(CliLogits, WritesTheGoldenLogitsInEveryMode) {
     EXPECT_EQ(t->dtype, DType::F32);
     EXPECT_EQ(t->shape, (std::vector<int64_t>{int64_t(ids.size()), 512}));
     EXPECT_LE(test::max_abs_diff(test::read_f32(*t), want), 1e-3f) << extra;
+  }
+}
+
+// --ids-file: the ids of a sequence too long for one argument (Linux caps one at 128 KiB). A file
+// of ids split by newlines, commas and spaces, or the same on standard input, gives the logits
+// --ids gives.
+TEST(CliLogits, IdsFileGivesTheLogitsOfIds) {
+  const std::string dir = test::fixture("deepseek-v2-lite-tiny"), bin = MLA_BINARY;
+  SafetensorsFile golden(dir + "/golden.safetensors");
+  auto ids = test::read_ids(*golden.find("seq1_ids"));
+  ASSERT_GE(ids.size(), 3u);
+  std::string list, text;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) list += ',';
+    list += std::to_string(ids[i]);
+    // Every separator the file may hold: a newline, a comma, a comma then a newline, spaces and a tab.
+    const char* sep[] = {"\n", ",", ",\n", "  \t"};
+    text += std::to_string(ids[i]) + sep[i % 4];
+  }
+  test::TempDir tmp("cli");
+  std::ofstream(tmp / "ids.txt") << text;
+  auto logits_of = [&](const std::string& how, const std::string& name) {
+    auto r = sh(bin + " logits -m " + dir + " --out " + (tmp / name) + " " + how);
+    EXPECT_EQ(r.status, 0) << how << "\n" << r.output;
+    SafetensorsFile out(tmp / name);
+    const TensorInfo* t = out.find("logits");
+    EXPECT_NE(t, nullptr) << how;
+    if (!t) return std::vector<float>{};
+    EXPECT_EQ(t->shape, (std::vector<int64_t>{int64_t(ids.size()), 512})) << how;
+    return test::read_f32(*t);
+  };
+  const auto want = logits_of("--ids " + list, "ids.safetensors");
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(logits_of("--ids-file " + (tmp / "ids.txt"), "file.safetensors"), want);
+  EXPECT_EQ(logits_of("--ids-file - < " + (tmp / "ids.txt"), "stdin.safetensors"), want);
+}
+
+TEST(CliLogits, IdsFileErrorsNameTheProblem) {
+  const std::string m = test::fixture("deepseek-v3-tiny"), bin = MLA_BINARY;
+  test::TempDir tmp("cli");
+  const std::string out = " --out " + (tmp / "x.safetensors");
+  std::ofstream(tmp / "bad.txt") << "1, 2\n3 4x 5\n";
+  std::ofstream(tmp / "empty.txt") << " ,\n\n";
+  std::ofstream(tmp / "good.txt") << "1 2";
+  for (auto [args, fragment] : std::vector<std::pair<std::string, std::string>>{
+           {"--ids-file " + (tmp / "missing.txt"), "missing.txt: cannot open"},
+           {"--ids-file " + (tmp / "bad.txt"), "token 4 ('4x') is not an integer token id"},
+           {"--ids-file " + (tmp / "empty.txt"), "no token ids"},
+           {"--ids-file - < " + (tmp / "empty.txt"), "standard input"},
+           {"--ids 1,2 --ids-file " + (tmp / "good.txt"), "excludes"},
+           {"", "--ids-file"},
+       }) {
+    auto r = sh(bin + " logits -m " + m + out + " " + args);
+    EXPECT_NE(r.status, 0) << args;
+    EXPECT_NE(r.output.find(fragment), std::string::npos) << args << "\n" << r.output;
   }
 }
 
