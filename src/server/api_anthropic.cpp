@@ -246,10 +246,10 @@ class BlockStream {
           }
           pending_ += d.text;
           if (pending_.find_first_not_of(" \t\r\n") != std::string::npos) {
-            close(out);
+            std::string text = std::move(pending_);
+            close(out);  // clears pending_
             start(Open::Text, {{"type", "text"}, {"text", ""}}, out);
-            delta({{"type", "text_delta"}, {"text", pending_}}, out);
-            pending_.clear();
+            delta({{"type", "text_delta"}, {"text", std::move(text)}}, out);
           }
           break;
         case chat::ChatDelta::Kind::CallStart:
