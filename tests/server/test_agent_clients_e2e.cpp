@@ -154,7 +154,7 @@ TEST(AgentClientsE2E, ClaudeCodePrint) {
                           "' ANTHROPIC_BASE_URL=" + s.agent->url() +
                           " ANTHROPIC_AUTH_TOKEN=sk-e2e ANTHROPIC_MODEL=agent ANTHROPIC_SMALL_FAST_MODEL=agent"
                           " CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 timeout 300 '" +
-                          (e2e_dir() / "node_modules/.bin/claude").string() + "' -p 'Say hello' --model agent";
+                          (e2e_dir() / "node_modules/.bin/claude").string() + "' -p 'Say hello' --model agent < /dev/null";
   auto r = test::run_command(cmd, true);
   EXPECT_EQ(r.status, 0) << r.output << s.logs();
   EXPECT_EQ(r.output.find("API Error"), std::string::npos) << r.output;
@@ -171,7 +171,7 @@ TEST(AgentClientsE2E, CodexExec) {
   const std::string cmd = "cd '" + work.path.string() + "' && HOME='" + work.path.string() + "' CODEX_HOME='" +
                           codex_home.path.string() + "' MLA_KEY=sk-e2e timeout 300 '" +
                           (e2e_dir() / "node_modules/.bin/codex").string() +
-                          "' exec --skip-git-repo-check 'Say hello'";
+                          "' exec --skip-git-repo-check 'Say hello' < /dev/null";
   auto r = test::run_command(cmd, true);
   EXPECT_EQ(r.status, 0) << r.output << s.logs();
   EXPECT_EQ(r.output.find("ERROR"), std::string::npos) << r.output;
