@@ -41,6 +41,8 @@ inline CommandResult run_mla(const std::string& args, bool with_stderr = true) {
 }
 
 inline std::string shared_dir() { return MLA_SHARED_DIR; }
+// The checkout the tests were built from (tests/e2e, src/server/webui ...).
+inline std::filesystem::path source_dir() { return MLA_SOURCE_DIR; }
 inline std::string fixture(const std::string& name) { return shared_dir() + "/fixtures/models/" + name; }
 inline std::vector<std::string> model_fixtures() {
   return {"deepseek-v3-tiny",   "deepseek-v3-yarn-tiny", "deepseek-v3-fp8-tiny", "deepseek-v2-lite-tiny",

@@ -10,6 +10,7 @@
 // reasoning split, streamed == not streamed, errors), not what it answers.
 // Prints one line per check and exits non-zero if any failed.
 import OpenAI from 'openai';
+import { assert, check, equal, finish } from './harness.mjs';
 
 const url = process.env.MLA_URL, thinkUrl = process.env.MLA_THINK_URL, key = process.env.MLA_API_KEY;
 if (!url || !thinkUrl || !key) {
@@ -19,24 +20,6 @@ if (!url || !thinkUrl || !key) {
 const client = new OpenAI({ baseURL: url + '/v1', apiKey: key, maxRetries: 0, timeout: 120000 });
 const think = new OpenAI({ baseURL: thinkUrl + '/v1', apiKey: 'unused', maxRetries: 0, timeout: 120000 });
 
-let failures = 0, count = 0;
-async function check(name, fn) {
-  ++count;
-  try {
-    await fn();
-    console.log(`ok ${count} - ${name}`);
-  } catch (e) {
-    ++failures;
-    console.log(`not ok ${count} - ${name}\n  ${String(e && e.stack || e).split('\n').join('\n  ')}`);
-  }
-}
-function assert(cond, msg) {
-  if (!cond) throw new Error(msg);
-}
-function equal(a, b, msg) {
-  const sa = JSON.stringify(a), sb = JSON.stringify(b);
-  if (sa !== sb) throw new Error(`${msg}: ${sa} !== ${sb}`);
-}
 
 // A validator for the JSON Schema subset these tests use.
 function validate(schema, v, path = '$') {
@@ -338,5 +321,4 @@ await check('/tokenize and /detokenize round-trip', async () => {
   equal(d.content, 'hello world', 'content');
 });
 
-console.log(`${count - failures}/${count} passed`);
-process.exit(failures ? 1 : 0);
+finish();

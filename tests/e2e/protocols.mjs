@@ -11,6 +11,7 @@
 // Prints one line per check and exits non-zero if any failed.
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
+import { assert, check, equal, finish } from './harness.mjs';
 
 const url = process.env.MLA_URL, thinkUrl = process.env.MLA_THINK_URL, key = process.env.MLA_API_KEY;
 if (!url || !thinkUrl || !key) {
@@ -24,24 +25,6 @@ const claudeThink = new Anthropic({ baseURL: thinkUrl, apiKey: 'unused', ...opts
 const openai = new OpenAI({ baseURL: url + '/v1', apiKey: key, ...opts });
 const openaiThink = new OpenAI({ baseURL: thinkUrl + '/v1', apiKey: 'unused', ...opts });
 
-let failures = 0, count = 0;
-async function check(name, fn) {
-  ++count;
-  try {
-    await fn();
-    console.log(`ok ${count} - ${name}`);
-  } catch (e) {
-    ++failures;
-    console.log(`not ok ${count} - ${name}\n  ${String(e && e.stack || e).split('\n').join('\n  ')}`);
-  }
-}
-function assert(cond, msg) {
-  if (!cond) throw new Error(msg);
-}
-function equal(a, b, msg) {
-  const sa = JSON.stringify(a), sb = JSON.stringify(b);
-  if (sa !== sb) throw new Error(`${msg}: ${sa} !== ${sb}`);
-}
 async function rejects(promise, status, pattern, msg) {
   try {
     await promise;
@@ -330,5 +313,4 @@ await check('responses: errors in OpenAI shape (bad type, wrong key)', async () 
   await rejects(bad.responses.create({ model: 'm', input: 'Hi' }), 401, null, 'wrong key');
 });
 
-console.log(`${count - failures} passed, ${failures} failed`);
-process.exit(failures ? 1 : 0);
+finish();

@@ -12,6 +12,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import puppeteer from 'puppeteer-core';
+import { assert, check, equal, finish } from './harness.mjs';
 
 const url = process.env.WEBUI_URL, thinkUrl = process.env.WEBUI_THINK_URL;
 const keyUrl = process.env.WEBUI_KEY_URL, apiKey = process.env.WEBUI_API_KEY;
@@ -20,20 +21,6 @@ if (!url || !thinkUrl || !keyUrl || !apiKey) {
   process.exit(2);
 }
 
-let failures = 0, count = 0;
-async function check(name, fn) {
-  ++count;
-  try {
-    await fn();
-    console.log(`ok ${count} - ${name}`);
-  } catch (e) {
-    ++failures;
-    console.log(`not ok ${count} - ${name}\n  ${String((e && e.stack) || e).split('\n').join('\n  ')}`);
-  }
-}
-function assert(cond, msg) {
-  if (!cond) throw new Error(msg);
-}
 
 const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'mla-webui-'));
 const browser = await puppeteer.launch({
@@ -278,5 +265,4 @@ await check('no console errors and no other origin over the whole session', asyn
 
 await browser.close();
 fs.rmSync(profile, { recursive: true, force: true });
-console.log(failures ? `${failures} of ${count} failed` : `${count} passed`);
-process.exit(failures ? 1 : 0);
+finish();

@@ -28,15 +28,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using test::read_all;
 
-fs::path source_dir() {
-  std::string s = MLA_SHARED_DIR;
-  const std::string tail = "/../shared";
-  if (s.size() > tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0)
-    return fs::path(s.substr(0, s.size() - tail.size()));
-  return fs::path(s).parent_path();
-}
-
-fs::path e2e_dir() { return source_dir() / "tests/e2e"; }
+fs::path e2e_dir() { return test::source_dir() / "tests/e2e"; }
 
 bool have_package(const std::string& name) { return fs::exists(e2e_dir() / "node_modules" / name / "package.json"); }
 
@@ -137,7 +129,7 @@ TEST(AgentClientsE2E, OfficialSdks) {
   REQUIRE_NODE_AND("@anthropic-ai/sdk");
   ASSERT_TRUE(have_package("openai"));
   Servers& s = servers();
-  const std::string cmd = "cd '" + source_dir().string() + "' && MLA_URL=" + s.sdk->url() +
+  const std::string cmd = "cd '" + test::source_dir().string() + "' && MLA_URL=" + s.sdk->url() +
                           " MLA_THINK_URL=" + s.think->url() + " MLA_API_KEY=sk-e2e node tests/e2e/protocols.mjs";
   auto r = test::run_command(cmd, true);
   EXPECT_EQ(r.status, 0) << r.output << s.logs();

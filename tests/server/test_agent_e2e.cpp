@@ -19,15 +19,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// The checkout: MLA_SHARED_DIR is "<source>/../shared".
-fs::path source_dir() {
-  std::string s = MLA_SHARED_DIR;
-  const std::string tail = "/../shared";
-  if (s.size() > tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0)
-    return fs::path(s.substr(0, s.size() - tail.size()));
-  return fs::path(s).parent_path();
-}
-
 using test::read_all;
 
 // A model folder: the fixture, a byte-level tokenizer, the given chat template.
@@ -47,7 +38,7 @@ std::vector<std::string> serve_args(const fs::path& dir, const std::string& name
 }
 
 TEST(AgentE2E, OfficialOpenAiClient) {
-  const fs::path src = source_dir();
+  const fs::path src = test::source_dir();
   if (test::run_command("command -v node >/dev/null 2>&1").status != 0)
     GTEST_SKIP() << "node is not installed: the agent end-to-end suite did not run";
   if (!fs::exists(src / "tests/e2e/node_modules/openai/package.json"))

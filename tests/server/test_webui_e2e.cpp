@@ -22,15 +22,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using test::read_all;
 
-// The checkout: MLA_SHARED_DIR is "<source>/../shared".
-fs::path source_dir() {
-  std::string s = MLA_SHARED_DIR;
-  const std::string tail = "/../shared";
-  if (s.size() > tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0)
-    return fs::path(s.substr(0, s.size() - tail.size()));
-  return fs::path(s).parent_path();
-}
-
 // Positions enough for the Stop check's long reply to still be running when Stop is clicked.
 constexpr int kContext = 4096;
 
@@ -53,7 +44,7 @@ std::vector<std::string> serve_args(const fs::path& dir, const std::string& name
 }
 
 TEST(WebUiE2E, ChromiumChat) {
-  const fs::path src = source_dir();
+  const fs::path src = test::source_dir();
   const char* chromium_env = std::getenv("CHROMIUM");
   const std::string chromium = chromium_env ? chromium_env : "/usr/bin/chromium";
   if (test::run_command("command -v node >/dev/null 2>&1").status != 0)
