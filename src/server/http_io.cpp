@@ -66,6 +66,10 @@ Head examine(std::string& buf, size_t max_header, size_t max_body, bool continue
   uint64_t length = 0;
   bool have_length = false, expect_continue = false;
   size_t expect_begin = 0, expect_end = 0;
+  // Every route takes JSON: a body labelled a form (curl -d's default) is passed on labelled
+  // JSON, which cpp-httplib would otherwise parse as form fields and refuse past 8 KiB.
+  size_t form_begin = std::string::npos, form_size = 0;
+  static constexpr std::string_view kJson = "application/json";
   size_t pos = eol == std::string_view::npos ? head.size() : eol + 1;
   while (pos < head.size()) {
     size_t next = head.find('\n', pos);
@@ -95,6 +99,9 @@ Head examine(std::string& buf, size_t max_header, size_t max_body, bool continue
         h.kind = Head::Reject, h.status = 411;
         h.message = "request bodies must come with a Content-Length (Transfer-Encoding is not supported)";
         return h;
+      } else if (iequals(name, "content-type") &&
+                 iequals(trim(value.substr(0, value.find(';'))), "application/x-www-form-urlencoded")) {
+        form_begin = size_t(value.data() - buf.data()), form_size = value.size();
       } else if (iequals(name, "expect") && iequals(value, "100-continue")) {
         expect_continue = true;
         // the line and its end (for the last line, the first half of the blank line's separator)
@@ -109,11 +116,20 @@ Head examine(std::string& buf, size_t max_header, size_t max_body, bool continue
                 std::to_string(max_body) + " bytes";
     return h;
   }
+  // The edits of the head, the later one first so that the earlier one's offsets still hold;
+  // each shortens buf in place, so the views into its request line stay valid.
+  auto relabel_form = [&] {
+    if (form_begin == std::string::npos) return;
+    buf.replace(form_begin, form_size, kJson);
+    end -= form_size - kJson.size();
+  };
+  if (form_begin != std::string::npos && (!expect_continue || form_begin > expect_begin)) relabel_form(), form_begin = std::string::npos;
   if (expect_continue) {  // answered here; cpp-httplib never sees the header
     buf.erase(expect_begin, expect_end - expect_begin);
     end -= expect_end - expect_begin;
     h.send_continue = !continue_sent && length > 0;
   }
+  relabel_form();
   if (buf.size() < end + sep + length) return h;
   h.kind = Head::Complete;
   h.method = method;

@@ -404,6 +404,35 @@ TEST(ServerLimits, DrainFinishesThenCutsWithErrorEventAndDone) {
 }
 
 
+// curl -d labels a body application/x-www-form-urlencoded; every route reads JSON, so such a
+// body is read as JSON whatever its size (cpp-httplib's form parser refuses forms past 8 KiB),
+// with or without Expect: 100-continue before or after the label.
+TEST(ServerLimits, BodiesLabelledAsFormsAreReadAsJson) {
+  Local l(small_engine(), {}, /*threaded=*/true);
+  // Past 8 KiB in stop strings: the tiny model's context holds 256 tokens.
+  const std::string body = json({{"prompt", "a"},
+                                 {"max_tokens", 1},
+                                 {"stop", {std::string(4000, 'x'), std::string(4000, 'y'), std::string(4000, 'z')}}})
+                               .dump();
+  for (const std::string& headers :
+       {std::string("Content-Type: application/x-www-form-urlencoded\r\n"),
+        std::string("Expect: 100-continue\r\nContent-Type: application/x-www-form-urlencoded; charset=utf-8\r\n"),
+        std::string("Content-Type: application/x-www-form-urlencoded\r\nExpect: 100-continue\r\n")}) {
+    Raw c(l.port);
+    const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers +
+                             "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+    ASSERT_TRUE(c.send(head));
+    if (headers.find("Expect") != std::string::npos) {
+      const std::string cont = c.read_until("100 Continue\r\n\r\n", 5000);
+      ASSERT_NE(cont.find("HTTP/1.1 100 Continue"), std::string::npos) << cont;
+    }
+    ASSERT_TRUE(c.send(body));
+    const std::string reply = c.read_all(30000);
+    EXPECT_NE(reply.find("HTTP/1.1 200"), std::string::npos) << headers << reply.substr(0, 300);
+    EXPECT_NE(reply.find("\"text_completion\""), std::string::npos) << reply.substr(0, 300);
+  }
+}
+
 // The Messages and Responses endpoints run the same request path as chat completions: the
 // same bound answers 429 (in each API's error shape), a client that goes away has its request
 // cancelled, a waiting stream gets keep-alive events, and the shutdown cut ends a stream with
