@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -29,6 +31,27 @@ namespace mla::test {
 inline std::string read_all(const std::string& path) {
   std::ifstream in(path);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// DeepSeek-V3's chat template (the tokenizer fixture's).
+inline std::string deepseek_v3_template() {
+  const nlohmann::json cfg =
+      nlohmann::json::parse(read_all(shared_dir() + "/fixtures/tokenizer/deepseek-v3/tokenizer_config.json"));
+  return cfg["chat_template"].get<std::string>();
+}
+
+// DeepSeek-V3's template whose generation prompt opens <think> when the Jinja condition holds
+// ("thinking": the template variable; "true": always); "" when its generation prompt is not
+// where it was (the fixture changed).
+inline std::string deepseek_v3_thinking_template(const std::string& condition) {
+  std::string t = deepseek_v3_template();
+  const std::string gen = "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}{% endif %}";
+  const size_t at = t.find(gen);
+  if (at == std::string::npos) return {};
+  t.replace(at, gen.size(),
+            "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}{% if " + condition +
+                " %}{{'<think>\\n'}}{% endif %}{% endif %}");
+  return t;
 }
 
 // The deepseek-v3-tiny fixture (without its golden logits) and a byte-level tokenizer in dir;

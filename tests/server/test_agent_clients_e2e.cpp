@@ -57,23 +57,6 @@ void make_model(const fs::path& dir, const std::string& chat_template, bool shor
   std::ofstream(dir / "generation_config.json") << json({{"bos_token_id", 0}, {"eos_token_id", eos}}).dump();
 }
 
-std::string v3_template() {
-  const json cfg = json::parse(read_all(test::shared_dir() + "/fixtures/tokenizer/deepseek-v3/tokenizer_config.json"));
-  return cfg["chat_template"].get<std::string>();
-}
-
-// DeepSeek-V3's template whose generation prompt opens <think> when `thinking` is set.
-std::string thinking_template() {
-  std::string t = v3_template();
-  const std::string gen = "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}{% endif %}";
-  const size_t at = t.find(gen);
-  if (at == std::string::npos) return {};
-  t.replace(at, gen.size(),
-            "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}"
-            "{% if thinking %}{{'<think>\\n'}}{% endif %}{% endif %}");
-  return t;
-}
-
 std::vector<std::string> serve_args(const fs::path& dir, const std::string& name, std::vector<std::string> extra) {
   std::vector<std::string> args = {"-m", dir.string(), "--threads", "2", "--kv-cache-gb", "0.1",
                                    "--page-size", "16", "--max-batch-tokens", "2048",
@@ -88,14 +71,14 @@ struct Servers {
   std::unique_ptr<test::ServeProcess> sdk, think, agent;
   std::string error;
   Servers() {
-    const std::string thinking = thinking_template();
+    const std::string thinking = test::deepseek_v3_thinking_template("thinking");
     if (thinking.empty()) {
       error = "DeepSeek-V3's generation prompt was not found in its template";
       return;
     }
-    make_model(sdk_dir.path, v3_template(), /*short_replies=*/false);
+    make_model(sdk_dir.path, test::deepseek_v3_template(), /*short_replies=*/false);
     make_model(think_dir.path, thinking, /*short_replies=*/false);
-    make_model(agent_dir.path, v3_template(), /*short_replies=*/true);
+    make_model(agent_dir.path, test::deepseek_v3_template(), /*short_replies=*/true);
     sdk = std::make_unique<test::ServeProcess>((sdk_dir.path / "serve.log").string(),
                                                serve_args(sdk_dir.path, "sdk", {"--api-key", "sk-e2e"}));
     agent = std::make_unique<test::ServeProcess>((agent_dir.path / "serve.log").string(),

@@ -44,14 +44,9 @@ TEST(AgentE2E, OfficialOpenAiClient) {
   if (!fs::exists(src / "tests/e2e/node_modules/openai/package.json"))
     GTEST_SKIP() << "the openai npm package is missing: run `npm ci --prefix tests/e2e` (the agent end-to-end suite "
                     "did not run)";
-  const json tok_cfg = json::parse(read_all(test::shared_dir() + "/fixtures/tokenizer/deepseek-v3/tokenizer_config.json"));
-  const std::string v3 = tok_cfg["chat_template"].get<std::string>();
-  const std::string gen = "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}{% endif %}";
-  ASSERT_NE(v3.find(gen), std::string::npos) << "DeepSeek-V3's generation prompt";
-  std::string thinking = v3;
-  thinking.replace(thinking.find(gen), gen.size(),
-                   "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}"
-                   "{% if thinking %}{{'<think>\\n'}}{% endif %}{% endif %}");
+  const std::string v3 = test::deepseek_v3_template();
+  const std::string thinking = test::deepseek_v3_thinking_template("thinking");
+  ASSERT_FALSE(thinking.empty()) << "DeepSeek-V3's generation prompt";
 
   test::TempDir agent_dir("e2e-agent"), think_dir("e2e-think");
   make_model(agent_dir.path, v3);

@@ -54,13 +54,9 @@ TEST(WebUiE2E, ChromiumChat) {
   if (!fs::exists(src / "tests/e2e/node_modules/puppeteer-core/package.json"))
     GTEST_SKIP() << "the puppeteer-core npm package is missing: run `npm ci --prefix tests/e2e` (the chat page's "
                     "browser test did not run)";
-  const json tok_cfg = json::parse(read_all(test::shared_dir() + "/fixtures/tokenizer/deepseek-v3/tokenizer_config.json"));
-  const std::string v3 = tok_cfg["chat_template"].get<std::string>();
-  const std::string gen = "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}{% endif %}";
-  ASSERT_NE(v3.find(gen), std::string::npos) << "DeepSeek-V3's generation prompt";
-  std::string thinking = v3;
-  thinking.replace(thinking.find(gen), gen.size(),
-                   "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}{{'<think>\\n'}}{% endif %}");
+  const std::string v3 = test::deepseek_v3_template();
+  const std::string thinking = test::deepseek_v3_thinking_template("true");
+  ASSERT_FALSE(thinking.empty()) << "DeepSeek-V3's generation prompt";
 
   test::TempDir chat_dir("webui-chat"), think_dir("webui-think");
   make_model(chat_dir.path, v3);
