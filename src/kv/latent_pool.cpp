@@ -168,6 +168,41 @@ bool LatentPool::fork(const PageTable& src, int64_t prefix, PageTable* out) {
   return true;
 }
 
+void LatentPool::retain(int32_t page) {
+  if (page < 0 || page >= num_pages_ || refs_[size_t(page)] < 1)
+    throw std::logic_error("LatentPool::retain: page " + std::to_string(page) + " is not in use");
+  ++refs_[size_t(page)];
+}
+
+void LatentPool::drop(int32_t page) {
+  if (page < 0 || page >= num_pages_ || refs_[size_t(page)] < 1)
+    throw std::logic_error("LatentPool::drop: page " + std::to_string(page) + " is not in use");
+  if (--refs_[size_t(page)] == 0) free_.push_back(page);
+}
+
+std::vector<std::span<const uint8_t>> LatentPool::page_parts(int32_t page) const {
+  std::vector<std::span<const uint8_t>> parts;
+  for (int64_t l = 0; l < num_layers_; ++l) parts.emplace_back(row_ptr(l, page, 0), size_t(page_size_ * row_bytes_));
+  for (int64_t l = 0; l < int64_t(index_layers_.size()); ++l)
+    parts.emplace_back(index_ptr(l, page, 0), size_t(page_size_ * index_row_bytes_));
+  return parts;
+}
+
+void LatentPool::copy_page_out(int32_t page, uint8_t* out) const {
+  for (std::span<const uint8_t> part : page_parts(page)) {
+    std::memcpy(out, part.data(), part.size());
+    out += part.size();
+  }
+}
+
+void LatentPool::copy_page_in(int32_t page, const uint8_t* in) {
+  if (refs_.at(size_t(page)) != 1) throw std::logic_error("LatentPool::copy_page_in: the page must be held once");
+  for (std::span<const uint8_t> part : page_parts(page)) {
+    std::memcpy(const_cast<uint8_t*>(part.data()), in, part.size());
+    in += part.size();
+  }
+}
+
 uint8_t* LatentPool::row_ptr(int64_t layer, int32_t page, int64_t slot) {
   return layers_[size_t(layer)].data() + (int64_t(page) * page_size_ + slot) * row_bytes_;
 }

@@ -9,6 +9,7 @@
 // fp8_act_scale, power-of-two scales where index_pow2_scales, the checkpoint's scale_fmt ue8m0).
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,17 @@ class LatentPool {
   bool fork(const PageTable& src, int64_t prefix, PageTable* out);
   // Truncates a sequence to `length` tokens, releasing pages past it.
   void truncate(PageTable& seq, int64_t length);
+
+  // One page on its own, for the prefix cache's tiers (kv/prefix_cache.h): another reference
+  // to a page in use, and giving one back (the page is free when none is left).
+  void retain(int32_t page);
+  void drop(int32_t page);
+  // A page's bytes as stored, every layer's latent rows then every layer's indexer keys
+  // (bytes_per_page() in all): the parts in that order (views into the pool, valid while the
+  // page is held), a copy of them, and writing them back into a page held by one sequence.
+  std::vector<std::span<const uint8_t>> page_parts(int32_t page) const;
+  void copy_page_out(int32_t page, uint8_t* out) const;
+  void copy_page_in(int32_t page, const uint8_t* in);
 
   // One token's row: c (kv_lora_rank floats) and k_pe (rope_dim floats), at position pos.
   void write(int64_t layer, const PageTable& seq, int64_t pos, const float* c, const float* k_pe);

@@ -1,84 +1,269 @@
-// PrefixCache: page-aligned prefixes by reference count, LRU eviction (see prefix_cache.h).
+// PrefixCache: the prompt cache's three tiers over the latent pool (see prefix_cache.h).
 #include "kv/prefix_cache.h"
 
 #include <algorithm>
 #include <stdexcept>
-#include <unordered_map>
 
 namespace mla {
 
-PrefixCache::PrefixCache(LatentPool& pool, int64_t max_entries) : pool_(pool), max_entries_(max_entries) {
-  if (max_entries_ < 1) throw std::invalid_argument("prefix cache: max_entries must be at least 1");
+PrefixCache::PrefixCache(LatentPool& pool, PrefixCacheOptions opt) : pool_(pool), opt_(std::move(opt)) {
+  if (opt_.ram_bytes < 0 || opt_.disk_bytes < 0) throw std::invalid_argument("prompt cache: budgets must not be negative");
+  for (auto part : pool_.page_parts(0)) part_bytes_.push_back(int64_t(part.size()));
+  if (opt_.ram_bytes > 0) ram_ = std::make_unique<HostTier>(opt_.ram_bytes);
+  if (!opt_.disk_dir.empty() && opt_.disk_bytes > 0) {
+    if (opt_.fingerprint.empty())
+      throw std::invalid_argument("prompt cache: the disk tier needs the checkpoint's fingerprint");
+    // The pages' own format joins the checkpoint's fingerprint: a pool of another dtype, page
+    // size or geometry gets another folder.
+    Digest d;
+    d.add("mla prompt cache pages v1").add_value(opt_.fingerprint.hi).add_value(opt_.fingerprint.lo);
+    d.add(kv_dtype_name(pool_.dtype())).add_value(pool_.page_size()).add_value(pool_.num_layers());
+    d.add_value(pool_.row_dim()).add_value(pool_.index_dim()).add_value(pool_.bytes_per_page());
+    DiskTierOptions o;
+    o.dir = opt_.disk_dir;
+    o.budget_bytes = opt_.disk_bytes;
+    o.fingerprint = d.finish();
+    o.page_size = pool_.page_size();
+    o.part_bytes = part_bytes_;
+    o.max_pending_bytes = opt_.disk_max_pending_bytes;
+    o.warn = opt_.warn;
+    disk_ = std::make_unique<DiskTier>(std::move(o));
+    if (!disk_->readable()) disk_.reset();
+  }
 }
 
-PrefixCache::~PrefixCache() { clear(); }
+PrefixCache::~PrefixCache() {
+  disk_.reset();  // finishes the writes, whose pins poll then releases
+  poll();
+  clear();
+}
+
+void PrefixCache::poll() {
+  std::vector<int32_t> done;
+  {
+    std::lock_guard lock(written_mu_);
+    done.swap(written_);
+  }
+  for (int32_t page : done) {
+    if (--pins_[page] == 0) pins_.erase(page);
+    pool_.drop(page);
+  }
+}
+
+void PrefixCache::flush() {
+  if (disk_) disk_->flush();
+  poll();
+}
+
+void PrefixCache::wait_for_writes() {
+  if (disk_) disk_->flush();
+}
 
 void PrefixCache::clear() {
-  for (auto& e : entries_) pool_.release(e.table);
-  entries_.clear();
+  for (auto& [key, r] : resident_) pool_.drop(r.page);
+  resident_.clear();
+  lru_.clear();
+  {
+    std::lock_guard lock(keys_mu_);
+    resident_keys_.clear();
+  }
+  if (ram_) ram_->clear();
+}
+
+bool PrefixCache::resident_key(const Hash128& key) const {
+  std::lock_guard lock(keys_mu_);
+  return resident_keys_.count(key) > 0;
+}
+
+void PrefixCache::add_resident(const Hash128& key, int32_t page, std::span<const int32_t> tokens) {
+  pool_.retain(page);
+  Resident& r = resident_[key];
+  r.page = page;
+  r.tokens.assign(tokens.begin(), tokens.end());
+  std::lock_guard lock(keys_mu_);
+  resident_keys_.insert(key);
+}
+
+void PrefixCache::remove_resident(const Hash128& key) {
+  auto it = resident_.find(key);
+  lru_.erase(it->second.stamp);
+  pool_.drop(it->second.page);
+  resident_.erase(it);
+  std::lock_guard lock(keys_mu_);
+  resident_keys_.erase(key);
+}
+
+void PrefixCache::touch(std::span<const Hash128> chain) {
+  // The chain's last page gets the oldest stamp, its first the newest: parents outlive children.
+  for (size_t i = chain.size(); i-- > 0;) {
+    Resident& r = resident_.at(chain[i]);
+    if (r.stamp) lru_.erase(r.stamp);
+    r.stamp = ++clock_;
+    lru_[r.stamp] = chain[i];
+  }
+}
+
+std::vector<std::span<const uint8_t>> PrefixCache::split(const std::vector<uint8_t>& bytes) const {
+  std::vector<std::span<const uint8_t>> parts;
+  size_t at = 0;
+  for (int64_t b : part_bytes_) {
+    parts.emplace_back(bytes.data() + at, size_t(b));
+    at += size_t(b);
+  }
+  return parts;
+}
+
+void PrefixCache::persist(const Hash128& key, int32_t page, std::span<const int32_t> tokens) {
+  if (!disk_ || disk_->contains(key)) return;
+  pool_.retain(page);  // the pool page stays as it is until its write is done (poll)
+  PageWrite w;
+  w.key = key;
+  w.tokens.assign(tokens.begin(), tokens.end());
+  w.parts = pool_.page_parts(page);
+  w.done = [this, page] {
+    std::lock_guard lock(written_mu_);
+    written_.push_back(page);
+  };
+  if (disk_->write(std::move(w))) ++pins_[page];
+  else pool_.drop(page);
+}
+
+void PrefixCache::persist(const PageBlockPtr& block) {
+  if (!disk_ || disk_->contains(block->key)) return;
+  PageWrite w;
+  w.key = block->key;
+  w.tokens = block->tokens;
+  w.parts = split(block->bytes);
+  w.keep = block;
+  disk_->write(std::move(w));
 }
 
 void PrefixCache::insert(std::span<const int32_t> tokens, const PageTable& table) {
+  poll();
   const int64_t ps = pool_.page_size();
-  const int64_t aligned = std::min<int64_t>(table.length, int64_t(tokens.size())) / ps * ps;
-  if (aligned == 0) return;
-  auto begin = tokens.begin(), end = tokens.begin() + aligned;
-  for (auto& e : entries_)
-    if (int64_t(e.tokens.size()) >= aligned && std::equal(begin, end, e.tokens.begin())) {
-      e.last_used = ++clock_;  // an entry already holds these pages' tokens
-      return;
-    }
-  Entry entry;
-  entry.tokens.assign(begin, end);
-  if (!pool_.fork(table, aligned, &entry.table)) return;  // full pages only: never fails
-  entry.last_used = ++clock_;
-  // Entries whose tokens the new one extends are superseded.
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    if (int64_t(it->tokens.size()) <= aligned && std::equal(it->tokens.begin(), it->tokens.end(), begin)) {
-      pool_.release(it->table);
-      it = entries_.erase(it);
-    } else {
-      ++it;
-    }
+  const int64_t pages = std::min<int64_t>(table.length, int64_t(tokens.size())) / ps;
+  if (pages == 0) return;
+  const std::vector<Hash128> keys = page_keys(tokens, ps, pages);
+  for (int64_t i = 0; i < pages; ++i) {
+    const Hash128& key = keys[size_t(i)];
+    if (resident_.count(key)) continue;
+    const auto slice = tokens.subspan(size_t(i * ps), size_t(ps));
+    const int32_t page = table.pages[size_t(i)];
+    add_resident(key, page, slice);
+    if (ram_) ram_->take(key, slice);  // the tiers hold a page once
+    persist(key, page, slice);
   }
-  entries_.push_back(std::move(entry));
-  while (int64_t(entries_.size()) > max_entries_) evict_one();
+  touch(keys);
 }
 
-int64_t PrefixCache::match(std::span<const int32_t> tokens, int64_t max_len, PageTable* out) {
+int64_t PrefixCache::match(std::span<const int32_t> tokens, int64_t max_len, PageTable* out, int64_t keep_free) {
+  poll();
   const int64_t ps = pool_.page_size();
   max_len = std::min<int64_t>(max_len, int64_t(tokens.size()));
-  Entry* best = nullptr;
-  int64_t best_len = 0;
-  for (auto& e : entries_) {
-    const int64_t n = std::min<int64_t>(int64_t(e.tokens.size()), max_len);
-    int64_t common = 0;
-    while (common < n && e.tokens[size_t(common)] == tokens[size_t(common)]) ++common;
-    common = common / ps * ps;
-    if (common > best_len) best = &e, best_len = common;
+  const std::vector<Hash128> keys = page_keys(tokens, ps, std::max<int64_t>(max_len, 0) / ps);
+  int64_t got = 0;
+  for (; got < int64_t(keys.size()); ++got) {
+    const Hash128& key = keys[size_t(got)];
+    const auto slice = tokens.subspan(size_t(got * ps), size_t(ps));
+    if (auto it = resident_.find(key); it != resident_.end()) {
+      if (!std::equal(slice.begin(), slice.end(), it->second.tokens.begin())) break;  // a collision
+      pool_.retain(it->second.page);
+      out->pages.push_back(it->second.page);
+      counters_.hit_tokens[0] += ps;
+      counters_.hit_bytes[0] += pool_.bytes_per_page();
+      continue;
+    }
+    PageBlockPtr block = ram_ ? ram_->take(key, slice) : nullptr;
+    if (!block && disk_) block = disk_->read(key, slice);
+    if (!block) break;
+    while (pool_.free_pages() <= keep_free && evict_one()) {
+    }
+    if (pool_.free_pages() <= keep_free) {
+      if (ram_) ram_->put(block);  // no room: the page stays where it was
+      break;
+    }
+    pool_.reserve(*out, (got + 1) * ps);
+    const int32_t page = out->pages.back();
+    pool_.copy_page_in(page, block->bytes.data());
+    add_resident(key, page, slice);
+    persist(key, page, slice);  // a page from RAM that the disk does not hold yet
+    const int tier = int(block->source);
+    counters_.hit_tokens[tier] += ps;
+    counters_.hit_bytes[tier] += int64_t(block->bytes.size());
   }
-  if (!best) return 0;
-  best->last_used = ++clock_;
-  pool_.fork(best->table, best_len, out);  // full pages: shares, never copies
-  return best_len;
+  if (got == 0) return 0;
+  out->length = got * ps;
+  touch(std::span(keys).first(size_t(got)));
+  return got * ps;
+}
+
+void PrefixCache::prefetch(std::span<const int32_t> tokens) {
+  if (!disk_ || !ram_) return;
+  const int64_t ps = pool_.page_size();
+  const std::vector<Hash128> keys = page_keys(tokens, ps, int64_t(tokens.size()) / ps);
+  int64_t room = ram_->budget() / 2;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (resident_key(keys[i]) || ram_->contains(keys[i])) continue;
+    PageBlockPtr block = disk_->read(keys[i], tokens.subspan(i * size_t(ps), size_t(ps)));
+    if (!block || (room -= block->size()) < 0) break;
+    for (const PageBlockPtr& dropped : ram_->put(block)) persist(dropped);
+  }
 }
 
 bool PrefixCache::evict_one() {
-  if (entries_.empty()) return false;
-  auto oldest = std::min_element(entries_.begin(), entries_.end(),
-                                 [](const Entry& a, const Entry& b) { return a.last_used < b.last_used; });
-  pool_.release(oldest->table);
-  entries_.erase(oldest);
-  return true;
+  poll();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    for (auto it = lru_.begin(); it != lru_.end(); ++it) {
+      const Hash128 key = it->second;
+      const Resident& r = resident_.at(key);
+      if (pool_.refcount(r.page) != 1) continue;  // a sequence (or a disk write) holds it
+      if (ram_) {
+        auto block = std::make_shared<PageBlock>();
+        block->key = key;
+        block->tokens = r.tokens;
+        block->bytes.resize(size_t(pool_.bytes_per_page()));
+        pool_.copy_page_out(r.page, block->bytes.data());
+        for (const PageBlockPtr& dropped : ram_->put(std::move(block))) persist(dropped);
+      }
+      remove_resident(key);
+      return true;
+    }
+    if (pins_.empty()) break;
+    flush();  // only pages waiting for their disk writes are left: wait for them, once
+  }
+  return false;
 }
 
 int64_t PrefixCache::pages_held_alone() const {
-  std::unordered_map<int32_t, int> holders;  // page -> entries holding it
-  for (auto& e : entries_)
-    for (int32_t p : e.table.pages) ++holders[p];
   int64_t n = 0;
-  for (auto [page, count] : holders) n += pool_.refcount(page) == count;
+  for (auto& [key, r] : resident_) {
+    auto pin = pins_.find(r.page);
+    n += pool_.refcount(r.page) == 1 + (pin == pins_.end() ? 0 : pin->second);
+  }
   return n;
+}
+
+PrefixCacheStats PrefixCache::stats() const {
+  PrefixCacheStats s = counters_;
+  s.pool_pages = int64_t(resident_.size());
+  if (ram_) {
+    s.ram_pages = ram_->blocks();
+    s.ram_bytes = ram_->bytes();
+    s.ram_budget = ram_->budget();
+  }
+  if (disk_) {
+    const DiskTier::Stats d = disk_->stats();
+    s.disk_on = true;
+    s.disk_writable = disk_->writable();
+    s.disk_files = d.files;
+    s.disk_bytes = d.bytes;
+    s.disk_budget = opt_.disk_bytes;
+    s.disk_written = d.written;
+    s.disk_rejected = d.rejected;
+    s.disk_skipped = d.skipped;
+    s.disk_evicted = d.evicted;
+  }
+  return s;
 }
 
 }  // namespace mla

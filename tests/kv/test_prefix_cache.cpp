@@ -1,7 +1,8 @@
-// The prefix cache on its own over a small latent pool: an entry shares a sequence's full
-// pages by reference count (never the partial page), a match forks the longest page-aligned
-// prefix and sees the rows written through the original, an extension supersedes the entry it
-// extends, eviction is least recently used (a match refreshes), and evicting returns pages.
+// The prompt cache's pool tier on its own over a small latent pool: it shares a sequence's full
+// pages by reference count (never the partial page), a match takes the longest page-aligned
+// prefix and sees the rows written through the original, sessions that share a first part
+// share its pages, eviction is least recently used page by page and shortens a chain from its
+// end, and evicting returns pages.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -35,12 +36,12 @@ std::vector<int32_t> ids(int n, int32_t first = 100) {
 
 TEST(PrefixCache, SharesFullPagesAndMatchesTheLongestAlignedPrefix) {
   LatentPool pool(1, kRank, kRope, 10, kPage, KvDType::F32);
-  PrefixCache cache(pool, 8);
+  PrefixCache cache(pool);
   auto tokens = ids(10);
   PageTable a = written(pool, 10);  // 3 pages, the last holds 2 tokens
   ASSERT_EQ(pool.free_pages(), 7);
   cache.insert(tokens, a);
-  EXPECT_EQ(cache.entries(), 1);
+  EXPECT_EQ(cache.entries(), 2) << "two full pages";
   EXPECT_EQ(pool.refcount(a.pages[0]), 2);
   EXPECT_EQ(pool.refcount(a.pages[1]), 2);
   EXPECT_EQ(pool.refcount(a.pages[2]), 1) << "the partial page stays the sequence's own";
@@ -64,11 +65,17 @@ TEST(PrefixCache, SharesFullPagesAndMatchesTheLongestAlignedPrefix) {
   PageTable d;
   EXPECT_EQ(cache.match(ids(10, 5), 9, &d), 0) << "another first token: a miss";
   EXPECT_TRUE(d.pages.empty());
+  auto second_page_differs = ids(8);
+  second_page_differs[5] = 1;
+  PageTable e;
+  EXPECT_EQ(cache.match(second_page_differs, 8, &e), 4) << "the chain ends at the first page that differs";
+  EXPECT_EQ(cache.stats().hit_tokens[int(CacheTier::Pool)], 8 + 4 + 4);
 
   // Everything back: the sequences, then the cache.
   pool.release(a);
   pool.release(b);
   pool.release(c);
+  pool.release(e);
   EXPECT_EQ(cache.pages_held_alone(), 2);
   EXPECT_EQ(pool.free_pages(), 8);
   cache.clear();
@@ -76,42 +83,52 @@ TEST(PrefixCache, SharesFullPagesAndMatchesTheLongestAlignedPrefix) {
   EXPECT_EQ(cache.entries(), 0);
 }
 
-TEST(PrefixCache, ExtensionSupersedesAndEvictionIsLeastRecentlyUsed) {
+TEST(PrefixCache, SessionsSharingASystemPromptShareItsPages) {
   LatentPool pool(1, kRank, kRope, 12, kPage, KvDType::F32);
-  PrefixCache cache(pool, 2);
-  PageTable a = written(pool, 4);
-  cache.insert(ids(4), a);
-  PageTable a2 = written(pool, 8);
-  cache.insert(ids(8), a2);  // extends a's entry: replaces it
-  EXPECT_EQ(cache.entries(), 1);
-  EXPECT_EQ(pool.refcount(a.pages[0]), 1) << "the superseded entry let go of a's page";
-  cache.insert(ids(4), a2);  // already held by the longer entry: nothing new
-  EXPECT_EQ(cache.entries(), 1);
+  PrefixCache cache(pool);
+  auto one = ids(12), two = ids(12);
+  two[9] = 7;  // the third page differs: two pages of "system prompt" in common
+  PageTable a = written(pool, 12), b;
+  cache.insert(one, a);
+  ASSERT_EQ(cache.match(two, 11, &b), 8);
+  ASSERT_TRUE(pool.reserve(b, 12));
+  for (int64_t pos = 8; pos < 12; ++pos) {
+    std::vector<float> c(kRank, 1.0f), k(kRope, 2.0f);
+    pool.write(0, b, pos, c.data(), k.data());
+  }
+  b.length = 12;
+  cache.insert(two, b);
+  EXPECT_EQ(cache.entries(), 4) << "the shared two pages once, then each session's own";
   pool.release(a);
-  pool.release(a2);
+  pool.release(b);
+  EXPECT_EQ(pool.free_pages(), 8);
+}
 
-  PageTable x = written(pool, 4), y = written(pool, 4);
+TEST(PrefixCache, EvictionIsLeastRecentlyUsedAndShortensAChainFromItsEnd) {
+  LatentPool pool(1, kRank, kRope, 12, kPage, KvDType::F32);
+  PrefixCache cache(pool);
+  PageTable a = written(pool, 12), x = written(pool, 4);
+  cache.insert(ids(12), a);
   cache.insert(ids(4, 500), x);
-  EXPECT_EQ(cache.entries(), 2);
+  pool.release(a);
+  pool.release(x);
+  EXPECT_EQ(cache.entries(), 4);
   PageTable hit;
-  EXPECT_EQ(cache.match(ids(8), 8, &hit), 8) << "refreshes the first entry";
-  pool.release(hit);
-  cache.insert(ids(4, 900), y);  // a third entry: the least recently used (500...) goes
-  EXPECT_EQ(cache.entries(), 2);
+  EXPECT_EQ(cache.match(ids(12), 12, &hit), 12) << "refreshes the long chain";
+  EXPECT_TRUE(cache.evict_one());  // evicts x's page: the least recently used held by no one
   PageTable miss;
   EXPECT_EQ(cache.match(ids(4, 500), 4, &miss), 0);
-  PageTable still;
-  EXPECT_EQ(cache.match(ids(8), 8, &still), 8);
-  pool.release(still);
-  pool.release(x);
-  pool.release(y);
-
-  const int64_t before = pool.free_pages();
+  EXPECT_EQ(cache.entries(), 3);
+  EXPECT_FALSE(cache.evict_one()) << "every other page is held by a sequence";
+  pool.release(hit);
+  EXPECT_TRUE(cache.evict_one());  // the chain's last page goes first
+  PageTable shorter;
+  EXPECT_EQ(cache.match(ids(12), 12, &shorter), 8);
+  pool.release(shorter);
   EXPECT_TRUE(cache.evict_one());
   EXPECT_TRUE(cache.evict_one());
   EXPECT_FALSE(cache.evict_one());
   EXPECT_EQ(pool.free_pages(), 12);
-  EXPECT_GT(pool.free_pages(), before);
 }
 
 }  // namespace
