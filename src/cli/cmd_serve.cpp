@@ -20,6 +20,7 @@
 #include "cli/options.h"
 #include "engine/generation_config.h"
 #include "engine/engine.h"
+#include "model/fingerprint.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
@@ -42,7 +43,28 @@ struct ServeOptions {
   int max_connections = 1024;
   int64_t max_output_tokens = 0;
   int64_t responses_store = 256;
+  double cache_ram_gb = -1;  // -1: a quarter of the memory available once the model is loaded
+  std::string cache_dir;
+  double cache_disk_gb = -1;  // -1: half the free space of cache_dir's file system
 };
+
+// Bytes of memory available (MemAvailable), 0 when unknown.
+int64_t memory_available() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  long long kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+  std::fclose(f);
+  return int64_t(kb) * 1024;
+}
+
+std::string gb(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", bytes / 1e9);
+  return buf;
+}
 
 std::string default_model_name(const std::string& dir) {
   std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
@@ -66,7 +88,15 @@ int serve_cmd(int argc, char** argv) {
   mla::cli::add_cpu_options(app, o.cpu,
                             "fast (bf16 activations in the matrix products, AMX for prompts) | precise (float32 throughout)");
   app.add_option("--served-model-name", o.served_model_name, "the model name of the API (default: the folder's name)");
-  app.add_flag("--no-prefix-cache", o.no_prefix_cache, "do not share cached prompt prefixes between requests");
+  app.add_flag("--no-prefix-cache", o.no_prefix_cache,
+               "no prompt cache: prefixes are not shared between requests (nor kept in RAM or on disk)");
+  app.add_option("--cache-ram-gb", o.cache_ram_gb,
+                 "prompt cache pages kept in host RAM once the KV cache needs their room, GB (default: a quarter of "
+                 "the memory available after loading; 0: off)");
+  app.add_option("--cache-dir", o.cache_dir,
+                 "keep prompt cache pages in files here, across restarts and shared by servers (default: off)");
+  app.add_option("--cache-disk-gb", o.cache_disk_gb,
+                 "bytes of page files under --cache-dir at most, GB (default: half the free space there)");
   app.add_flag("--no-webui", o.no_webui, "do not serve the chat page at GET /");
   app.add_option("--tool-call-parser", o.tool_call_parser,
                  "tool-call format of the output: deepseek_v3 | deepseek_v31 | kimi_k2 | glm47 | none "
@@ -107,6 +137,11 @@ int serve_cmd(int argc, char** argv) {
   if (o.max_request_bytes < 1024) throw std::invalid_argument("--max-request-bytes must be at least 1024");
   if (o.max_connections < 1) throw std::invalid_argument("--max-connections must be positive");
   if (o.max_output_tokens < 0) throw std::invalid_argument("--max-output-tokens must not be negative");
+  if (o.cache_ram_gb < 0 && o.cache_ram_gb != -1)
+    throw std::invalid_argument("--cache-ram-gb must not be negative");
+  if (o.cache_disk_gb < 0 && o.cache_disk_gb != -1)
+    throw std::invalid_argument("--cache-disk-gb must not be negative");
+  if (o.cache_disk_gb >= 0 && o.cache_dir.empty()) throw std::invalid_argument("--cache-disk-gb needs --cache-dir");
   if (o.responses_store < 0 || o.responses_store > 1000000)
     throw std::invalid_argument("--responses-store must be in [0, 1000000]");
   nlohmann::json template_kwargs = nlohmann::json::object();
@@ -125,6 +160,9 @@ int serve_cmd(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A file-size limit then fails the prompt cache's disk writes (EFBIG), which turns its disk
+  // tier off, instead of ending the process.
+  ::signal(SIGXFSZ, SIG_IGN);
 
   const mla::SpeculativeOptions spec = o.spec.options();
   auto model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO), load_quantization, /*with_mtp=*/spec.enabled);
@@ -139,6 +177,26 @@ int serve_cmd(int argc, char** argv) {
   eo.max_batch_tokens = o.max_batch_tokens;
   eo.max_running = o.max_num_seqs;
   eo.prefix_cache = !o.no_prefix_cache;
+  if (eo.prefix_cache) {
+    eo.prefix_tiers.ram_bytes = o.cache_ram_gb >= 0 ? int64_t(o.cache_ram_gb * 1e9) : memory_available() / 4;
+    if (!o.cache_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(o.cache_dir, ec);  // a failure turns the tier off with a warning
+      const auto space = std::filesystem::space(o.cache_dir, ec);
+      eo.prefix_tiers.disk_dir = o.cache_dir;
+      eo.prefix_tiers.disk_bytes = o.cache_disk_gb >= 0 ? int64_t(o.cache_disk_gb * 1e9)
+                                   : ec                 ? 0
+                                                        : int64_t(space.available / 2);
+      eo.prefix_tiers.fingerprint =
+          mla::compute_fingerprint(mla::checkpoint_fingerprint(o.model_dir), ctx, load_quantization);
+      if (eo.prefix_tiers.disk_bytes == 0)
+        std::fprintf(stderr, "mla serve: the prompt cache's disk tier is off: no room under %s\n", o.cache_dir.c_str());
+    }
+    eo.prefix_tiers.warn = [](const std::string& m) {
+      std::fprintf(stderr, "mla serve: %s\n", m.c_str());
+      std::fflush(stderr);
+    };
+  }
   eo.speculative = spec;
   mla::Engine engine(*model, &tokenizer, eo);
   const int64_t pages = eo.kv_pages;
@@ -198,6 +256,15 @@ int serve_cmd(int argc, char** argv) {
                sopt.model_name.c_str(), o.host.c_str(), port, (long long)pages, (long long)eo.page_size,
                o.cache.kv_dtype.c_str(), (long long)engine.pool().bytes_per_token(), (long long)eo.max_batch_tokens,
                (long long)engine.options().max_running);
+  if (eo.prefix_cache) {
+    const mla::PrefixCacheStats pc = engine.stats().prefix;
+    std::string disk = "off";
+    if (pc.disk_on)
+      disk = o.cache_dir + ", " + gb(double(pc.disk_budget)) + " GB (" + gb(double(pc.disk_bytes)) + " GB in use" +
+             (pc.disk_writable ? "" : ", read only") + ")";
+    std::fprintf(stderr, "mla serve: prompt cache: KV cache pages, then RAM %s GB, then disk %s\n",
+                 pc.ram_budget > 0 ? gb(double(pc.ram_budget)).c_str() : "off", disk.c_str());
+  }
   if (sopt.webui) std::fprintf(stderr, "mla serve: chat page: http://%s:%d/\n", o.host.c_str(), port);
   std::fflush(stderr);
   server.listen();

@@ -53,7 +53,7 @@ Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& op
       tokenizer_(tokenizer),
       opt_(effective(opt)),
       pool_(make_pool(model, opt_)),
-      cache_(opt_.prefix_cache ? std::make_unique<PrefixCache>(pool_, opt_.prefix_cache_entries) : nullptr),
+      cache_(opt_.prefix_cache ? std::make_unique<PrefixCache>(pool_, opt_.prefix_tiers) : nullptr),
       scheduler_(pool_, cache_.get(), SchedulerOptions{opt_.max_batch_tokens, opt_.max_running}),
       gate_(opt.speculative.adaptive),
       one_token_ctx_(model.context()) {
@@ -115,6 +115,7 @@ int64_t Engine::submit(Request req, Callback on_event) {
     throw RequestError("the prompt's " + std::to_string(n) + " tokens exceed " + what);
   }
 
+  if (cache_) cache_->prefetch(req.prompt);
   auto s = std::make_unique<Sequence>();
   s->tokens = req.prompt;
   s->prompt_len = n;
@@ -486,6 +487,7 @@ void Engine::update_stats() {
   st.kv_bytes_per_token = pool_.bytes_per_token();
   st.prefix_cache_entries = cache_ ? cache_->entries() : 0;
   st.kv_pages_prefix_cache = cache_ ? cache_->pages_held_alone() : 0;
+  if (cache_) st.prefix = cache_->stats();
   st.paths = model_.path_counters();
   std::lock_guard lk(mu_);
   st.requests_submitted = submitted_;
@@ -504,6 +506,10 @@ std::vector<int32_t> Engine::pages_of(int64_t id) const {
   for (const Sequence* s : scheduler_.running())
     if (s->id == id) return s->table.pages;
   return {};
+}
+
+void Engine::flush_prompt_cache() {
+  if (cache_) cache_->wait_for_writes();
 }
 
 // ---- the engine thread ----

@@ -54,7 +54,8 @@ struct EngineOptions {
   int64_t max_batch_tokens = 512;  // new tokens per forward pass (decode tokens + prefill chunks)
   int64_t max_running = 64;        // sequences decoding or prefilling at once (the engine lowers it to max_batch_tokens)
   bool prefix_cache = true;
-  int64_t prefix_cache_entries = 64;
+  // The prompt cache's RAM and disk tiers (kv/prefix_cache.h); both off by default.
+  PrefixCacheOptions prefix_tiers;
   AttnPath path = AttnPath::Auto;
   PathPolicy policy;
   // Speculative decoding (engine/speculative.h). With speculation on, every pass of decoding
@@ -77,7 +78,8 @@ struct EngineStats {
   int64_t steps = 0;
   int64_t kv_pages_total = 0, kv_pages_free = 0, kv_pages_prefix_cache = 0;
   int64_t kv_page_size = 0, kv_bytes_per_token = 0;
-  int64_t prefix_cache_entries = 0;
+  int64_t prefix_cache_entries = 0;  // pages in the prompt cache's pool tier
+  PrefixCacheStats prefix;           // the prompt cache's tiers: hits, sizes, disk writes
   PathCounters paths;
   // Speculative decoding: sequence-steps that verified drafts, their draft tokens, the drafts
   // accepted, the tokens those steps produced (accepted drafts plus the target's own token),
@@ -104,7 +106,8 @@ class Engine {
 
   // Queues a request; the callback receives its events on the stepping thread (keep it short;
   // it may call submit and cancel). Thread-safe. Throws RequestError for a request that can
-  // never run.
+  // never run. Where the prompt cache has a disk tier, the prompt's pages that only the disk
+  // holds are read into RAM first, on the calling thread.
   int64_t submit(Request req, Callback on_event);
   // Ends a request at the next step (its last event has reason Cancelled) and frees its pages.
   // Thread-safe; unknown or finished ids are ignored.
@@ -130,6 +133,8 @@ class Engine {
   int64_t max_sequence_tokens() const;
   // For tests, between steps on the stepping thread: the pages of a running request.
   std::vector<int32_t> pages_of(int64_t id) const;
+  // Waits for the prompt cache's disk writes (tests; shutdown does it too).
+  void flush_prompt_cache();
 
  private:
   bool step_inner();

@@ -60,12 +60,13 @@ void Scheduler::preempt_newest(Batch& batch) {
 bool Scheduler::admit(Sequence& s, int64_t keep_free, Batch& batch) {
   const int64_t total = int64_t(s.tokens.size());
   // The longest page-aligned cached prefix, leaving at least one token to compute (for logits).
-  const int64_t shared = cache_ ? cache_->match(s.tokens, total - 1, &s.table) : 0;
+  // Pages read back from the cache's RAM or disk tiers leave the running sequences' pages free.
+  const int64_t shared = cache_ ? cache_->match(s.tokens, total - 1, &s.table, keep_free) : 0;
   const int64_t need = pool_.pages_needed(s.table, total);
   // Leave the pages the running sequences' tokens of this step need (several sequences can
   // cross a page boundary in the same step).
   if (!free_pages_for(need + keep_free)) {
-    const bool never = running_.empty() && (!cache_ || cache_->entries() == 0) && need > pool_.free_pages();
+    const bool never = running_.empty() && pages_for_tokens(total, pool_.page_size()) > pool_.num_pages();
     pool_.release(s.table);
     if (!never) return false;
     batch.out_of_pages.push_back({&s, "the sequence's " + std::to_string(total) + " tokens exceed the KV cache's " +
@@ -83,6 +84,7 @@ bool Scheduler::admit(Sequence& s, int64_t keep_free, Batch& batch) {
 
 Batch Scheduler::schedule() {
   Batch batch;
+  if (cache_) cache_->poll();  // pages whose disk writes are done
   // Pages for every running sequence's pending tokens: give back cached prefixes, then preempt
   // the newest sequence; a sequence alone that still cannot grow has filled the cache.
   while (!running_.empty()) {
