@@ -1,5 +1,5 @@
-// The routes, admission, streaming, shutdown and metrics of the OpenAI-compatible server (see
-// server.h); the listener is the HTTP layer's (http_listener.h).
+// The routes, streaming and metrics of the OpenAI-compatible server (see server.h); the
+// listener is the HTTP layer's (http_listener.h), admission and drain are admission.h's.
 #include "server/server.h"
 
 #include <httplib.h>
@@ -11,11 +11,11 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 
+#include "server/admission.h"
 #include "server/agent_api.h"
 #include "server/api_anthropic.h"
 #include "server/api_openai.h"
@@ -97,19 +97,6 @@ struct Server::Impl {
   std::unique_ptr<StructuredOutputs> structured;
   HttpCore http;
   int64_t started = unix_time();
-  int64_t admit_limit = 0;
-  std::atomic<bool> stop_called{false}, stopping{false}, stop_hard{false}, cut_sent{false};
-  std::atomic<int64_t> drain_deadline_ns{0};
-  Clock::time_point cut_time{};  // drained()'s own
-
-  // Generation requests admitted and not yet answered; the shutdown's cut sets `cut` on each,
-  // which its handler sees within one poll (kConnectionPoll) and cancels its choices.
-  struct Flight {
-    std::atomic<bool> cut{false};
-  };
-  std::atomic<int64_t> in_flight{0};
-  std::mutex flights_mu;
-  std::map<Flight*, std::shared_ptr<Flight>> flights;
 
   // Counters for /metrics.
   HttpCounters http_counters;  // the listener's; the routes count their errors there too
@@ -119,6 +106,8 @@ struct Server::Impl {
   std::atomic<int64_t> rejected_queue_full{0}, rejected_draining{0};
   std::atomic<int64_t> request_timeouts{0}, shutdown_cuts{0}, client_gone{0};
   std::atomic<int64_t> liveness_requests{0};
+  // The generation requests admitted, the 429 / 503 and the shutdown's drain (admission.h).
+  Admission admission;
   // Last: its pools, which run the handlers over everything above, end first.
   HttpListener listener;
 
@@ -128,7 +117,7 @@ struct Server::Impl {
         generation(g),
         model(m),
         opt(std::move(o)),
-        admit_limit(admission_limit(engine, opt)),
+        admission(admission_limit(engine, opt), [this] { listener.wake(); }),
         listener(http, http_counters, listener_limits(), listener_hooks()) {
     ctx.tokenizer = &tokenizer;
     ctx.generation = &generation;
@@ -156,7 +145,7 @@ struct Server::Impl {
     l.max_header_bytes = opt.max_header_bytes;
     l.max_body_bytes = opt.max_body_bytes;
     l.max_connections = opt.max_connections;
-    l.work_threads = opt.http_threads > 0 ? size_t(opt.http_threads) : size_t(admit_limit + 4);
+    l.work_threads = opt.http_threads > 0 ? size_t(opt.http_threads) : size_t(admission.limit() + 4);
     l.liveness_threads = size_t(std::max(opt.liveness_threads, 1));
     return l;
   }
@@ -165,8 +154,8 @@ struct Server::Impl {
   // the listener's own errors take OpenAI's error object.
   HttpListener::Hooks listener_hooks() {
     HttpListener::Hooks h;
-    h.stopping = [this] { return stopping.load(); };
-    h.done = [this](Clock::time_point now) { return drained(now); };
+    h.stopping = [this] { return admission.stopping(); };
+    h.done = [this](Clock::time_point now) { return admission.drained(now); };
     h.liveness = [](const Head& head) {
       return head.method == "GET" &&
              (head.target == "/health" || head.target == "/metrics" || head.target == "/v1/models");
@@ -181,53 +170,9 @@ struct Server::Impl {
   struct Watch;
   void stream(std::shared_ptr<Exchange> ex, std::shared_ptr<Watch> watch, httplib::Response& res);
   std::string metrics() const;
-  void wake() { listener.wake(); }
-  void cut_all() {
-    if (cut_sent.exchange(true)) return;
-    std::lock_guard lk(flights_mu);
-    for (auto& [p, f] : flights) f->cut = true;
-  }
-  // The listener's look at a drain, once per turn: false while not stopping. Once stopping:
-  // true when no request is in flight. Past the deadline the requests in flight are cut, and it
-  // is true 10 s after that cut whatever still runs; after stop_now (whose cut came first) it
-  // is true at once.
-  bool drained(Clock::time_point now) {
-    if (!stopping) return false;
-    if (in_flight == 0) return true;
-    if (stop_hard || now.time_since_epoch().count() >= drain_deadline_ns) {
-      if (!cut_sent) {
-        cut_all();
-        cut_time = now;
-      } else if (now - cut_time > std::chrono::seconds(10)) {
-        return true;  // a request that does not end when cut: stop waiting for it
-      }
-    }
-    return false;
-  }
 };
 
 namespace {
-
-// An admitted generation request: counted from its admission until its response is written
-// (a stream's provider holds it), registered for the shutdown's cut.
-struct Admission {
-  Server::Impl& m;
-  std::shared_ptr<Server::Impl::Flight> flight = std::make_shared<Server::Impl::Flight>();
-  explicit Admission(Server::Impl& impl) : m(impl) {
-    std::lock_guard lk(m.flights_mu);
-    m.flights[flight.get()] = flight;
-  }
-  ~Admission() {
-    {
-      std::lock_guard lk(m.flights_mu);
-      m.flights.erase(flight.get());
-    }
-    --m.in_flight;
-    m.wake();
-  }
-  Admission(const Admission&) = delete;
-  Admission& operator=(const Admission&) = delete;
-};
 
 // Why a request that the server (not the engine) ended was ended.
 enum class Cut { None, ClientGone, Timeout, Shutdown };
@@ -252,7 +197,7 @@ ErrorInfo cut_error(Cut cut, double timeout, int64_t tokens) {
 // within one engine step).
 struct Server::Impl::Watch {
   Server::Impl& m;
-  std::shared_ptr<Admission> admission;
+  std::shared_ptr<Admission::Flight> flight;
   ClientConnection conn;
   Clock::time_point deadline;
   double timeout = 0;
@@ -262,13 +207,13 @@ struct Server::Impl::Watch {
     if (cut != Cut::None) return;
     if (conn.closed()) cut = Cut::ClientGone, ++m.client_gone;
     else if (Clock::now() >= deadline) cut = Cut::Timeout, ++m.request_timeouts;
-    else if (admission->flight->cut) cut = Cut::Shutdown, ++m.shutdown_cuts;
+    else if (flight->cut()) cut = Cut::Shutdown, ++m.shutdown_cuts;
     if (cut != Cut::None) gen.cancel();
   }
   // A request cancelled by something else while the shutdown cuts (the second signal's
   // cancel_all) counts as cut by the shutdown.
   void settle(FinishReason reason) {
-    if (cut == Cut::None && reason == FinishReason::Cancelled && admission->flight->cut)
+    if (cut == Cut::None && reason == FinishReason::Cancelled && flight->cut())
       cut = Cut::Shutdown, ++m.shutdown_cuts;
   }
 };
@@ -349,7 +294,7 @@ void Server::Impl::routes() {
     });
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     ++liveness_requests;
-    if (stopping) {
+    if (admission.stopping()) {
       res.status = 503;
       res.set_header("Retry-After", "1");
       res.set_content(R"({"status":"draining"})", "application/json");
@@ -423,25 +368,17 @@ void Server::Impl::serve_generation(Protocol& protocol, const httplib::Request& 
     res.set_content(dump(protocol.error_body(e)), "application/json");
   };
   try {
-    if (stopping) {
-      ++rejected_draining;
+    Admission::Refusal refused;
+    std::shared_ptr<Admission::Flight> flight = admission.admit(refused);  // from here on it counts in flight
+    if (!flight) {
+      ++(refused == Admission::Refusal::Draining ? rejected_draining : rejected_queue_full);
       res.set_header("Retry-After", "1");
-      throw ApiError(503, "the server is shutting down", {}, "service_unavailable", "server_shutdown");
+      throw admission.refusal_error(refused);
     }
-    if (in_flight.fetch_add(1) >= admit_limit) {
-      --in_flight;
-      ++rejected_queue_full;
-      res.set_header("Retry-After", "1");
-      throw ApiError(429,
-                     "the server is at its limit of " + std::to_string(admit_limit) +
-                         " requests running and queued; retry later",
-                     {}, "rate_limit_exceeded", "queue_full");
-    }
-    auto admission = std::make_shared<Admission>(*this);  // from here on it counts in_flight
     std::shared_ptr<Exchange> ex = protocol.parse(parse_json_body(req.body), req.body);
     const ParsedRequest& p = ex->request;
     auto watch = std::make_shared<Watch>(Watch{
-        *this, admission,
+        *this, flight,
         serving_socket() >= 0 ? ClientConnection(serving_socket())
                             : ClientConnection(req.remote_addr, req.remote_port, req.local_addr, req.local_port),
         p.timeout_seconds > 0 ? Clock::now() + seconds(p.timeout_seconds) : Clock::time_point::max(),
@@ -500,7 +437,7 @@ void Server::Impl::stream(std::shared_ptr<Exchange> ex, std::shared_ptr<Watch> w
   st->usage.prompt_tokens = int64_t(ex->request.request.prompt.size());
   const auto keepalive = seconds(opt.keepalive_seconds);
   res.set_header("Cache-Control", "no-cache");
-  // The provider holds the watch (and with it the admission) until the response is written.
+  // The provider holds the watch (and with it the flight) until the response is written.
   res.set_chunked_content_provider(
       "text/event-stream",
       [ex, gen, st, watch, keepalive](size_t, httplib::DataSink& sink) {
@@ -589,8 +526,10 @@ std::string Server::Impl::metrics() const {
          {{"client_gone", client_gone.load()}, {"timeout", request_timeouts.load()}, {"shutdown", shutdown_cuts.load()}});
   line("mla_http_read_timeouts_total", "requests that did not arrive within the read timeout (408)", "counter",
        http_counters.read_timeouts.load());
-  line("mla_http_requests_in_flight", "generation requests admitted and not yet answered", "gauge", in_flight.load());
-  line("mla_http_requests_limit", "generation requests admitted at most (running + queued)", "gauge", admit_limit);
+  line("mla_http_requests_in_flight", "generation requests admitted and not yet answered", "gauge",
+       admission.in_flight());
+  line("mla_http_requests_limit", "generation requests admitted at most (running + queued)", "gauge",
+       admission.limit());
   line("mla_http_connections_open", "open client connections", "gauge", http_counters.open_connections.load());
   line("mla_requests_submitted_total", "requests given to the engine", "counter", s.requests_submitted);
   line("mla_requests_finished_total", "requests ended (any reason)", "counter", s.requests_finished);
@@ -646,23 +585,17 @@ void Server::listen() {
 
 void Server::stop() {
   Impl& m = *impl_;
-  if (!m.stop_called.exchange(true)) {  // the deadline first: the listener reads it once stopping
-    const auto deadline = Clock::now() + seconds(m.opt.shutdown_timeout);
-    m.drain_deadline_ns = deadline.time_since_epoch().count();
-    m.stopping = true;
-  }
-  m.wake();
+  m.admission.stop(Clock::now() + seconds(m.opt.shutdown_timeout));
+  m.listener.wake();
 }
 
 void Server::stop_now() {
   Impl& m = *impl_;
-  m.stop_hard = true;
-  stop();
-  m.cut_all();
-  m.wake();
+  m.admission.stop_now(Clock::now() + seconds(m.opt.shutdown_timeout));
+  m.listener.wake();
 }
 
-bool Server::draining() const { return impl_->stopping; }
+bool Server::draining() const { return impl_->admission.stopping(); }
 
 int Server::port() const { return impl_->listener.port(); }
 
