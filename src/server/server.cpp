@@ -1,5 +1,6 @@
-// The routes, streaming and metrics of the OpenAI-compatible server (see server.h); the
-// listener is the HTTP layer's (http_listener.h), admission and drain are admission.h's.
+// The routes of the server (see server.h) and the one request path under every generation
+// API: serve_generation, and stream for server-sent events. The listener is the HTTP layer's
+// (http_listener.h), admission and drain are admission.h's, the /metrics text metrics.h's.
 #include "server/server.h"
 
 #include <httplib.h>
@@ -12,7 +13,6 @@
 #include <functional>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 
 #include "server/admission.h"
@@ -25,6 +25,7 @@
 #include "server/generation.h"
 #include "server/http_io.h"
 #include "server/http_listener.h"
+#include "server/metrics.h"
 #include "server/openai.h"
 #include "server/structured.h"
 #include "server/webui.h"
@@ -71,6 +72,48 @@ int64_t admission_limit(const Engine& engine, const ServerOptions& opt) {
   return std::max<int64_t>(engine.options().max_running, 1) + opt.max_queued_requests;
 }
 
+// Why a request that the server (not the engine) ended was ended.
+enum class Cut { None, ClientGone, Timeout, Shutdown };
+
+// The error a request cut by the server gets.
+ErrorInfo cut_error(Cut cut, double timeout, int64_t tokens) {
+  const std::string after = " after " + std::to_string(tokens) + " generated tokens";
+  if (cut == Cut::Timeout) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", timeout);
+    return {504, std::string("the request's timeout of ") + buf + " s passed" + after, "timeout", "timeout_error",
+            "request_timeout"};
+  }
+  return {503, "the server is shutting down: the request was cut" + after, {}, "service_unavailable",
+          "server_shutdown"};
+}
+
+// What a waiting handler looks at between polls: the client gone, the request's timeout, the
+// shutdown's cut; the first of them cancels the request's choices (their last events come
+// within one engine step).
+struct Watch {
+  ServerMetrics& metrics;
+  std::shared_ptr<Admission::Flight> flight;
+  ClientConnection conn;
+  Clock::time_point deadline;
+  double timeout = 0;
+  Cut cut = Cut::None;
+
+  void check(Generation& gen) {
+    if (cut != Cut::None) return;
+    if (conn.closed()) cut = Cut::ClientGone, ++metrics.client_gone;
+    else if (Clock::now() >= deadline) cut = Cut::Timeout, ++metrics.request_timeouts;
+    else if (flight->cut()) cut = Cut::Shutdown, ++metrics.shutdown_cuts;
+    if (cut != Cut::None) gen.cancel();
+  }
+  // A request cancelled by something else while the shutdown cuts (the second signal's
+  // cancel_all) counts as cut by the shutdown.
+  void settle(FinishReason reason) {
+    if (cut == Cut::None && reason == FinishReason::Cancelled && flight->cut())
+      cut = Cut::Shutdown, ++metrics.shutdown_cuts;
+  }
+};
+
 }  // namespace
 
 struct Server::Impl {
@@ -97,15 +140,7 @@ struct Server::Impl {
   std::unique_ptr<StructuredOutputs> structured;
   HttpCore http;
   int64_t started = unix_time();
-
-  // Counters for /metrics.
-  HttpCounters http_counters;  // the listener's; the routes count their errors there too
-  // Requests per generation protocol (Protocol::name()); the map is filled before serving.
-  std::map<std::string, std::atomic<int64_t>> requests_by_protocol;
-  std::atomic<int64_t> http_streams{0};
-  std::atomic<int64_t> rejected_queue_full{0}, rejected_draining{0};
-  std::atomic<int64_t> request_timeouts{0}, shutdown_cuts{0}, client_gone{0};
-  std::atomic<int64_t> liveness_requests{0};
+  ServerMetrics metrics;  // what /metrics shows beside the engine's figures (metrics.h)
   // The generation requests admitted, the 429 / 503 and the shutdown's drain (admission.h).
   Admission admission;
   // Last: its pools, which run the handlers over everything above, end first.
@@ -118,7 +153,7 @@ struct Server::Impl {
         model(m),
         opt(std::move(o)),
         admission(admission_limit(engine, opt), [this] { listener.wake(); }),
-        listener(http, http_counters, listener_limits(), listener_hooks()) {
+        listener(http, metrics.http, listener_limits(), listener_hooks()) {
     ctx.tokenizer = &tokenizer;
     ctx.generation = &generation;
     ctx.model_name = opt.model_name;
@@ -167,55 +202,7 @@ struct Server::Impl {
   void routes();
   // The one request path of every generation endpoint (protocol.h).
   void serve_generation(Protocol& protocol, const httplib::Request& req, httplib::Response& res);
-  struct Watch;
   void stream(std::shared_ptr<Exchange> ex, std::shared_ptr<Watch> watch, httplib::Response& res);
-  std::string metrics() const;
-};
-
-namespace {
-
-// Why a request that the server (not the engine) ended was ended.
-enum class Cut { None, ClientGone, Timeout, Shutdown };
-
-// The error a request cut by the server gets.
-ErrorInfo cut_error(Cut cut, double timeout, int64_t tokens) {
-  const std::string after = " after " + std::to_string(tokens) + " generated tokens";
-  if (cut == Cut::Timeout) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%g", timeout);
-    return {504, std::string("the request's timeout of ") + buf + " s passed" + after, "timeout", "timeout_error",
-            "request_timeout"};
-  }
-  return {503, "the server is shutting down: the request was cut" + after, {}, "service_unavailable",
-          "server_shutdown"};
-}
-
-}  // namespace
-
-// What a waiting handler looks at between polls: the client gone, the request's timeout, the
-// shutdown's cut; the first of them cancels the request's choices (their last events come
-// within one engine step).
-struct Server::Impl::Watch {
-  Server::Impl& m;
-  std::shared_ptr<Admission::Flight> flight;
-  ClientConnection conn;
-  Clock::time_point deadline;
-  double timeout = 0;
-  Cut cut = Cut::None;
-
-  void check(Generation& gen) {
-    if (cut != Cut::None) return;
-    if (conn.closed()) cut = Cut::ClientGone, ++m.client_gone;
-    else if (Clock::now() >= deadline) cut = Cut::Timeout, ++m.request_timeouts;
-    else if (flight->cut()) cut = Cut::Shutdown, ++m.shutdown_cuts;
-    if (cut != Cut::None) gen.cancel();
-  }
-  // A request cancelled by something else while the shutdown cuts (the second signal's
-  // cancel_all) counts as cut by the shutdown.
-  void settle(FinishReason reason) {
-    if (cut == Cut::None && reason == FinishReason::Cancelled && flight->cut())
-      cut = Cut::Shutdown, ++m.shutdown_cuts;
-  }
 };
 
 void Server::Impl::routes() {
@@ -224,7 +211,7 @@ void Server::Impl::routes() {
   http.set_keep_alive_max_count(1000);
 
   auto generation_route = [this](const char* path, Protocol& protocol) {
-    std::atomic<int64_t>& count = requests_by_protocol[protocol.name()];
+    std::atomic<int64_t>& count = metrics.requests_by_protocol[protocol.name()];
     http.Post(path, [this, &protocol, &count](const httplib::Request& req, httplib::Response& res) {
       ++count;
       serve_generation(protocol, req, res);
@@ -258,7 +245,7 @@ void Server::Impl::routes() {
     }
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    ++liveness_requests;
+    ++metrics.liveness_requests;
     json m = {{"id", opt.model_name},
               {"object", "model"},
               {"created", started},
@@ -272,7 +259,7 @@ void Server::Impl::routes() {
       if (req.path.rfind("/v1/", 0) != 0 ||
           authorized(req.get_header_value("Authorization"), req.get_header_value("x-api-key"), opt.api_key))
         return httplib::Server::HandlerResponse::Unhandled;
-      ++http_counters.errors;
+      ++metrics.http.errors;
       // Refused before its body was read: the connection closes, so that the body is not
       // taken for the next request.
       res.set_header("Connection", "close");
@@ -293,7 +280,7 @@ void Server::Impl::routes() {
       }
     });
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    ++liveness_requests;
+    ++metrics.liveness_requests;
     if (admission.stopping()) {
       res.status = 503;
       res.set_header("Retry-After", "1");
@@ -303,8 +290,8 @@ void Server::Impl::routes() {
     res.set_content(R"({"status":"ok"})", "application/json");
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    ++liveness_requests;
-    res.set_content(metrics(), "text/plain; version=0.0.4");
+    ++metrics.liveness_requests;
+    res.set_content(metrics_text(metrics, admission, engine.stats()), "text/plain; version=0.0.4");
   });
   // The chat page (webui.h): "/" and each of its files, on the work pool, without the API key
   // (the page asks for it when /v1/* answers 401). no-cache: a restarted server's page is
@@ -331,7 +318,7 @@ void Server::Impl::routes() {
   // a known route asked with another method is a 405 with Allow.
   http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
                                                                       httplib::Response& res) {
-    ++http_counters.errors;
+    ++metrics.http.errors;
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     std::string msg = "request failed with HTTP status " + std::to_string(res.status);
     if (res.status == 400) msg = "malformed request: its request line or headers could not be parsed";
@@ -371,14 +358,14 @@ void Server::Impl::serve_generation(Protocol& protocol, const httplib::Request& 
     Admission::Refusal refused;
     std::shared_ptr<Admission::Flight> flight = admission.admit(refused);  // from here on it counts in flight
     if (!flight) {
-      ++(refused == Admission::Refusal::Draining ? rejected_draining : rejected_queue_full);
+      ++(refused == Admission::Refusal::Draining ? metrics.rejected_draining : metrics.rejected_queue_full);
       res.set_header("Retry-After", "1");
       throw admission.refusal_error(refused);
     }
     std::shared_ptr<Exchange> ex = protocol.parse(parse_json_body(req.body), req.body);
     const ParsedRequest& p = ex->request;
     auto watch = std::make_shared<Watch>(Watch{
-        *this, flight,
+        metrics, flight,
         serving_socket() >= 0 ? ClientConnection(serving_socket())
                             : ClientConnection(req.remote_addr, req.remote_port, req.local_addr, req.local_port),
         p.timeout_seconds > 0 ? Clock::now() + seconds(p.timeout_seconds) : Clock::time_point::max(),
@@ -423,7 +410,7 @@ void Server::Impl::serve_generation(Protocol& protocol, const httplib::Request& 
 }
 
 void Server::Impl::stream(std::shared_ptr<Exchange> ex, std::shared_ptr<Watch> watch, httplib::Response& res) {
-  ++http_streams;
+  ++metrics.http_streams;
   // Throws RequestError before anything is sent: the caller answers 400.
   auto gen = std::make_shared<Generation>(engine, ex->request, tokenizer);
   struct StreamState {
@@ -495,77 +482,6 @@ void Server::Impl::stream(std::shared_ptr<Exchange> ex, std::shared_ptr<Watch> w
       });
 }
 
-// The /metrics text (Prometheus' text format), all of it written here: a new counter is one
-// more line() (or a labelled family).
-std::string Server::Impl::metrics() const {
-  EngineStats s = engine.stats();
-  std::ostringstream o;
-  auto line = [&](const char* name, const char* help, const char* type, auto v) {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n" << name << " " << v << "\n";
-  };
-  // A family with one label: {label="value"} v per entry.
-  auto family = [&](const char* name, const char* help, const char* type, const char* label,
-                    std::initializer_list<std::pair<const char*, int64_t>> values) {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
-    for (const auto& [value, v] : values) o << name << "{" << label << "=\"" << value << "\"} " << v << "\n";
-  };
-  o << "# HELP mla_http_requests_total HTTP requests to the generation endpoints\n"
-       "# TYPE mla_http_requests_total counter\n";
-  for (const auto& [name, count] : requests_by_protocol)
-    o << "mla_http_requests_total{endpoint=\"" << name << "\"} " << count.load() << "\n";
-  line("mla_http_streams_total", "streamed (server-sent events) responses", "counter", http_streams.load());
-  line("mla_http_errors_total", "responses with an error status", "counter", http_counters.errors.load());
-  line("mla_http_liveness_requests_total", "requests to /health, /metrics and /v1/models", "counter",
-       liveness_requests.load());
-  family("mla_http_rejected_total", "generation requests refused at once", "counter", "reason",
-         {{"queue_full", rejected_queue_full.load()},
-          {"draining", rejected_draining.load()},
-          {"connections", http_counters.rejected_connections.load()},
-          {"descriptors", http_counters.rejected_descriptors.load()}});
-  family("mla_http_cut_total", "requests the server ended before the engine did", "counter", "reason",
-         {{"client_gone", client_gone.load()}, {"timeout", request_timeouts.load()}, {"shutdown", shutdown_cuts.load()}});
-  line("mla_http_read_timeouts_total", "requests that did not arrive within the read timeout (408)", "counter",
-       http_counters.read_timeouts.load());
-  line("mla_http_requests_in_flight", "generation requests admitted and not yet answered", "gauge",
-       admission.in_flight());
-  line("mla_http_requests_limit", "generation requests admitted at most (running + queued)", "gauge",
-       admission.limit());
-  line("mla_http_connections_open", "open client connections", "gauge", http_counters.open_connections.load());
-  line("mla_requests_submitted_total", "requests given to the engine", "counter", s.requests_submitted);
-  line("mla_requests_finished_total", "requests ended (any reason)", "counter", s.requests_finished);
-  line("mla_requests_cancelled_total", "requests cancelled (client gone, shutdown)", "counter", s.requests_cancelled);
-  line("mla_requests_running", "sequences in the running batch", "gauge", s.running);
-  line("mla_requests_waiting", "requests queued for admission", "gauge", s.waiting);
-  line("mla_prompt_tokens_total", "prompt tokens of admitted requests", "counter", s.prompt_tokens);
-  line("mla_prefix_cache_hit_tokens_total", "prompt tokens taken from the prefix cache", "counter",
-       s.prefix_hit_tokens);
-  line("mla_generation_tokens_total", "tokens sampled", "counter", s.generation_tokens);
-  line("mla_computed_tokens_total", "tokens run through the model (prefill, recompute, decode)", "counter",
-       s.computed_tokens);
-  line("mla_preemptions_total", "sequences preempted for pages (recomputed later)", "counter", s.preemptions);
-  line("mla_engine_steps_total", "forward passes of the engine", "counter", s.steps);
-  line("mla_kv_pages_total", "pages of the latent KV cache", "gauge", s.kv_pages_total);
-  line("mla_kv_pages_used", "pages in use (sequences and prefix cache)", "gauge", s.kv_pages_total - s.kv_pages_free);
-  line("mla_kv_pages_free", "free pages", "gauge", s.kv_pages_free);
-  line("mla_kv_pages_prefix_cache", "pages only the prefix cache holds", "gauge", s.kv_pages_prefix_cache);
-  line("mla_kv_pages_held_by_requests",
-       "pages neither free nor held by the prefix cache alone (0 when no request runs: none leaked)", "gauge",
-       s.kv_pages_total - s.kv_pages_free - s.kv_pages_prefix_cache);
-  line("mla_kv_page_size_tokens", "tokens per page", "gauge", s.kv_page_size);
-  line("mla_kv_bytes_per_token", "latent cache bytes per token, all layers", "gauge", s.kv_bytes_per_token);
-  line("mla_prefix_cache_entries", "entries of the prefix cache", "gauge", s.prefix_cache_entries);
-  family("mla_batches_total", "forward passes by attention path", "counter", "path",
-         {{"expand", s.paths.expand}, {"absorb", s.paths.absorb}, {"chunked", s.paths.chunked}});
-  // Speculative decoding (engine/speculative.h): drafts verified and accepted, and what a
-  // verify step yields.
-  line("mla_spec_draft_tokens_total", "draft tokens verified", "counter", s.spec_draft_tokens);
-  line("mla_spec_accepted_tokens_total", "draft tokens accepted", "counter", s.spec_accepted_tokens);
-  line("mla_spec_verify_steps_total", "sequence-steps that verified drafts", "counter", s.spec_steps);
-  line("mla_spec_acceptance_rate", "accepted / drafted", "gauge", s.spec_acceptance_rate());
-  line("mla_spec_tokens_per_step", "tokens a verify step yields", "gauge", s.spec_tokens_per_step());
-  return o.str();
-}
-
 Server::Server(Engine& engine, const Tokenizer& tokenizer, const GenerationConfig& generation,
                const ModelConfig& model, ServerOptions opt)
     : impl_(std::make_unique<Impl>(engine, tokenizer, generation, model, std::move(opt))) {}
@@ -599,6 +515,6 @@ bool Server::draining() const { return impl_->admission.stopping(); }
 
 int Server::port() const { return impl_->listener.port(); }
 
-std::string Server::metrics() const { return impl_->metrics(); }
+std::string Server::metrics() const { return metrics_text(impl_->metrics, impl_->admission, impl_->engine.stats()); }
 
 }  // namespace mla::server
