@@ -2,7 +2,7 @@
 // cpp-httplib's stream (the bytes the listener read, then the socket, with the timeouts),
 // cpp-httplib's request processing without its accept loop, the listener's look at a request's
 // head (its size and body limits, Expect: 100-continue) and the short responses it writes
-// itself. The listener loop that uses them is Server's (server.cpp).
+// itself. The listener loop that uses them is http_listener.h.
 #pragma once
 #include <httplib.h>
 #include <poll.h>

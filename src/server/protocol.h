@@ -3,9 +3,9 @@
 // Responses (api_responses.h) — is a Protocol: it turns a request body into an Exchange (the
 // engine's ParsedRequest plus whatever the response needs) and shapes the engine's events into
 // its own response body or stream of server-sent events. Everything else is shared and written
-// once, in serve_generation (server.cpp): admission and its 429 / 503, the client's disconnect,
-// the request's timeout, the shutdown's cut, keep-alive while a prompt is prefilled, n choices,
-// and the metrics.
+// once, in serve_generation (server.cpp): admission and its 429 / 503 (admission.h), the
+// client's disconnect, the request's timeout, the shutdown's cut, keep-alive while a prompt is
+// prefilled, n choices, and the metrics (metrics.h).
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -1,34 +1,21 @@
-// The listener, the two pools, routes, admission, streaming, shutdown and metrics of the
-// OpenAI-compatible server (see server.h).
+// The routes of the server (see server.h) and the one request path under every generation
+// API: serve_generation, and stream for server-sent events. The listener is the HTTP layer's
+// (http_listener.h), admission and drain are admission.h's, the /metrics text metrics.h's.
 #include "server/server.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
 #include <httplib.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
-#include <cerrno>
 #include <chrono>
-#include <condition_variable>
-#include <cstdlib>
-#include <cstring>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
-#include <sstream>
-#include <thread>
+#include <stdexcept>
 
+#include "server/admission.h"
 #include "server/agent_api.h"
 #include "server/api_anthropic.h"
 #include "server/api_openai.h"
@@ -37,6 +24,8 @@
 #include "server/connection.h"
 #include "server/generation.h"
 #include "server/http_io.h"
+#include "server/http_listener.h"
+#include "server/metrics.h"
 #include "server/openai.h"
 #include "server/structured.h"
 #include "server/webui.h"
@@ -64,14 +53,6 @@ Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::max(0.0, s)));
 }
 
-int millis_until(Clock::time_point t) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
-  return int(std::clamp<int64_t>(ms, 0, 1 << 30));
-}
-
-// The socket of the request this thread serves (-1: none), for ClientConnection.
-thread_local int current_socket = -1;
-
 // How often a waiting HTTP thread looks at its client's connection, its timeout and shutdown.
 constexpr std::chrono::milliseconds kConnectionPoll{20};
 
@@ -84,6 +65,54 @@ const std::map<std::string, std::string, std::less<>>& known_routes() {
       {"/v1/responses", "POST"},   {"/", "GET"}};
   return routes;
 }
+
+// Generation requests admitted at once: the engine's running ones plus max_queued_requests.
+int64_t admission_limit(const Engine& engine, const ServerOptions& opt) {
+  if (opt.max_queued_requests < 0) throw std::invalid_argument("server: max_queued_requests must not be negative");
+  return std::max<int64_t>(engine.options().max_running, 1) + opt.max_queued_requests;
+}
+
+// Why a request that the server (not the engine) ended was ended.
+enum class Cut { None, ClientGone, Timeout, Shutdown };
+
+// The error a request cut by the server gets.
+ErrorInfo cut_error(Cut cut, double timeout, int64_t tokens) {
+  const std::string after = " after " + std::to_string(tokens) + " generated tokens";
+  if (cut == Cut::Timeout) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", timeout);
+    return {504, std::string("the request's timeout of ") + buf + " s passed" + after, "timeout", "timeout_error",
+            "request_timeout"};
+  }
+  return {503, "the server is shutting down: the request was cut" + after, {}, "service_unavailable",
+          "server_shutdown"};
+}
+
+// What a waiting handler looks at between polls: the client gone, the request's timeout, the
+// shutdown's cut; the first of them cancels the request's choices (their last events come
+// within one engine step).
+struct Watch {
+  ServerMetrics& metrics;
+  std::shared_ptr<Admission::Flight> flight;
+  ClientConnection conn;
+  Clock::time_point deadline;
+  double timeout = 0;
+  Cut cut = Cut::None;
+
+  void check(Generation& gen) {
+    if (cut != Cut::None) return;
+    if (conn.closed()) cut = Cut::ClientGone, ++metrics.client_gone;
+    else if (Clock::now() >= deadline) cut = Cut::Timeout, ++metrics.request_timeouts;
+    else if (flight->cut()) cut = Cut::Shutdown, ++metrics.shutdown_cuts;
+    if (cut != Cut::None) gen.cancel();
+  }
+  // A request cancelled by something else while the shutdown cuts (the second signal's
+  // cancel_all) counts as cut by the shutdown.
+  void settle(FinishReason reason) {
+    if (cut == Cut::None && reason == FinishReason::Cancelled && flight->cut())
+      cut = Cut::Shutdown, ++metrics.shutdown_cuts;
+  }
+};
 
 }  // namespace
 
@@ -110,38 +139,21 @@ struct Server::Impl {
   }
   std::unique_ptr<StructuredOutputs> structured;
   HttpCore http;
-  int port = -1;
-  int listen_fd = -1, wake_fd = -1;
   int64_t started = unix_time();
-  int64_t admit_limit = 0;
-  std::atomic<bool> stop_called{false}, stopping{false}, stop_hard{false}, cut_sent{false};
-  std::atomic<int64_t> drain_deadline_ns{0};
-  std::unique_ptr<Pool> work_pool, liveness_pool;
-
-  // Connections back from a pool after a response, waiting for their next request.
-  std::mutex returned_mu;
-  std::vector<std::pair<int, std::string>> returned;
-  std::atomic<int64_t> open_connections{0};
-
-  // Generation requests admitted and not yet answered; the shutdown's cut sets `cut` on each,
-  // which its handler sees within one poll (kConnectionPoll) and cancels its choices.
-  struct Flight {
-    std::atomic<bool> cut{false};
-  };
-  std::atomic<int64_t> in_flight{0};
-  std::mutex flights_mu;
-  std::map<Flight*, std::shared_ptr<Flight>> flights;
-
-  // Counters for /metrics.
-  // Requests per generation protocol (Protocol::name()); the map is filled before serving.
-  std::map<std::string, std::atomic<int64_t>> requests_by_protocol;
-  std::atomic<int64_t> http_errors{0}, http_streams{0};
-  std::atomic<int64_t> rejected_queue_full{0}, rejected_draining{0}, rejected_connections{0}, rejected_descriptors{0};
-  std::atomic<int64_t> read_timeouts{0}, request_timeouts{0}, shutdown_cuts{0}, client_gone{0};
-  std::atomic<int64_t> liveness_requests{0};
+  ServerMetrics metrics;  // what /metrics shows beside the engine's figures (metrics.h)
+  // The generation requests admitted, the 429 / 503 and the shutdown's drain (admission.h).
+  Admission admission;
+  // Last: its pools, which run the handlers over everything above, end first.
+  HttpListener listener;
 
   Impl(Engine& e, const Tokenizer& t, const GenerationConfig& g, const ModelConfig& m, ServerOptions o)
-      : engine(e), tokenizer(t), generation(g), model(m), opt(std::move(o)) {
+      : engine(e),
+        tokenizer(t),
+        generation(g),
+        model(m),
+        opt(std::move(o)),
+        admission(admission_limit(engine, opt), [this] { listener.wake(); }),
+        listener(http, metrics.http, listener_limits(), listener_hooks()) {
     ctx.tokenizer = &tokenizer;
     ctx.generation = &generation;
     ctx.model_name = opt.model_name;
@@ -158,141 +170,48 @@ struct Server::Impl {
     structured = std::make_unique<StructuredOutputs>(tokenizer, model.vocab_size);
     ctx.structured = structured.get();
     responses_api = std::make_unique<ResponsesApi>(ctx, opt.responses_store);
-    if (opt.max_queued_requests < 0) throw std::invalid_argument("server: max_queued_requests must not be negative");
-    admit_limit = std::max<int64_t>(engine.options().max_running, 1) + opt.max_queued_requests;
-    wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wake_fd < 0) throw std::runtime_error("server: eventfd failed");
     routes();
   }
-  ~Impl() {
-    if (listen_fd >= 0) ::close(listen_fd);
-    if (wake_fd >= 0) ::close(wake_fd);
+
+  HttpListener::Limits listener_limits() const {
+    HttpListener::Limits l;
+    l.read_timeout = opt.read_timeout;
+    l.write_timeout = opt.write_timeout;
+    l.max_header_bytes = opt.max_header_bytes;
+    l.max_body_bytes = opt.max_body_bytes;
+    l.max_connections = opt.max_connections;
+    l.work_threads = opt.http_threads > 0 ? size_t(opt.http_threads) : size_t(admission.limit() + 4);
+    l.liveness_threads = size_t(std::max(opt.liveness_threads, 1));
+    return l;
+  }
+  // What the listener asks: stopping and the drain are admission's; liveness (GET /health,
+  // /metrics, /v1/models) has its own pool, so that it answers whatever the generation load;
+  // the listener's own errors take OpenAI's error object.
+  HttpListener::Hooks listener_hooks() {
+    HttpListener::Hooks h;
+    h.stopping = [this] { return admission.stopping(); };
+    h.done = [this](Clock::time_point now) { return admission.drained(now); };
+    h.liveness = [](const Head& head) {
+      return head.method == "GET" &&
+             (head.target == "/health" || head.target == "/metrics" || head.target == "/v1/models");
+    };
+    h.error_body = [](int status, const std::string& message) { return dump(error_body(status, message)); };
+    return h;
   }
 
   void routes();
   // The one request path of every generation endpoint (protocol.h).
   void serve_generation(Protocol& protocol, const httplib::Request& req, httplib::Response& res);
-  struct Watch;
   void stream(std::shared_ptr<Exchange> ex, std::shared_ptr<Watch> watch, httplib::Response& res);
-  std::string metrics() const;
-  void wake() {
-    const uint64_t one = 1;
-    (void)!::write(wake_fd, &one, sizeof one);
-  }
-  void close_connection(int fd) {
-    ::shutdown(fd, SHUT_RDWR);
-    ::close(fd);
-    --open_connections;
-  }
-  void cut_all() {
-    if (cut_sent.exchange(true)) return;
-    std::lock_guard lk(flights_mu);
-    for (auto& [p, f] : flights) f->cut = true;
-  }
-  // Runs one whole request (already read) on a pool thread, then gives the connection back
-  // to the listener or closes it.
-  void serve_connection(int fd, std::string bytes) {
-    ConnStream strm(fd, std::move(bytes), opt.read_timeout, opt.write_timeout);
-    bool closed = false;
-    const bool close = stopping.load();
-    bool ok = false;
-    current_socket = fd;
-    try {
-      ok = http.serve(strm, close, closed);
-    } catch (...) {
-      ok = false;
-    }
-    current_socket = -1;
-    if (ok && !closed && !close && !stopping) {
-      {
-        std::lock_guard lk(returned_mu);
-        returned.emplace_back(fd, strm.leftover());
-      }
-      wake();
-    } else {
-      close_connection(fd);
-    }
-  }
-  void run_listener();
-};
-
-namespace {
-
-// An admitted generation request: counted from its admission until its response is written
-// (a stream's provider holds it), registered for the shutdown's cut.
-struct Admission {
-  Server::Impl& m;
-  std::shared_ptr<Server::Impl::Flight> flight = std::make_shared<Server::Impl::Flight>();
-  explicit Admission(Server::Impl& impl) : m(impl) {
-    std::lock_guard lk(m.flights_mu);
-    m.flights[flight.get()] = flight;
-  }
-  ~Admission() {
-    {
-      std::lock_guard lk(m.flights_mu);
-      m.flights.erase(flight.get());
-    }
-    --m.in_flight;
-    m.wake();
-  }
-  Admission(const Admission&) = delete;
-  Admission& operator=(const Admission&) = delete;
-};
-
-// Why a request that the server (not the engine) ended was ended.
-enum class Cut { None, ClientGone, Timeout, Shutdown };
-
-// The error a request cut by the server gets.
-ErrorInfo cut_error(Cut cut, double timeout, int64_t tokens) {
-  const std::string after = " after " + std::to_string(tokens) + " generated tokens";
-  if (cut == Cut::Timeout) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%g", timeout);
-    return {504, std::string("the request's timeout of ") + buf + " s passed" + after, "timeout", "timeout_error",
-            "request_timeout"};
-  }
-  return {503, "the server is shutting down: the request was cut" + after, {}, "service_unavailable",
-          "server_shutdown"};
-}
-
-}  // namespace
-
-// What a waiting handler looks at between polls: the client gone, the request's timeout, the
-// shutdown's cut; the first of them cancels the request's choices (their last events come
-// within one engine step).
-struct Server::Impl::Watch {
-  Server::Impl& m;
-  std::shared_ptr<Admission> admission;
-  ClientConnection conn;
-  Clock::time_point deadline;
-  double timeout = 0;
-  Cut cut = Cut::None;
-
-  void check(Generation& gen) {
-    if (cut != Cut::None) return;
-    if (conn.closed()) cut = Cut::ClientGone, ++m.client_gone;
-    else if (Clock::now() >= deadline) cut = Cut::Timeout, ++m.request_timeouts;
-    else if (admission->flight->cut) cut = Cut::Shutdown, ++m.shutdown_cuts;
-    if (cut != Cut::None) gen.cancel();
-  }
-  // A request cancelled by something else while the shutdown cuts (the second signal's
-  // cancel_all) counts as cut by the shutdown.
-  void settle(FinishReason reason) {
-    if (cut == Cut::None && reason == FinishReason::Cancelled && admission->flight->cut)
-      cut = Cut::Shutdown, ++m.shutdown_cuts;
-  }
 };
 
 void Server::Impl::routes() {
-  const size_t workers = opt.http_threads > 0 ? size_t(opt.http_threads) : size_t(admit_limit + 4);
-  work_pool = std::make_unique<Pool>(workers);
-  liveness_pool = std::make_unique<Pool>(size_t(std::max(opt.liveness_threads, 1)));
   http.set_payload_max_length(opt.max_body_bytes);
   http.set_keep_alive_timeout(time_t(std::max(1.0, opt.read_timeout)));
   http.set_keep_alive_max_count(1000);
 
   auto generation_route = [this](const char* path, Protocol& protocol) {
-    std::atomic<int64_t>& count = requests_by_protocol[protocol.name()];
+    std::atomic<int64_t>& count = metrics.requests_by_protocol[protocol.name()];
     http.Post(path, [this, &protocol, &count](const httplib::Request& req, httplib::Response& res) {
       ++count;
       serve_generation(protocol, req, res);
@@ -326,7 +245,7 @@ void Server::Impl::routes() {
     }
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    ++liveness_requests;
+    ++metrics.liveness_requests;
     json m = {{"id", opt.model_name},
               {"object", "model"},
               {"created", started},
@@ -340,7 +259,7 @@ void Server::Impl::routes() {
       if (req.path.rfind("/v1/", 0) != 0 ||
           authorized(req.get_header_value("Authorization"), req.get_header_value("x-api-key"), opt.api_key))
         return httplib::Server::HandlerResponse::Unhandled;
-      ++http_errors;
+      ++metrics.http.errors;
       // Refused before its body was read: the connection closes, so that the body is not
       // taken for the next request.
       res.set_header("Connection", "close");
@@ -361,8 +280,8 @@ void Server::Impl::routes() {
       }
     });
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    ++liveness_requests;
-    if (stopping) {
+    ++metrics.liveness_requests;
+    if (admission.stopping()) {
       res.status = 503;
       res.set_header("Retry-After", "1");
       res.set_content(R"({"status":"draining"})", "application/json");
@@ -371,8 +290,8 @@ void Server::Impl::routes() {
     res.set_content(R"({"status":"ok"})", "application/json");
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    ++liveness_requests;
-    res.set_content(metrics(), "text/plain; version=0.0.4");
+    ++metrics.liveness_requests;
+    res.set_content(metrics_text(metrics, admission, engine.stats()), "text/plain; version=0.0.4");
   });
   // The chat page (webui.h): "/" and each of its files, on the work pool, without the API key
   // (the page asks for it when /v1/* answers 401). no-cache: a restarted server's page is
@@ -399,7 +318,7 @@ void Server::Impl::routes() {
   // a known route asked with another method is a 405 with Allow.
   http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
                                                                       httplib::Response& res) {
-    ++http_errors;
+    ++metrics.http.errors;
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     std::string msg = "request failed with HTTP status " + std::to_string(res.status);
     if (res.status == 400) msg = "malformed request: its request line or headers could not be parsed";
@@ -436,26 +355,18 @@ void Server::Impl::serve_generation(Protocol& protocol, const httplib::Request& 
     res.set_content(dump(protocol.error_body(e)), "application/json");
   };
   try {
-    if (stopping) {
-      ++rejected_draining;
+    Admission::Refusal refused;
+    std::shared_ptr<Admission::Flight> flight = admission.admit(refused);  // from here on it counts in flight
+    if (!flight) {
+      ++(refused == Admission::Refusal::Draining ? metrics.rejected_draining : metrics.rejected_queue_full);
       res.set_header("Retry-After", "1");
-      throw ApiError(503, "the server is shutting down", {}, "service_unavailable", "server_shutdown");
+      throw admission.refusal_error(refused);
     }
-    if (in_flight.fetch_add(1) >= admit_limit) {
-      --in_flight;
-      ++rejected_queue_full;
-      res.set_header("Retry-After", "1");
-      throw ApiError(429,
-                     "the server is at its limit of " + std::to_string(admit_limit) +
-                         " requests running and queued; retry later",
-                     {}, "rate_limit_exceeded", "queue_full");
-    }
-    auto admission = std::make_shared<Admission>(*this);  // from here on it counts in_flight
     std::shared_ptr<Exchange> ex = protocol.parse(parse_json_body(req.body), req.body);
     const ParsedRequest& p = ex->request;
     auto watch = std::make_shared<Watch>(Watch{
-        *this, admission,
-        current_socket >= 0 ? ClientConnection(current_socket)
+        metrics, flight,
+        serving_socket() >= 0 ? ClientConnection(serving_socket())
                             : ClientConnection(req.remote_addr, req.remote_port, req.local_addr, req.local_port),
         p.timeout_seconds > 0 ? Clock::now() + seconds(p.timeout_seconds) : Clock::time_point::max(),
         p.timeout_seconds});
@@ -499,7 +410,7 @@ void Server::Impl::serve_generation(Protocol& protocol, const httplib::Request& 
 }
 
 void Server::Impl::stream(std::shared_ptr<Exchange> ex, std::shared_ptr<Watch> watch, httplib::Response& res) {
-  ++http_streams;
+  ++metrics.http_streams;
   // Throws RequestError before anything is sent: the caller answers 400.
   auto gen = std::make_shared<Generation>(engine, ex->request, tokenizer);
   struct StreamState {
@@ -513,7 +424,7 @@ void Server::Impl::stream(std::shared_ptr<Exchange> ex, std::shared_ptr<Watch> w
   st->usage.prompt_tokens = int64_t(ex->request.request.prompt.size());
   const auto keepalive = seconds(opt.keepalive_seconds);
   res.set_header("Cache-Control", "no-cache");
-  // The provider holds the watch (and with it the admission) until the response is written.
+  // The provider holds the watch (and with it the flight) until the response is written.
   res.set_chunked_content_provider(
       "text/event-stream",
       [ex, gen, st, watch, keepalive](size_t, httplib::DataSink& sink) {
@@ -571,334 +482,39 @@ void Server::Impl::stream(std::shared_ptr<Exchange> ex, std::shared_ptr<Watch> w
       });
 }
 
-// The listener: accepts, reads every connection's next request without blocking, hands whole
-// requests to a pool; during a shutdown it waits for the requests in flight, cutting them at
-// the deadline.
-void Server::Impl::run_listener() {
-  struct Pending {
-    int fd;
-    std::string buf;
-    Clock::time_point deadline;
-    bool continue_sent = false;
-    bool lingering = false;  // answered with an error: reading what is left until EOF, then closed
-  };
-  std::vector<Pending> pending;
-  const size_t read_cap = opt.max_header_bytes + opt.max_body_bytes + 1;
-  Clock::time_point cut_time{};
-  auto reject = [&](Pending& c, int status, const std::string& message) {
-    write_small_response(c.fd, status, dump(error_body(status, message)));
-    ::shutdown(c.fd, SHUT_WR);
-    c.lingering = true;
-    c.buf.clear();
-    c.deadline = Clock::now() + std::chrono::seconds(1);
-  };
-  // Out of file descriptors (accept4 failing with EMFILE or ENFILE), a connection would stay in
-  // the backlog and poll would report the listening socket readable at once, every time: the
-  // listener would spin on a core until a descriptor came free. A descriptor held in reserve is
-  // let go instead, the waiting connection accepted, answered 503 and closed, and the reserve
-  // taken back, so each connection past the limit is told to retry at once. Where the reserve
-  // cannot be had back, accepting pauses for 100 ms at a time.
-  int spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  Clock::time_point accept_paused_until{};
-  auto out_of_descriptors = [&] {
-    ++rejected_descriptors;
-    if (spare_fd >= 0) {
-      ::close(spare_fd);
-      if (const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC); fd >= 0) {
-        write_small_response(fd, 503, dump(error_body(503, "the server has no file descriptor left for this connection; retry later")));
-        ::close(fd);
-      }
-      spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    }
-    if (spare_fd < 0) accept_paused_until = Clock::now() + std::chrono::milliseconds(100);
-  };
-  // Complete -> handed to a pool (false: stays pending or lingering).
-  auto advance = [&](Pending& c) -> bool {
-    if (c.lingering) return false;
-    Head h = examine(c.buf, opt.max_header_bytes, opt.max_body_bytes, c.continue_sent);
-    if (h.send_continue) {
-      static const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
-      (void)!::send(c.fd, kContinue, sizeof kContinue - 1, MSG_NOSIGNAL);
-      c.continue_sent = true;
-    }
-    if (h.kind == Head::Reject) {
-      ++http_errors;
-      reject(c, h.status, h.message);
-      return false;
-    }
-    if (h.kind != Head::Complete) return false;
-    const bool liveness =
-        h.method == "GET" && (h.target == "/health" || h.target == "/metrics" || h.target == "/v1/models");
-    Pool& pool = liveness ? *liveness_pool : *work_pool;
-    pool.post([this, fd = c.fd, bytes = std::move(c.buf)]() mutable { serve_connection(fd, std::move(bytes)); });
-    return true;
-  };
-
-  while (true) {
-    const auto now = Clock::now();
-    if (stopping) {
-      if (in_flight == 0) break;
-      if (stop_hard || now.time_since_epoch().count() >= drain_deadline_ns) {
-        if (!cut_sent) {
-          cut_all();
-          cut_time = now;
-        } else if (now - cut_time > std::chrono::seconds(10)) {
-          break;  // a request that does not end when cut: stop waiting for it
-        }
-      }
-    }
-    {
-      std::vector<std::pair<int, std::string>> back;
-      {
-        std::lock_guard lk(returned_mu);
-        back.swap(returned);
-      }
-      for (auto& [fd, rest] : back) {
-        if (stopping) {
-          close_connection(fd);
-          continue;
-        }
-        pending.push_back({fd, std::move(rest), now + seconds(opt.read_timeout)});
-        if (!pending.back().buf.empty() && advance(pending.back())) pending.pop_back();
-      }
-    }
-    std::vector<pollfd> fds;
-    fds.push_back({wake_fd, POLLIN, 0});
-    fds.push_back({listen_fd, short(now < accept_paused_until ? 0 : POLLIN), 0});
-    for (const Pending& c : pending) fds.push_back({c.fd, POLLIN, 0});
-    Clock::time_point next = now + std::chrono::milliseconds(100);
-    if (now < accept_paused_until) next = std::min(next, accept_paused_until);
-    for (const Pending& c : pending) next = std::min(next, c.deadline);
-    const int r = ::poll(fds.data(), nfds_t(fds.size()), std::max(1, millis_until(next)));
-    if (r < 0 && errno != EINTR) break;
-    if (fds[0].revents & POLLIN) {
-      uint64_t v;
-      (void)!::read(wake_fd, &v, sizeof v);
-    }
-    if (fds[1].revents & POLLIN) {
-      while (true) {
-        const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-          if (errno == EMFILE || errno == ENFILE) out_of_descriptors();
-          break;
-        }
-        ++open_connections;
-        const int one = 1;
-        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        Pending c{fd, {}, Clock::now() + seconds(opt.read_timeout)};
-        if (open_connections > opt.max_connections) {
-          ++rejected_connections;
-          reject(c, 503, "the server has its limit of " + std::to_string(opt.max_connections) +
-                             " connections open; retry later");
-        }
-        pending.push_back(std::move(c));
-      }
-    }
-    // Read what came; hand on whole requests. (New connections have no revents yet.)
-    std::vector<Pending> still;
-    still.reserve(pending.size());
-    for (size_t i = 0; i < pending.size(); ++i) {
-      Pending& c = pending[i];
-      const short rev = i + 2 < fds.size() && fds[i + 2].fd == c.fd ? fds[i + 2].revents : 0;
-      bool gone = false;
-      if (rev & (POLLIN | POLLHUP | POLLERR)) {
-        char chunk[16384];
-        while (true) {
-          const ssize_t n = ::recv(c.fd, chunk, sizeof chunk, 0);
-          if (n > 0) {
-            if (!c.lingering) c.buf.append(chunk, size_t(n));
-            if (c.buf.size() > read_cap) break;
-            continue;
-          }
-          if (n == 0 || (errno != EAGAIN && errno != EINTR)) gone = true;
-          if (n < 0 && errno == EINTR) continue;
-          break;
-        }
-        if (!gone && advance(c)) continue;  // handed on
-      }
-      if (gone) {
-        close_connection(c.fd);
-        continue;
-      }
-      if (Clock::now() >= c.deadline) {
-        if (c.lingering || c.buf.empty()) {
-          close_connection(c.fd);  // done lingering, or idle: closed quietly
-          continue;
-        }
-        ++read_timeouts;
-        ++http_errors;
-        reject(c, 408,
-               "the request did not arrive within " + std::to_string(int64_t(opt.read_timeout)) +
-                   " s (the server's read timeout)");
-      }
-      still.push_back(std::move(c));
-    }
-    pending.swap(still);
-  }
-  for (Pending& c : pending) close_connection(c.fd);
-  if (spare_fd >= 0) ::close(spare_fd);
-  ::close(listen_fd);
-  listen_fd = -1;
-  // The threads end once their requests are answered (cut ones included).
-  work_pool->shutdown();
-  liveness_pool->shutdown();
-  std::vector<std::pair<int, std::string>> back;
-  {
-    std::lock_guard lk(returned_mu);
-    back.swap(returned);
-  }
-  for (auto& [fd, rest] : back) close_connection(fd);
-  http.set_listen_socket(-1);
-}
-
-// The /metrics text (Prometheus' text format), all of it written here: a new counter is one
-// more line() (or a labelled family).
-std::string Server::Impl::metrics() const {
-  EngineStats s = engine.stats();
-  std::ostringstream o;
-  auto line = [&](const char* name, const char* help, const char* type, auto v) {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n" << name << " " << v << "\n";
-  };
-  // A family with one label: {label="value"} v per entry.
-  auto family = [&](const char* name, const char* help, const char* type, const char* label,
-                    std::initializer_list<std::pair<const char*, int64_t>> values) {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
-    for (const auto& [value, v] : values) o << name << "{" << label << "=\"" << value << "\"} " << v << "\n";
-  };
-  o << "# HELP mla_http_requests_total HTTP requests to the generation endpoints\n"
-       "# TYPE mla_http_requests_total counter\n";
-  for (const auto& [name, count] : requests_by_protocol)
-    o << "mla_http_requests_total{endpoint=\"" << name << "\"} " << count.load() << "\n";
-  line("mla_http_streams_total", "streamed (server-sent events) responses", "counter", http_streams.load());
-  line("mla_http_errors_total", "responses with an error status", "counter", http_errors.load());
-  line("mla_http_liveness_requests_total", "requests to /health, /metrics and /v1/models", "counter",
-       liveness_requests.load());
-  family("mla_http_rejected_total", "generation requests refused at once", "counter", "reason",
-         {{"queue_full", rejected_queue_full.load()},
-          {"draining", rejected_draining.load()},
-          {"connections", rejected_connections.load()},
-          {"descriptors", rejected_descriptors.load()}});
-  family("mla_http_cut_total", "requests the server ended before the engine did", "counter", "reason",
-         {{"client_gone", client_gone.load()}, {"timeout", request_timeouts.load()}, {"shutdown", shutdown_cuts.load()}});
-  line("mla_http_read_timeouts_total", "requests that did not arrive within the read timeout (408)", "counter",
-       read_timeouts.load());
-  line("mla_http_requests_in_flight", "generation requests admitted and not yet answered", "gauge", in_flight.load());
-  line("mla_http_requests_limit", "generation requests admitted at most (running + queued)", "gauge", admit_limit);
-  line("mla_http_connections_open", "open client connections", "gauge", open_connections.load());
-  line("mla_requests_submitted_total", "requests given to the engine", "counter", s.requests_submitted);
-  line("mla_requests_finished_total", "requests ended (any reason)", "counter", s.requests_finished);
-  line("mla_requests_cancelled_total", "requests cancelled (client gone, shutdown)", "counter", s.requests_cancelled);
-  line("mla_requests_running", "sequences in the running batch", "gauge", s.running);
-  line("mla_requests_waiting", "requests queued for admission", "gauge", s.waiting);
-  line("mla_prompt_tokens_total", "prompt tokens of admitted requests", "counter", s.prompt_tokens);
-  line("mla_prefix_cache_hit_tokens_total", "prompt tokens taken from the prefix cache", "counter",
-       s.prefix_hit_tokens);
-  line("mla_generation_tokens_total", "tokens sampled", "counter", s.generation_tokens);
-  line("mla_computed_tokens_total", "tokens run through the model (prefill, recompute, decode)", "counter",
-       s.computed_tokens);
-  line("mla_preemptions_total", "sequences preempted for pages (recomputed later)", "counter", s.preemptions);
-  line("mla_engine_steps_total", "forward passes of the engine", "counter", s.steps);
-  line("mla_kv_pages_total", "pages of the latent KV cache", "gauge", s.kv_pages_total);
-  line("mla_kv_pages_used", "pages in use (sequences and prefix cache)", "gauge", s.kv_pages_total - s.kv_pages_free);
-  line("mla_kv_pages_free", "free pages", "gauge", s.kv_pages_free);
-  line("mla_kv_pages_prefix_cache", "pages only the prefix cache holds", "gauge", s.kv_pages_prefix_cache);
-  line("mla_kv_pages_held_by_requests",
-       "pages neither free nor held by the prefix cache alone (0 when no request runs: none leaked)", "gauge",
-       s.kv_pages_total - s.kv_pages_free - s.kv_pages_prefix_cache);
-  line("mla_kv_page_size_tokens", "tokens per page", "gauge", s.kv_page_size);
-  line("mla_kv_bytes_per_token", "latent cache bytes per token, all layers", "gauge", s.kv_bytes_per_token);
-  line("mla_prefix_cache_entries", "entries of the prefix cache", "gauge", s.prefix_cache_entries);
-  family("mla_batches_total", "forward passes by attention path", "counter", "path",
-         {{"expand", s.paths.expand}, {"absorb", s.paths.absorb}, {"chunked", s.paths.chunked}});
-  // Speculative decoding (engine/speculative.h): drafts verified and accepted, and what a
-  // verify step yields.
-  line("mla_spec_draft_tokens_total", "draft tokens verified", "counter", s.spec_draft_tokens);
-  line("mla_spec_accepted_tokens_total", "draft tokens accepted", "counter", s.spec_accepted_tokens);
-  line("mla_spec_verify_steps_total", "sequence-steps that verified drafts", "counter", s.spec_steps);
-  line("mla_spec_acceptance_rate", "accepted / drafted", "gauge", s.spec_acceptance_rate());
-  line("mla_spec_tokens_per_step", "tokens a verify step yields", "gauge", s.spec_tokens_per_step());
-  return o.str();
-}
-
 Server::Server(Engine& engine, const Tokenizer& tokenizer, const GenerationConfig& generation,
                const ModelConfig& model, ServerOptions opt)
     : impl_(std::make_unique<Impl>(engine, tokenizer, generation, model, std::move(opt))) {}
 
 Server::~Server() {
   stop_now();
-  impl_->work_pool->shutdown();
-  impl_->liveness_pool->shutdown();
+  impl_->listener.stop_pools();
 }
 
-int Server::bind() {
-  Impl& m = *impl_;
-  if (m.opt.port < 0 || m.opt.port > 65535)
-    throw std::runtime_error("server: port " + std::to_string(m.opt.port) + " is out of range");
-  if (m.listen_fd >= 0) return m.port;
-  addrinfo hints{}, *ai = nullptr;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  const std::string service = std::to_string(m.opt.port);
-  if (getaddrinfo(m.opt.host.c_str(), service.c_str(), &hints, &ai) != 0 || !ai)
-    throw std::runtime_error("server: cannot resolve the address " + m.opt.host);
-  int fd = -1;
-  for (addrinfo* a = ai; a && fd < 0; a = a->ai_next) {
-    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    const int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 512) != 0) {
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(ai);
-  if (fd < 0)
-    throw std::runtime_error("server: cannot bind " + m.opt.host + ":" + std::to_string(m.opt.port) +
-                             " (in use, or not an address of this machine)");
-  sockaddr_storage a{};
-  socklen_t len = sizeof a;
-  std::string ip;
-  int port = 0;
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0 || !numeric_address(a, len, ip, port)) {
-    ::close(fd);
-    throw std::runtime_error("server: cannot read the bound port");
-  }
-  m.listen_fd = fd;
-  m.port = port;
-  m.http.set_listen_socket(fd);
-  return port;
-}
+int Server::bind() { return impl_->listener.bind(impl_->opt.host, impl_->opt.port); }
 
 void Server::listen() {
   Impl& m = *impl_;
-  if (m.listen_fd < 0) throw std::logic_error("server: listen() before bind()");
-  m.run_listener();
+  if (!m.listener.bound()) throw std::logic_error("server: listen() before bind()");
+  m.listener.run();
 }
 
 void Server::stop() {
   Impl& m = *impl_;
-  if (!m.stop_called.exchange(true)) {  // the deadline first: the listener reads it once stopping
-    const auto deadline = Clock::now() + seconds(m.opt.shutdown_timeout);
-    m.drain_deadline_ns = deadline.time_since_epoch().count();
-    m.stopping = true;
-  }
-  m.wake();
+  m.admission.stop(Clock::now() + seconds(m.opt.shutdown_timeout));
+  m.listener.wake();
 }
 
 void Server::stop_now() {
   Impl& m = *impl_;
-  m.stop_hard = true;
-  stop();
-  m.cut_all();
-  m.wake();
+  m.admission.stop_now(Clock::now() + seconds(m.opt.shutdown_timeout));
+  m.listener.wake();
 }
 
-bool Server::draining() const { return impl_->stopping; }
+bool Server::draining() const { return impl_->admission.stopping(); }
 
-int Server::port() const { return impl_->port; }
+int Server::port() const { return impl_->listener.port(); }
 
-std::string Server::metrics() const { return impl_->metrics(); }
+std::string Server::metrics() const { return metrics_text(impl_->metrics, impl_->admission, impl_->engine.stats()); }
 
 }  // namespace mla::server

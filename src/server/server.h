@@ -5,8 +5,10 @@
 //   GET  /v1/models, /health, /metrics (plain text)
 //   POST /tokenize, /detokenize (llama-server / vLLM shapes; agent_api.h)
 //   GET  / and its files: the chat page (webui.h; off with ServerOptions::webui = false)
-// Each generation endpoint answers JSON, or server-sent events with "stream": true. The pieces
-// of the HTTP layer that know no API are in http_io.h.
+// Each generation endpoint answers JSON, or server-sent events with "stream": true. The layers:
+// the HTTP layer, which knows no API (http_io.h, http_listener.h); admission and drain
+// (admission.h) and the /metrics text (metrics.h); one adapter per protocol (protocol.h); the
+// routes and the one request path over them (server.cpp).
 //
 // Connections: one listener thread accepts every connection and reads each request (head and
 // body) without blocking, under limits: the head's size (431), the body's size (413, from its
