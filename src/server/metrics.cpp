@@ -66,7 +66,28 @@ std::string metrics_text(const ServerMetrics& m, const Admission& admission, con
        s.kv_pages_total - s.kv_pages_free - s.kv_pages_prefix_cache);
   line("mla_kv_page_size_tokens", "tokens per page", "gauge", s.kv_page_size);
   line("mla_kv_bytes_per_token", "latent cache bytes per token, all layers", "gauge", s.kv_bytes_per_token);
-  line("mla_prefix_cache_entries", "entries of the prefix cache", "gauge", s.prefix_cache_entries);
+  line("mla_prefix_cache_entries", "pages in the prompt cache's pool tier", "gauge", s.prefix_cache_entries);
+  // The prompt cache's tiers (kv/prefix_cache.h): hits by the tier that served them, and sizes.
+  const PrefixCacheStats& pc = s.prefix;
+  family("mla_prompt_cache_hit_tokens_total", "prompt tokens served by each tier of the prompt cache", "counter",
+         "tier", {{"pool", pc.hit_tokens[0]}, {"ram", pc.hit_tokens[1]}, {"disk", pc.hit_tokens[2]}});
+  family("mla_prompt_cache_hit_bytes_total", "latent bytes of those tokens", "counter", "tier",
+         {{"pool", pc.hit_bytes[0]}, {"ram", pc.hit_bytes[1]}, {"disk", pc.hit_bytes[2]}});
+  family("mla_prompt_cache_bytes", "bytes each tier holds", "gauge", "tier",
+         {{"pool", pc.pool_pages * (s.kv_bytes_per_token * s.kv_page_size)},
+          {"ram", pc.ram_bytes},
+          {"disk", pc.disk_bytes}});
+  family("mla_prompt_cache_budget_bytes", "bytes each tier may hold (0: off)", "gauge", "tier",
+         {{"ram", pc.ram_budget}, {"disk", pc.disk_budget}});
+  family("mla_prompt_cache_pages", "pages each tier holds", "gauge", "tier",
+         {{"pool", pc.pool_pages}, {"ram", pc.ram_pages}, {"disk", pc.disk_files}});
+  line("mla_prompt_cache_disk_writes_total", "page files written", "counter", pc.disk_written);
+  line("mla_prompt_cache_disk_rejected_total", "page files that failed a check, deleted and recomputed", "counter",
+       pc.disk_rejected);
+  line("mla_prompt_cache_disk_skipped_total", "page writes not queued (queue full, tier off)", "counter",
+       pc.disk_skipped);
+  line("mla_prompt_cache_disk_evicted_total", "page files deleted for the disk budget", "counter", pc.disk_evicted);
+  line("mla_prompt_cache_disk_writable", "1 while the disk tier writes", "gauge", pc.disk_writable ? 1 : 0);
   family("mla_batches_total", "forward passes by attention path", "counter", "path",
          {{"expand", s.paths.expand}, {"absorb", s.paths.absorb}, {"chunked", s.paths.chunked}});
   // Speculative decoding (engine/speculative.h): drafts verified and accepted, and what a

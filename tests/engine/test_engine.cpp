@@ -15,6 +15,7 @@
 
 #include "engine/engine.h"
 #include "engine/test_requests.h"
+#include "kv/page_hash.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -378,6 +379,36 @@ TEST(Engine, PrefixCacheSharesPagesAndKeepsTokens) {
   e->run_until_idle();
   EXPECT_EQ(c.results[idc].cached_tokens, 24) << "22 + 6 tokens: a's cache held 27, 24 of them on full pages";
   EXPECT_EQ(c.results[idc].tokens, again_alone.tokens);
+}
+
+// The prompt cache's RAM and disk tiers under the engine: a prompt whose pages were pushed out
+// of the pool into RAM, and the same prompt in a new engine reading them from disk (a restart),
+// give the tokens a cold start gives, and report the tokens they took from each tier.
+TEST(Engine, PromptCacheTiersGiveTheOutputOfAColdStart) {
+  test::TempDir dir("engine-tiers");
+  const Request req = greedy(prompt_ids(70, 7), 8);
+  const RequestResult cold = run_alone(req);
+  EngineOptions opt = pool_of(12, 8);  // 96 tokens: another request pushes req's pages out
+  opt.prefix_tiers.ram_bytes = int64_t(1) << 20;
+  opt.prefix_tiers.disk_dir = dir.str();
+  opt.prefix_tiers.disk_bytes = int64_t(1) << 30;
+  opt.prefix_tiers.fingerprint = Digest().add("deepseek-v3-tiny").finish();
+  {
+    auto e = make_engine(opt);
+    EXPECT_EQ(e->generate(req).tokens, cold.tokens);
+    EXPECT_EQ(e->generate(greedy(prompt_ids(80, 300), 4)).reason, FinishReason::MaxTokens);
+    const RequestResult from_ram = e->generate(req);
+    EXPECT_EQ(from_ram.tokens, cold.tokens);
+    EXPECT_EQ(from_ram.cached_tokens, 64) << "69 tokens may come from the cache: 8 full pages";
+    EXPECT_GT(e->stats().prefix.hit_tokens[int(CacheTier::Ram)], 0) << "the pool gave the pages up to RAM";
+    e->flush_prompt_cache();
+  }
+  opt.prefix_tiers.ram_bytes = 0;
+  auto e = make_engine(opt);
+  const RequestResult from_disk = e->generate(req);
+  EXPECT_EQ(from_disk.tokens, cold.tokens);
+  EXPECT_EQ(from_disk.cached_tokens, 64);
+  EXPECT_EQ(e->stats().prefix.hit_tokens[int(CacheTier::Disk)], 64);
 }
 
 // Two running sequences cross a page boundary in the same step while a long request waits: the
