@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -147,6 +148,7 @@ void DiskTier::scan_own_folder() {
 
 PageBlockPtr DiskTier::read(const Hash128& key, std::span<const int32_t> tokens) {
   if (!readable_ || int64_t(tokens.size()) != opt_.page_size) return nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
   const std::string path = path_of(key);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -202,6 +204,7 @@ PageBlockPtr DiskTier::read(const Hash128& key, std::span<const int32_t> tokens)
   known_.insert(key);
   ++stats_.read;
   stats_.read_bytes += file_bytes();
+  stats_.read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return block;
 }
 

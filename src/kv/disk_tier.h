@@ -82,6 +82,7 @@ class DiskTier {
     int64_t files = 0, bytes = 0;                // page files and their bytes under DIR, as last counted
     int64_t written = 0, written_bytes = 0;      // by this process
     int64_t read = 0, read_bytes = 0;            // hits
+    double read_seconds = 0;                     // spent reading and checking them
     int64_t rejected = 0;                        // files that failed a check, deleted
     int64_t skipped = 0;                         // writes not queued (queue full, tier off)
     int64_t evicted = 0;                         // files deleted for the budget

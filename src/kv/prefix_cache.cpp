@@ -262,6 +262,8 @@ PrefixCacheStats PrefixCache::stats() const {
     s.disk_rejected = d.rejected;
     s.disk_skipped = d.skipped;
     s.disk_evicted = d.evicted;
+    s.disk_read_bytes = d.read_bytes;
+    s.disk_read_seconds = d.read_seconds;
   }
   return s;
 }

@@ -59,6 +59,8 @@ struct PrefixCacheStats {
   bool disk_on = false, disk_writable = false;
   int64_t disk_files = 0, disk_bytes = 0, disk_budget = 0;
   int64_t disk_written = 0, disk_rejected = 0, disk_skipped = 0, disk_evicted = 0;
+  int64_t disk_read_bytes = 0;  // page files read (hits, prefetches included)
+  double disk_read_seconds = 0;  // the time those reads took, checks included
 };
 
 class PrefixCache {

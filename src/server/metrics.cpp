@@ -87,6 +87,9 @@ std::string metrics_text(const ServerMetrics& m, const Admission& admission, con
   line("mla_prompt_cache_disk_skipped_total", "page writes not queued (queue full, tier off)", "counter",
        pc.disk_skipped);
   line("mla_prompt_cache_disk_evicted_total", "page files deleted for the disk budget", "counter", pc.disk_evicted);
+  line("mla_prompt_cache_disk_read_bytes_total", "bytes of page files read", "counter", pc.disk_read_bytes);
+  line("mla_prompt_cache_disk_read_seconds_total", "seconds spent reading and checking page files", "counter",
+       pc.disk_read_seconds);
   line("mla_prompt_cache_disk_writable", "1 while the disk tier writes", "gauge", pc.disk_writable ? 1 : 0);
   family("mla_batches_total", "forward passes by attention path", "counter", "path",
          {{"expand", s.paths.expand}, {"absorb", s.paths.absorb}, {"chunked", s.paths.chunked}});
