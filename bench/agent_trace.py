@@ -179,6 +179,8 @@ def main():
     p.add_argument("--gguf", default=None)
     p.add_argument("--work", default=None, help="scratch folder (default: a new one under /tmp)")
     p.add_argument("--disk-probe-gb", type=float, default=1.0)
+    p.add_argument("--probe-only", action="store_true",
+                   help="only the restart probe, on the cache a full run left in --work (same trace options)")
     a = p.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="mla-agent-trace-")
     os.makedirs(work, exist_ok=True)
@@ -200,6 +202,8 @@ def main():
           (a.sessions, a.turns, a.start_tokens, a.end_tokens, a.shared_tokens, a.model, a.threads, work))
     pool_gb = (a.end_tokens + 2048) * per_token * 1.3 / 1e9  # about one session's pages
     res = {}
+    if a.probe_only:
+        return restart_probe(a, work, pool_gb, sessions, ids, None)
 
     # cold: every context prefilled whole (session 0's; the others' are as long)
     srv = mla_server(a, work, "cold", ["--no-prefix-cache", "--kv-cache-gb", "%.4f" % pool_gb])
@@ -229,15 +233,6 @@ def main():
             res[("restart", t, s)] = mla_turn(srv, sessions[s][t])
         srv.stop()
 
-    # the restart probe at the last context
-    rate = disk_read_rate(work, a.disk_probe_gb)
-    drop_page_cache()
-    srv = mla_server(a, work, "probe", ["--kv-cache-gb", "%.4f" % pool_gb, "--cache-dir", cache_dir])
-    probe = mla_turn(srv, sessions[0][-1] + ids(64))
-    m = get(srv.url("/metrics"))
-    disk_bytes = metric(m, "mla_prompt_cache_disk_read_bytes_total")
-    read_secs = metric(m, "mla_prompt_cache_disk_read_seconds_total")
-    srv.stop()
 
     llama = None
     if a.llama_server and a.gguf:
@@ -267,7 +262,27 @@ def main():
             l = res[("llama", t, s)]
             line += "%6d %6.2f  %5.2fx" % (l[2], l[0], l[0] / w[0])
         print(line)
-    cold_last = res[("cold", a.turns - 1)][0]
+    restart_probe(a, work, pool_gb, sessions, ids, res[("cold", a.turns - 1)][0])
+    print("RAM tier served %d tokens in the warm run; page cache %s before each restart" %
+          (ram_hits, "dropped" if dropped else "NOT dropped"))
+
+
+def restart_probe(a, work, pool_gb, sessions, ids, cold_last):
+    """The last turn's context plus a 64-token message on a server restarted on the cache, the
+    page cache dropped: its TTFT against the cold prefill's, its read rate against dd's."""
+    cache_dir = os.path.join(work, "cache")
+    rate = disk_read_rate(work, a.disk_probe_gb)
+    drop_page_cache()
+    srv = mla_server(a, work, "probe", ["--kv-cache-gb", "%.4f" % pool_gb, "--cache-dir", cache_dir])
+    probe = mla_turn(srv, sessions[0][-1] + ids(64))
+    m = get(srv.url("/metrics"))
+    disk_bytes = metric(m, "mla_prompt_cache_disk_read_bytes_total")
+    read_secs = metric(m, "mla_prompt_cache_disk_read_seconds_total")
+    srv.stop()
+    if cold_last is None:  # --probe-only: the cold prefill of the same context, now
+        cold = mla_server(a, work, "probe-cold", ["--no-prefix-cache", "--kv-cache-gb", "%.4f" % pool_gb])
+        cold_last = mla_turn(cold, sessions[0][-1])[0]
+        cold.stop()
     print("\nrestart probe: %d tokens, %d from disk, TTFT %.2f s against the cold prefill's %.2f s: %.3f (target <= 0.05)"
           % (probe[1], probe[2], probe[0], cold_last, probe[0] / cold_last))
     if rate and read_secs > 0:
@@ -275,8 +290,6 @@ def main():
               % (disk_bytes / 1e6, read_secs, disk_bytes / read_secs / 1e6, rate / 1e6, disk_bytes / read_secs / rate))
     else:
         print("  the page cache could not be dropped (not root): the disk figures are reads from RAM")
-    print("RAM tier served %d tokens in the warm run; page cache %s before each restart" %
-          (ram_hits, "dropped" if dropped else "NOT dropped"))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <random>
 
 namespace mla {
 
@@ -87,6 +88,7 @@ std::vector<std::string> list_dir(const std::string& dir) {
 }  // namespace
 
 DiskTier::DiskTier(DiskTierOptions opt) : opt_(std::move(opt)) {
+  nonce_ = std::random_device{}();
   if (!opt_.warn) opt_.warn = [](const std::string& m) { std::fprintf(stderr, "mla: %s\n", m.c_str()); };
   for (int64_t b : opt_.part_bytes) payload_bytes_ += b;
   folder_ = (std::filesystem::path(opt_.dir) / opt_.fingerprint.hex()).string();
@@ -208,6 +210,16 @@ PageBlockPtr DiskTier::read(const Hash128& key, std::span<const int32_t> tokens)
   return block;
 }
 
+void DiskTier::will_need(std::span<const Hash128> keys) const {
+  if (!readable_) return;
+  for (const Hash128& key : keys) {
+    const int fd = ::open(path_of(key).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) break;  // the chain ends here
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+    ::close(fd);
+  }
+}
+
 bool DiskTier::write(PageWrite w) {
   std::lock_guard lock(mu_);
   if (!writable_ || known_.count(w.key) || queued_.count(w.key)) return false;
@@ -287,9 +299,12 @@ bool DiskTier::write_file(const PageWrite& w) {
     std::lock_guard lock(mu_);
     n = ++tmp_counter_;
   }
-  const std::string tmp = folder_ + "/" + kTmpPrefix + w.key.hex() + "." + std::to_string(::getpid()) + "." + std::to_string(n);
+  // Unique across processes (pid), tiers of one process (nonce_) and writes (n).
+  const std::string tmp = folder_ + "/" + kTmpPrefix + w.key.hex() + "." + std::to_string(::getpid()) + "." +
+                          std::to_string(nonce_) + "." + std::to_string(n);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
+    if (errno == EEXIST) return false;  // not ours to touch; the page stays unwritten
     turn_off_writes("cannot create " + tmp + ": " + std::strerror(errno));
     return false;
   }

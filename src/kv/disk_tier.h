@@ -73,6 +73,9 @@ class DiskTier {
   bool contains(const Hash128& key) const;
   // The page under key holding these tokens, checked; null when absent or bad (then deleted).
   PageBlockPtr read(const Hash128& key, std::span<const int32_t> tokens);
+  // Asks the kernel to start reading these pages' files (posix_fadvise WILLNEED), so that the
+  // reads that follow find them in memory instead of waiting for the disk one file at a time.
+  void will_need(std::span<const Hash128> keys) const;
   // Queues a write and returns at once; false (and `done` never runs) when the tier does not
   // write, holds or queues the key already, or the queue is full.
   bool write(PageWrite w);
@@ -109,7 +112,7 @@ class DiskTier {
   int64_t pending_bytes_ = 0;
   std::unordered_set<Hash128, Hash128Hasher> known_, queued_;
   Stats stats_;
-  uint64_t tmp_counter_ = 0;
+  uint64_t tmp_counter_ = 0, nonce_ = 0;
   std::thread writer_;
 };
 

@@ -162,6 +162,7 @@ int64_t PrefixCache::match(std::span<const int32_t> tokens, int64_t max_len, Pag
   max_len = std::min<int64_t>(max_len, int64_t(tokens.size()));
   const std::vector<Hash128> keys = page_keys(tokens, ps, std::max<int64_t>(max_len, 0) / ps);
   int64_t got = 0;
+  bool advised = false;
   for (; got < int64_t(keys.size()); ++got) {
     const Hash128& key = keys[size_t(got)];
     const auto slice = tokens.subspan(size_t(got * ps), size_t(ps));
@@ -174,7 +175,11 @@ int64_t PrefixCache::match(std::span<const int32_t> tokens, int64_t max_len, Pag
       continue;
     }
     PageBlockPtr block = ram_ ? ram_->take(key, slice) : nullptr;
-    if (!block && disk_) block = disk_->read(key, slice);
+    if (!block && disk_) {
+      if (!advised) disk_->will_need(std::span(keys).subspan(size_t(got)));
+      advised = true;
+      block = disk_->read(key, slice);
+    }
     if (!block) break;
     while (pool_.free_pages() <= keep_free && evict_one()) {
     }
@@ -202,6 +207,10 @@ void PrefixCache::prefetch(std::span<const int32_t> tokens) {
   const int64_t ps = pool_.page_size();
   const std::vector<Hash128> keys = page_keys(tokens, ps, int64_t(tokens.size()) / ps);
   int64_t room = ram_->budget() / 2;
+  std::vector<Hash128> wanted;
+  for (const Hash128& key : keys)
+    if (!resident_key(key) && !ram_->contains(key)) wanted.push_back(key);
+  disk_->will_need(wanted);  // the reads below then overlap instead of waiting one by one
   for (size_t i = 0; i < keys.size(); ++i) {
     if (resident_key(keys[i]) || ram_->contains(keys[i])) continue;
     PageBlockPtr block = disk_->read(keys[i], tokens.subspan(i * size_t(ps), size_t(ps)));

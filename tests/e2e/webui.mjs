@@ -102,12 +102,18 @@ await check('the page loads from the server alone, without console errors', asyn
 let first;
 await check('Enter sends a message and the reply streams onto the page', async () => {
   await setMaxTokens(page, 12);
+  // Streaming: the reply's element carries the "generating" mark while it streams. Twelve
+  // tokens of the tiny model can end before a check made after Enter runs, so an observer set
+  // up beforehand records the mark whenever it appears.
+  await page.evaluate(() => {
+    window.sawGenerating = false;
+    new MutationObserver(() => {
+      const m = document.querySelector('.message.assistant:last-child .meta');
+      if (m && m.textContent.includes('generating')) window.sawGenerating = true;
+    }).observe(document.body, { subtree: true, childList: true, characterData: true });
+  });
   await sendWithEnter(page, 'Hello there');
-  // Streaming: the reply's element exists with the "generating" mark while Stop shows.
-  await page.waitForFunction(() => {
-    const m = document.querySelector('.message.assistant:last-child .meta');
-    return m && m.textContent.includes('generating');
-  }, { polling: 'mutation', timeout: 10000 });
+  await page.waitForFunction(() => window.sawGenerating, { timeout: 10000 });
   first = await lastReplyDone(page);
   assert(!first.error, `reply failed: ${first.error}`);
   assert(first.content.length + first.reasoning.length + first.tool_calls.length > 0, 'empty reply');
