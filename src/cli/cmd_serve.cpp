@@ -30,7 +30,7 @@ struct ServeOptions {
   std::string model_dir, host = "127.0.0.1", served_model_name;
   int port = 8080;
   double kv_cache_gb = 0;
-  int64_t max_batch_tokens = 512, max_num_seqs = 64;
+  int64_t max_batch_tokens = 512, max_num_seqs = 64, chunk_depth = 16384;
   mla::cli::CacheOptions cache;
   mla::cli::CpuOptions cpu{.threads = 0, .precision = "fast"};
   bool no_webui = false;
@@ -84,6 +84,10 @@ int serve_cmd(int argc, char** argv) {
   mla::cli::add_cache_options(app, o.cache);
   app.add_option("--max-batch-tokens", o.max_batch_tokens, "new tokens per forward pass: decode tokens + prefill chunks");
   app.add_option("--max-num-seqs", o.max_num_seqs, "sequences running at once");
+  app.add_option("--chunk-depth", o.chunk_depth,
+                 "while sequences decode, a pass does at most the attention work of max-batch-tokens tokens at this "
+                 "depth: deep in a long prompt its chunks shrink, so that decoding sequences keep getting tokens "
+                 "(default 16384; 0: no bound)");
   mla::cli::add_speculative_options(app, o.spec);
   mla::cli::add_cpu_options(app, o.cpu,
                             "fast (bf16 activations in the matrix products, AMX for prompts) | precise (float32 throughout)");
@@ -128,6 +132,7 @@ int serve_cmd(int argc, char** argv) {
   if (o.port < 0 || o.port > 65535) throw std::invalid_argument("--port must be in [0, 65535]");
   if (o.max_num_seqs < 1) throw std::invalid_argument("--max-num-seqs must be positive");
   if (o.max_batch_tokens < 1) throw std::invalid_argument("--max-batch-tokens must be positive");
+  if (o.chunk_depth < 0) throw std::invalid_argument("--chunk-depth must not be negative");
   if (o.max_queued_requests < 0 || o.max_queued_requests > 100000)
     throw std::invalid_argument("--max-queued-requests must be in [0, 100000]");
   if (!(o.shutdown_timeout >= 0) || o.shutdown_timeout > 86400)
@@ -175,6 +180,7 @@ int serve_cmd(int argc, char** argv) {
   eo.kv_dtype = kv_dtype;
   eo.kv_pages = mla::kv_cache_pages(c, o.kv_cache_gb * 1e9, eo.page_size, kv_dtype, std::max<int64_t>(o.max_num_seqs, 1));
   eo.max_batch_tokens = o.max_batch_tokens;
+  eo.chunk_depth = o.chunk_depth;
   eo.max_running = o.max_num_seqs;
   eo.prefix_cache = !o.no_prefix_cache;
   if (eo.prefix_cache) {

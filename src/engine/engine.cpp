@@ -42,7 +42,7 @@ LatentPool make_pool(const Model& model, const EngineOptions& opt) {
 
 // The options as the engine runs them: max_running as the scheduler limits it.
 EngineOptions effective(EngineOptions opt) {
-  opt.max_running = SchedulerOptions{opt.max_batch_tokens, opt.max_running}.running_limit();
+  opt.max_running = SchedulerOptions{opt.max_batch_tokens, opt.max_running, opt.chunk_depth}.running_limit();
   return opt;
 }
 
@@ -54,7 +54,7 @@ Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& op
       opt_(effective(opt)),
       pool_(make_pool(model, opt_)),
       cache_(opt_.prefix_cache ? std::make_unique<PrefixCache>(pool_, opt_.prefix_tiers) : nullptr),
-      scheduler_(pool_, cache_.get(), SchedulerOptions{opt_.max_batch_tokens, opt_.max_running}),
+      scheduler_(pool_, cache_.get(), SchedulerOptions{opt_.max_batch_tokens, opt_.max_running, opt_.chunk_depth}),
       gate_(opt.speculative.adaptive),
       one_token_ctx_(model.context()) {
   one_token_ctx_.one_token_kernels = true;
@@ -365,7 +365,7 @@ bool Engine::step_inner() {
     slices.reserve(batch.parts.size());
     // Per part: its drafts (new tokens past the pending one) and whether it reads its prompt.
     std::vector<int64_t> drafts(batch.parts.size(), 0);
-    bool prefill_rows = false, any_drafts = false;
+    bool prefill_rows = false, any_drafts = false, decode_rows = false;
     int64_t rows = 0;
     verify_ids_.resize(batch.parts.size());
     for (size_t b = 0; b < batch.parts.size(); ++b) {
@@ -373,6 +373,7 @@ bool Engine::step_inner() {
       Sequence& s = *p.seq;
       const int64_t pending = s.pending();
       rows += p.n;
+      decode_rows = decode_rows || pending == 1;
       if (pending == 1 && p.n > 1) {
         drafts[b] = p.n - 1;
         any_drafts = true;
@@ -404,6 +405,7 @@ bool Engine::step_inner() {
     std::vector<int64_t> pos0(batch.parts.size());
     for (size_t b = 0; b < batch.parts.size(); ++b) pos0[b] = batch.parts[b].seq->table.length;
     bool ok = true;
+    const auto pass0 = std::chrono::steady_clock::now();
     try {
       model_.forward(slices, pool_, fo, logits_);
     } catch (const std::exception& e) {
@@ -414,6 +416,9 @@ bool Engine::step_inner() {
     }
     if (ok) {
       ++counters_.steps;
+      const double pass = std::chrono::duration<double>(std::chrono::steady_clock::now() - pass0).count();
+      counters_.step_seconds += pass;
+      if (decode_rows) counters_.decode_step_seconds_max = std::max(counters_.decode_step_seconds_max, pass);
       scheduler_.postprocess(batch);
       const size_t vocab = size_t(model_.config().vocab_size);
       const int64_t D = model_.config().hidden_size;

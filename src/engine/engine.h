@@ -53,6 +53,7 @@ struct EngineOptions {
   KvDType kv_dtype = KvDType::BF16;
   int64_t max_batch_tokens = 512;  // new tokens per forward pass (decode tokens + prefill chunks)
   int64_t max_running = 64;        // sequences decoding or prefilling at once (the engine lowers it to max_batch_tokens)
+  int64_t chunk_depth = 16384;     // bounds a pass's attention while sequences decode (SchedulerOptions)
   bool prefix_cache = true;
   // The prompt cache's RAM and disk tiers (kv/prefix_cache.h); both off by default.
   PrefixCacheOptions prefix_tiers;
@@ -76,6 +77,9 @@ struct EngineStats {
   int64_t generation_tokens = 0;  // tokens sampled
   int64_t preemptions = 0;
   int64_t steps = 0;
+  // Seconds in forward passes, and the longest pass that carried a decoding sequence's next
+  // token: how long a decoding sequence waited at most for a token.
+  double step_seconds = 0, decode_step_seconds_max = 0;
   int64_t kv_pages_total = 0, kv_pages_free = 0, kv_pages_prefix_cache = 0;
   int64_t kv_page_size = 0, kv_bytes_per_token = 0;
   int64_t prefix_cache_entries = 0;  // pages in the prompt cache's pool tier

@@ -2,6 +2,8 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <stdexcept>
 
 namespace mla {
@@ -10,6 +12,7 @@ Scheduler::Scheduler(LatentPool& pool, PrefixCache* cache, const SchedulerOption
     : pool_(pool), cache_(cache), opt_(opt) {
   if (opt_.max_batch_tokens < 1) throw std::invalid_argument("scheduler: max_batch_tokens must be at least 1");
   if (opt_.max_running < 1) throw std::invalid_argument("scheduler: max_running must be at least 1");
+  if (opt_.chunk_depth < 0) throw std::invalid_argument("scheduler: chunk_depth must not be negative");
   opt_.max_running = opt_.running_limit();
 }
 
@@ -82,6 +85,20 @@ bool Scheduler::admit(Sequence& s, int64_t keep_free, Batch& batch) {
   return true;
 }
 
+namespace {
+
+// Query-key pairs that n new tokens after p cached ones attend to (causal: p + 1 ... p + n keys).
+double attention_pairs(int64_t p, int64_t n) { return double(n) * (double(p) + 0.5) + 0.5 * double(n) * double(n); }
+
+// The longest chunk from position p whose attention_pairs fit in `pairs`.
+int64_t chunk_within(int64_t p, double pairs) {
+  if (pairs <= 0) return 0;
+  const double q = double(p) + 0.5;
+  return int64_t(std::floor(std::sqrt(q * q + 2 * pairs) - q));
+}
+
+}  // namespace
+
 Batch Scheduler::schedule() {
   Batch batch;
   if (cache_) cache_->poll();  // pages whose disk writes are done
@@ -120,12 +137,22 @@ Batch Scheduler::schedule() {
     s.draft.resize(size_t(p.n - 1));
     if (s.draft_probs.size() > s.draft.size()) s.draft_probs.resize(s.draft.size());
   }
+  // The attention left to this pass's prefill chunks: bounded while sequences decode in it.
+  double attention = std::numeric_limits<double>::infinity();
+  if (opt_.chunk_depth > 0 && !batch.parts.empty()) {
+    attention = double(opt_.max_batch_tokens) * double(opt_.chunk_depth);
+    for (const BatchPart& p : batch.parts) attention -= attention_pairs(p.seq->table.length, p.n);
+  }
+  const int64_t min_chunk = std::max<int64_t>(1, opt_.max_batch_tokens / 8);
+  auto chunk = [&](const Sequence& s) {
+    int64_t n = std::min(s.pending(), budget);
+    if (std::isfinite(attention)) n = std::min(n, std::max(min_chunk, chunk_within(s.table.length, attention)));
+    attention -= attention_pairs(s.table.length, n);
+    budget -= n;
+    return n;
+  };
   for (Sequence* s : running_)
-    if (s->pending() > 1 && budget > 0) {
-      const int64_t n = std::min(s->pending(), budget);
-      batch.parts.push_back({s, n});
-      budget -= n;
-    }
+    if (s->pending() > 1 && budget > 0) batch.parts.push_back({s, chunk(*s)});
   // Pages admissions leave free: what the running sequences' pending tokens still need this step
   // (admitted sequences reserve all of theirs on admission, so this stays the same while
   // admitting), and at least one page in hand for their next tokens.
@@ -137,9 +164,7 @@ Batch Scheduler::schedule() {
     if (!admit(*s, std::max<int64_t>(pending_pages, running_.empty() ? 0 : 1), batch)) break;
     waiting_.pop_front();
     if (batch.out_of_pages.size() > dropped) continue;  // can never fit
-    const int64_t n = std::min(s->pending(), budget);
-    batch.parts.push_back({s, n});
-    budget -= n;
+    batch.parts.push_back({s, chunk(*s)});
     running_.push_back(s);
   }
   return batch;

@@ -6,7 +6,8 @@
 //
 //  - Admission is first come, first served and bounded by free pages: a sequence is admitted
 //    when the pages for all its tokens so far fit (after the prefix cache's shared pages); its
-//    prompt then runs in chunks.
+//    prompt then runs in chunks. While other sequences decode, a chunk deep in a long prompt
+//    is shortened to keep the pass's attention work bounded (SchedulerOptions::chunk_depth).
 //  - When the running sequences' next tokens need pages and none are free, the prefix cache
 //    gives pages back first, then the newest running sequence is preempted: its pages are
 //    released and it goes back to the front of the queue to recompute its tokens (prompt and
@@ -32,6 +33,12 @@ namespace mla {
 struct SchedulerOptions {
   int64_t max_batch_tokens = 512;  // new tokens per forward pass (decode tokens + prefill chunks)
   int64_t max_running = 64;        // sequences decoding or prefilling at once
+  // A pass that carries decoding sequences' next tokens does at most the attention work of
+  // max_batch_tokens tokens at this depth (max_batch_tokens x chunk_depth query-key pairs,
+  // decode rows included): deep in a long prompt its chunks shrink, so that the decoding
+  // sequences' tokens never wait for much more than such a pass. Prefill chunks keep at least
+  // max_batch_tokens / 8 tokens each (progress at any depth). 0: no bound.
+  int64_t chunk_depth = 16384;
   // What the scheduler runs: no more sequences than a pass has tokens, so that every running
   // sequence advances in every pass.
   int64_t running_limit() const { return std::min(max_running, max_batch_tokens); }

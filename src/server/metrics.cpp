@@ -57,6 +57,9 @@ std::string metrics_text(const ServerMetrics& m, const Admission& admission, con
        s.computed_tokens);
   line("mla_preemptions_total", "sequences preempted for pages (recomputed later)", "counter", s.preemptions);
   line("mla_engine_steps_total", "forward passes of the engine", "counter", s.steps);
+  line("mla_engine_step_seconds_total", "seconds in forward passes", "counter", s.step_seconds);
+  line("mla_engine_decode_step_seconds_max", "the longest forward pass that carried a decoding sequence's next token",
+       "gauge", s.decode_step_seconds_max);
   line("mla_kv_pages_total", "pages of the latent KV cache", "gauge", s.kv_pages_total);
   line("mla_kv_pages_used", "pages in use (sequences and prefix cache)", "gauge", s.kv_pages_total - s.kv_pages_free);
   line("mla_kv_pages_free", "free pages", "gauge", s.kv_pages_free);
