@@ -281,10 +281,12 @@ TEST(Engine, ConcurrentGreedyEqualsAlone) {
   auto reqs = some_requests();
   std::vector<RequestResult> alone;
   for (auto& r : reqs) alone.push_back(run_alone(r));
-  // Small budgets mix prefill chunks with decode tokens in the same passes.
-  for (int64_t budget : {512, 16, 3}) {
+  // Small budgets mix prefill chunks with decode tokens in the same passes; a small chunk_depth
+  // shrinks the chunks that share a pass with decode tokens (scheduler.h).
+  for (auto [budget, chunk_depth] : {std::pair<int64_t, int64_t>{512, 16384}, {16, 16384}, {3, 16384}, {512, 4}}) {
     EngineOptions opt = pool_of(64, 16);
     opt.max_batch_tokens = budget;
+    opt.chunk_depth = chunk_depth;
     auto e = make_engine(opt);
     Collector c;
     std::vector<int64_t> ids;
@@ -294,13 +296,17 @@ TEST(Engine, ConcurrentGreedyEqualsAlone) {
     e->run_until_idle();
     for (size_t i = 0; i < reqs.size(); ++i) {
       EXPECT_EQ(c.finished[ids[i]], 1);
-      EXPECT_EQ(c.results[ids[i]].tokens, alone[i].tokens) << "request " << i << " budget " << budget;
+      EXPECT_EQ(c.results[ids[i]].tokens, alone[i].tokens) << "request " << i << " budget " << budget << " depth "
+                                                           << chunk_depth;
       EXPECT_EQ(c.results[ids[i]].reason, FinishReason::MaxTokens);
     }
     auto st = e->stats();
     EXPECT_EQ(st.requests_finished, int64_t(reqs.size()));
     EXPECT_EQ(st.running, 0);
     EXPECT_LT(st.steps, 200) << "requests ran side by side";
+    EXPECT_GT(st.step_seconds, 0);
+    EXPECT_GT(st.decode_step_seconds_max, 0);
+    EXPECT_LE(st.decode_step_seconds_max, st.step_seconds);
     EXPECT_EQ(st.kv_pages_free + st.kv_pages_prefix_cache, st.kv_pages_total) << "every page came back";
   }
 }
