@@ -1040,8 +1040,8 @@ std::string format_report(const Report& r) {
   o << ")\n";
   if (!r.depth_rows.empty()) {
     std::snprintf(buf, sizeof buf,
-                  "at depth: a %lld-token prompt and %lld decode steps after DEPTH tokens in the cache (random %s latent "
-                  "rows), alternating, median of %d timed run(s) (range):\n",
+                  "at depth: a %lld-token prompt and %lld decode steps after DEPTH tokens in the cache (random %s "
+                  "latent rows), alternating, median of %d timed run(s) (range):\n",
                   (long long)r.prompt_tokens, (long long)r.decode_tokens, r.kv_dtype.c_str(), r.runs);
     o << buf;
     std::snprintf(buf, sizeof buf, "  %8s  %22s  %20s  %30s  %15s  %16s\n", "depth", "prompt tokens/s",

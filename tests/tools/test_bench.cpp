@@ -59,7 +59,7 @@ TEST(Bench, CheckpointConfigIsTheRecordedOne) {
 // model's config (hidden 512, 32 experts, a 1024-token vocabulary) at 2 layers, the shortest runs
 // (1 timed run, 2 decode tokens, batch 1, 4 speculative tokens, a 1 MiB bandwidth read) and no
 // prompt run (its probe is a 2048^3 oneDNN matmul per run, seconds each): a few seconds per
-// format (25-45 s for all five on 2 shared, busy cores).
+// format (25-45 s for all five on 2 shared, busy cores; 96 s at a load of 9).
 TEST(Bench, EveryWeightFormatRunsTheWholeBenchFromAnEmptyDirectory) {
   test::TempDir tmp("bench");
   for (const std::string weights : {"bf16", "fp8", "int4", "int4-fp8", "int8"}) {
@@ -96,7 +96,7 @@ TEST(Bench, EveryWeightFormatRunsTheWholeBenchFromAnEmptyDirectory) {
 // mla bench --depth: a row per depth, the prompt and the decode run after that many cached
 // tokens, the attention's share of a decode step and the cache bytes it attends over. On the demo
 // config at 2 layers (as above), depths 0 and 300, a 16-token prompt and 3 decode steps, 1 timed
-// run, the checkpoint written first: 1.5-3 s of CPU, 4-9 s of wall time on 2 shared, busy cores.
+// run, the checkpoint written first: 1.5-5 s of CPU, 4-14 s of wall time on 2 shared, busy cores.
 TEST(Bench, DepthRowsReportPromptDecodeAndTheCacheReadAtEachDepth) {
   test::TempDir tmp("bench-depth");
   bench::Options o;
