@@ -1,5 +1,6 @@
 // `mla bench`: decode, prompt-processing and batched-decode throughput on a random-weight
-// checkpoint of DeepSeek-V2-Lite's shape, against the memory bandwidth measured in the same run.
+// checkpoint of DeepSeek-V2-Lite's shape, against the memory bandwidth measured in the same run;
+// or (--depth) prompt and decode after many tokens already in the cache.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -50,6 +51,11 @@ int run(int argc, char** argv) {
                  "auto | vdpbf16ps | fma: the prompt's bf16 products where AMX is not used, on VDPBF16PS or on float32 "
                  "FMAs over bf16 weights (auto: the FMAs where their peak measures at least 1.5x VDPBF16PS's here)")
       ->check(CLI::IsMember({"auto", "vdpbf16ps", "fma"}));
+  app.add_option("--depth", o.depths,
+                 "instead: at each of these depths (tokens already in the cache, e.g. 0,8192,32768) a prompt of "
+                 "--prompt-tokens and --decode-tokens decode steps, as llama-bench -d; a row per depth with the "
+                 "attention's share of a decode step and the cache bytes it reads beside the weights'")
+      ->delimiter(',');
   app.add_flag("!--no-scaling", o.scaling, "skip decode and prompt on 1 thread against all");
   mla::cli::QuantizeOptions quantize;
   mla::cli::add_quantize_options(app, quantize);

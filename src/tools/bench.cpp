@@ -220,6 +220,28 @@ void add_mtp_module(const std::string& dir, int64_t layers, const nlohmann::json
   std::ofstream(dir + "/config.json") << c.dump(2) << "\n";
 }
 
+// Fills `seq` with `S` random cached tokens in every layer of the pool: latent rows and indexer
+// keys of unit scale (normed c_KV, rotated k_pe, normed and rotated keys). Rows differ by one
+// fresh value each, so filling 64k tokens draws no more than it writes.
+void fill_random_cache(LatentPool& pool, int64_t kvr, PageTable& seq, int64_t S, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t dim = pool.row_dim(), D = pool.index_dim();
+  pool.reserve(seq, S);
+  std::vector<float> row(static_cast<size_t>(dim)), key(static_cast<size_t>(std::max<int64_t>(D, 1)));
+  for (auto& x : row) x = nd(rng);
+  for (auto& x : key) x = nd(rng);
+  for (int64_t l = 0; l < pool.num_layers(); ++l)
+    for (int64_t p = 0; p < S; ++p) {
+      row[size_t(p % dim)] = nd(rng);
+      pool.write(l, seq, p, row.data(), row.data() + kvr);
+      if (D > 0) {
+        key[size_t(p % D)] = nd(rng);
+        pool.write_index(l, seq, p, key.data());
+      }
+    }
+  seq.length = S;
+}
+
 }  // namespace
 
 ReadLoop::ReadLoop(size_t bytes, int threads) {
@@ -488,6 +510,74 @@ SpecCosts measure_spec_costs(Model& model, const Options& opt, const ActiveWeigh
   return sc;
 }
 
+// The depth rows (Options::depths). At each depth one sequence of `depth` random cached rows
+// (fill_random_cache: the timed work does not depend on the rows' values, and filling 32k tokens
+// this way takes a moment where a prefill would take minutes); then per run a prompt of
+// prompt_tokens and a decode run of decode_tokens single-token steps after them, each taken out
+// of the cache again, so every run starts at the same depth. Run 0 warms up. The decode runs are
+// profiled by part: the attention's share of a step, beside the cache bytes a step attends over.
+void measure_depths(Model& model, const Options& opt, Report& rep,
+                    const std::function<std::vector<int32_t>(int64_t)>& ids,
+                    const std::function<void(const std::string&)>& say) {
+  const ModelConfig& c = model.config();
+  std::mt19937 rng(5);
+  ForwardOptions fo;
+  fo.last_logits_only = true;
+  std::vector<float> logits;
+  for (int64_t d : opt.depths) {
+    say("depth " + std::to_string(d) + " ...");
+    const int64_t extra = std::max<int64_t>({opt.prompt_tokens, opt.decode_tokens, 1});
+    LatentPool pool = model.make_pool(pages_for_tokens(d + extra, 64) + 1, 64);
+    rep.kv_dtype = kv_dtype_name(pool.dtype());
+    PageTable seq;
+    fill_random_cache(pool, c.kv_lora_rank, seq, d, rng);
+    DepthRow row;
+    row.depth = d;
+    std::vector<double> ptps, dtps;
+    double decode_seconds = 0;
+    ForwardProfile prof;
+    for (int r = 0; r <= opt.runs; ++r) {
+      if (opt.prompt_tokens > 0) {
+        auto prompt = ids(opt.prompt_tokens);
+        SeqSlice s{&seq, prompt};
+        const auto t = Clock::now();
+        model.forward(std::span<SeqSlice>(&s, 1), pool, fo, logits);
+        const double sec = seconds_since(t);
+        pool.truncate(seq, d);
+        if (r > 0) ptps.push_back(double(opt.prompt_tokens) / sec);
+      }
+      if (opt.decode_tokens > 0) {
+        model.set_profile(r > 0 ? &prof : nullptr);
+        const auto t = Clock::now();
+        for (int64_t i = 0; i < opt.decode_tokens; ++i) {
+          auto one = ids(1);
+          SeqSlice s{&seq, one};
+          model.forward(std::span<SeqSlice>(&s, 1), pool, fo, logits);
+        }
+        const double sec = seconds_since(t);
+        model.set_profile(nullptr);
+        pool.truncate(seq, d);
+        if (r > 0) dtps.push_back(double(opt.decode_tokens) / sec), decode_seconds += sec;
+      }
+    }
+    row.prompt_tps = summarize(ptps);
+    row.decode_tps = summarize(dtps);
+    if (opt.decode_tokens > 0) {
+      const double steps = double(opt.runs) * double(opt.decode_tokens);
+      row.step_ms = decode_seconds * 1e3 / steps;
+      row.attention_ms = prof.seconds[ForwardProfile::Attention] * 1e3 / steps;
+      row.decode_parts_ms = per_pass_ms(prof, double(prof.passes));
+      // Step i (0-based) attends over d + i + 1 rows, its own included: d + (n + 1) / 2 on average.
+      row.latent_bytes = double(pool.bytes_per_token()) * (double(d) + double(opt.decode_tokens + 1) / 2);
+    }
+    rep.depth_rows.push_back(row);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "  prompt %.1f tokens/s, decode %.2f tokens/s", row.prompt_tps.median,
+                  row.decode_tps.median);
+    say(buf);
+  }
+}
+
 Report run(const Options& opt) {
   Report rep;
   rep.weights = opt.weights;
@@ -504,6 +594,10 @@ Report run(const Options& opt) {
   else throw std::invalid_argument("--weights: unknown '" + opt.weights + "' (bf16, fp8, int4, int4-fp8, int8)");
   if (opt.layers < 2) throw std::invalid_argument("--layers must be at least 2 (a dense layer, then MoE)");
   if (opt.runs < 1) throw std::invalid_argument("--runs must be at least 1");
+  for (int64_t d : opt.depths)
+    if (d < 0) throw std::invalid_argument("--depth: a depth is a count of tokens, not " + std::to_string(d));
+  if (!opt.depths.empty() && opt.prompt_tokens <= 0 && opt.decode_tokens <= 0)
+    throw std::invalid_argument("--depth needs --prompt-tokens or --decode-tokens above 0");
   auto say = [&](const std::string& s) {
     if (!opt.quiet) std::fprintf(stderr, "%s\n", s.c_str());
   };
@@ -578,6 +672,27 @@ Report run(const Options& opt) {
   std::vector<float> logits;
   ForwardOptions fo;
   fo.last_logits_only = true;
+
+  // Resident memory and the weights' arena, read once the runs are done.
+  auto memory_figures = [&] {
+    rep.rss_bytes = status_bytes("VmRSS");
+    rep.rss_anon_bytes = status_bytes("RssAnon");
+    rep.rss_file_bytes = status_bytes("RssFile");
+    rep.peak_rss_bytes = status_bytes("VmHWM");
+    if (model->weights().arena) {
+      rep.arena_bytes = model->weights().arena->bytes();
+      rep.arena_huge_bytes = model->weights().arena->huge_bytes();
+    }
+  };
+  rep.decode_tokens = opt.decode_tokens;
+  rep.runs = opt.runs;
+  if (!opt.depths.empty()) {  // the depth rows instead of every other section
+    measure_depths(*model, opt, rep, ids, say);
+    memory_figures();
+    say("read bandwidth ...");
+    rep.bandwidth_gbps = read_bandwidth_gbps(opt.bandwidth_bytes, opt.runs, ctx.threads);
+    return rep;
+  }
 
   ReadLoop loop(opt.bandwidth_bytes, ctx.threads);
 
@@ -873,14 +988,7 @@ Report run(const Options& opt) {
     say("  " + std::to_string(rep.batched_tps.back().second.median) + " tokens/s");
   }
 
-  rep.rss_bytes = status_bytes("VmRSS");
-  rep.rss_anon_bytes = status_bytes("RssAnon");
-  rep.rss_file_bytes = status_bytes("RssFile");
-  rep.peak_rss_bytes = status_bytes("VmHWM");
-  if (model->weights().arena) {
-    rep.arena_bytes = model->weights().arena->bytes();
-    rep.arena_huge_bytes = model->weights().arena->huge_bytes();
-  }
+  memory_figures();
   say("read bandwidth ...");
   rep.bandwidth_gbps = loop.measure(opt.runs);
   return rep;
@@ -930,6 +1038,37 @@ std::string format_report(const Report& r) {
     first = false;
   }
   o << ")\n";
+  if (!r.depth_rows.empty()) {
+    std::snprintf(buf, sizeof buf,
+                  "at depth: a %lld-token prompt and %lld decode steps after DEPTH tokens in the cache (random %s "
+                  "latent rows), alternating, median of %d timed run(s) (range):\n",
+                  (long long)r.prompt_tokens, (long long)r.decode_tokens, r.kv_dtype.c_str(), r.runs);
+    o << buf;
+    std::snprintf(buf, sizeof buf, "  %8s  %22s  %20s  %30s  %15s  %16s\n", "depth", "prompt tokens/s",
+                  "decode tokens/s", "attention ms of a step (share)", "latent MB/token", "weights MB/token");
+    o << buf;
+    for (const DepthRow& d : r.depth_rows) {
+      char pp[64] = "-", tg[64] = "-", attn[64] = "-", lat[32] = "-";
+      if (d.prompt_tps.median > 0)
+        std::snprintf(pp, sizeof pp, "%.1f (%.1f-%.1f)", d.prompt_tps.median, d.prompt_tps.min, d.prompt_tps.max);
+      if (d.decode_tps.median > 0) {
+        std::snprintf(tg, sizeof tg, "%.2f (%.2f-%.2f)", d.decode_tps.median, d.decode_tps.min, d.decode_tps.max);
+        std::snprintf(attn, sizeof attn, "%.2f of %.2f (%.1f%%)", d.attention_ms, d.step_ms,
+                      d.step_ms > 0 ? 100 * d.attention_ms / d.step_ms : 0.0);
+        std::snprintf(lat, sizeof lat, "%.2f", d.latent_bytes / 1e6);
+      }
+      std::snprintf(buf, sizeof buf, "  %8lld  %22s  %20s  %30s  %15s  %16.2f\n", (long long)d.depth, pp, tg, attn,
+                    lat, r.active.bytes / 1e6);
+      o << buf;
+    }
+    o << "  (attention: the profile's attention part over the cache, per decode step, mean of the timed runs;\n"
+         "   latent MB: the cache rows a decode step attends over, as stored, all layers; weights MB: the weights\n"
+         "   a decoded token reads, as above)\n";
+    for (const DepthRow& d : r.depth_rows)
+      if (!d.decode_parts_ms.empty())
+        o << parts_line(("depth " + std::to_string(d.depth) + ", time per decode step by part").c_str(),
+                        d.decode_parts_ms);
+  }
   if (r.decode_tps.median > 0) {
     std::snprintf(buf, sizeof buf, "decode, batch 1, after %lld tokens: %.2f tokens/s (median, range %.2f-%.2f)\n",
                   (long long)r.context, r.decode_tps.median, r.decode_tps.min, r.decode_tps.max);
@@ -1077,28 +1216,6 @@ nlohmann::json v32_config() {
   j["index_head_dim"] = 128;
   j["index_topk"] = 2048;
   return j;
-}
-
-// Fills `seq` with `S` random cached tokens in every layer of the pool: latent rows and indexer
-// keys of unit scale (normed c_KV, rotated k_pe, normed and rotated keys). Rows differ by one
-// fresh value each, so filling 64k tokens draws no more than it writes.
-void fill_random_cache(LatentPool& pool, int64_t kvr, PageTable& seq, int64_t S, std::mt19937& rng) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  const int64_t dim = pool.row_dim(), D = pool.index_dim();
-  pool.reserve(seq, S);
-  std::vector<float> row(static_cast<size_t>(dim)), key(static_cast<size_t>(std::max<int64_t>(D, 1)));
-  for (auto& x : row) x = nd(rng);
-  for (auto& x : key) x = nd(rng);
-  for (int64_t l = 0; l < pool.num_layers(); ++l)
-    for (int64_t p = 0; p < S; ++p) {
-      row[size_t(p % dim)] = nd(rng);
-      pool.write(l, seq, p, row.data(), row.data() + kvr);
-      if (D > 0) {
-        key[size_t(p % D)] = nd(rng);
-        pool.write_index(l, seq, p, key.data());
-      }
-    }
-  seq.length = S;
 }
 
 }  // namespace

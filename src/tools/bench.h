@@ -127,6 +127,21 @@ struct Options {
   bool int8_activations = true;                                             // cpu::Context::int8_activations
   // Decode and prompt on 1 thread against `threads`, alternating runs (skipped on one thread).
   bool scaling = true;
+  // When not empty, instead of every section above: at each of these depths (tokens already in
+  // the cache, random latent rows), a prompt of prompt_tokens and a decode run of decode_tokens
+  // steps after them, in alternating runs (Report::depth_rows), as llama-bench -d measures.
+  std::vector<int64_t> depths;
+};
+
+// One depth of the depth rows (Options::depths): tokens/s of the prompt and of the decode run
+// after `depth` cached tokens, and where a decode step's time goes.
+struct DepthRow {
+  int64_t depth = 0;
+  Summary prompt_tps, decode_tps;
+  double step_ms = 0;            // a decode step, all parts (the profile's sum), mean over the timed runs
+  double attention_ms = 0;       // of which the attention over the cache (ForwardProfile::Attention)
+  double latent_bytes = 0;       // cache rows a decode step attends over, as stored, all layers, mean per step
+  std::vector<std::pair<std::string, double>> decode_parts_ms;
 };
 
 // One acceptance rate of the speculative-decoding comparison: injected drafts that are right
@@ -210,6 +225,11 @@ struct Report {
   double load_seconds = 0, write_seconds = 0;
   // Milliseconds per decoded token, and per prompt, in each part of the forward pass (timed runs).
   std::vector<std::pair<std::string, double>> decode_parts_ms, prompt_parts_ms;
+  // Options::depths: one row per depth, the cache's format, the decode steps per run.
+  std::vector<DepthRow> depth_rows;
+  std::string kv_dtype;
+  int64_t decode_tokens = 0;
+  int runs = 0;
   // decode tokens/s at the bandwidth limit: bandwidth / active bytes.
   double limit_tps() const { return active.bytes > 0 ? bandwidth_gbps * 1e9 / active.bytes : 0; }
 };

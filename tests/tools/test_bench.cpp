@@ -59,7 +59,7 @@ TEST(Bench, CheckpointConfigIsTheRecordedOne) {
 // model's config (hidden 512, 32 experts, a 1024-token vocabulary) at 2 layers, the shortest runs
 // (1 timed run, 2 decode tokens, batch 1, 4 speculative tokens, a 1 MiB bandwidth read) and no
 // prompt run (its probe is a 2048^3 oneDNN matmul per run, seconds each): a few seconds per
-// format (25-40 s for all five on 2 shared, busy cores).
+// format (25-45 s for all five on 2 shared, busy cores; 96 s at a load of 9).
 TEST(Bench, EveryWeightFormatRunsTheWholeBenchFromAnEmptyDirectory) {
   test::TempDir tmp("bench");
   for (const std::string weights : {"bf16", "fp8", "int4", "int4-fp8", "int8"}) {
@@ -90,6 +90,53 @@ TEST(Bench, EveryWeightFormatRunsTheWholeBenchFromAnEmptyDirectory) {
     EXPECT_NE(report.find("the MTP module's drafts"), std::string::npos) << weights << "\n" << report;
     EXPECT_NE(report.find("MTP draft (k module passes"), std::string::npos) << weights << "\n" << report;
   }
+}
+
+
+// mla bench --depth: a row per depth, the prompt and the decode run after that many cached
+// tokens, the attention's share of a decode step and the cache bytes it attends over. On the demo
+// config at 2 layers (as above), depths 0 and 300, a 16-token prompt and 3 decode steps, 1 timed
+// run, the checkpoint written first: 1.5-5 s of CPU, 4-14 s of wall time on 2 shared, busy cores.
+TEST(Bench, DepthRowsReportPromptDecodeAndTheCacheReadAtEachDepth) {
+  test::TempDir tmp("bench-depth");
+  bench::Options o;
+  o.dir = tmp / "bf16";
+  o.checkpoint_config = demo_config(1024);
+  o.layers = 2;
+  o.threads = 2;
+  o.runs = 1;
+  o.decode_tokens = 3;
+  o.prompt_tokens = 16;
+  o.bandwidth_bytes = size_t(1) << 20;
+  o.huge_pages = "off";
+  o.quiet = true;
+  o.depths = {0, 300};
+  bench::Report rep;
+  ASSERT_NO_THROW(rep = bench::run(o));
+  ASSERT_EQ(rep.depth_rows.size(), 2u);
+  // A bf16 row: kv_lora_rank 256 + rope 64 values of 2 bytes per layer; a step attends over the
+  // depth's rows and the decoded ones up to its own, (3 + 1) / 2 = 2 on average.
+  const double row_bytes = 2.0 * (256 + 64) * 2;
+  for (size_t i = 0; i < 2; ++i) {
+    const bench::DepthRow& d = rep.depth_rows[i];
+    EXPECT_EQ(d.depth, o.depths[i]);
+    EXPECT_GT(d.prompt_tps.median, 0.0) << d.depth;
+    EXPECT_GT(d.decode_tps.median, 0.0) << d.depth;
+    EXPECT_GT(d.attention_ms, 0.0) << d.depth;
+    EXPECT_LT(d.attention_ms, d.step_ms) << d.depth;
+    EXPECT_DOUBLE_EQ(d.latent_bytes, row_bytes * (double(d.depth) + 2)) << d.depth;
+  }
+  EXPECT_EQ(rep.kv_dtype, "bf16");
+  // The other sections did not run.
+  EXPECT_EQ(rep.decode_tps.median, 0.0);
+  EXPECT_TRUE(rep.spec.empty());
+  EXPECT_TRUE(rep.batched_tps.empty());
+  const std::string report = bench::format_report(rep);
+  EXPECT_NE(report.find("at depth: a 16-token prompt and 3 decode steps"), std::string::npos) << report;
+  EXPECT_NE(report.find("depth 300, time per decode step by part"), std::string::npos) << report;
+
+  o.depths = {0, -1};
+  EXPECT_THROW(bench::run(o), std::invalid_argument);
 }
 
 }  // namespace
