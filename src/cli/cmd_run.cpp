@@ -17,6 +17,7 @@
 #include <random>
 
 #include "cli/command.h"
+#include "parallel/comm.h"
 #include "cli/options.h"
 #include "engine/generation_config.h"
 #include "engine/engine.h"
@@ -90,6 +91,7 @@ Session open_session(RunOptions& o) {
   const mla::KvDType kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
   s.kv_dtype = o.kv_dtype;
   const mla::SpeculativeOptions spec = o.spec.options();
+  if (mla::parallel::world().rank() != 0) o.quiet = true;  // rank 0 reports for the job
   s.model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO) && !o.quiet,  // progress on a terminal
                              o.quantize.parsed(), /*with_mtp=*/spec.enabled);
   if (spec.enabled && !s.model->has_mtp())
@@ -108,6 +110,8 @@ Session open_session(RunOptions& o) {
   sp.presence_penalty = o.presence_penalty;
   sp.frequency_penalty = o.frequency_penalty;
   sp.seed = o.was_given("seed") ? o.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+  // Under mpirun every rank samples the same tokens: rank 0's seed is everyone's.
+  mla::parallel::world().broadcast(&sp.seed, sizeof sp.seed, 0);
   o.seed = sp.seed;
   sp.validate();
 
