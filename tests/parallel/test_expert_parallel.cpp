@@ -68,7 +68,7 @@ std::string bytes_of(const std::vector<float>& v) { return std::string(reinterpr
 // Every rank ends with the same sum, added in rank order: values chosen so that another order
 // rounds differently.
 TEST(ExpertParallel, SumInRankOrderGivesEveryRankTheSameRankOrderSum) {
-  const std::vector<std::vector<float>> parts = {{1e8f, 1.0f, -3.5f}, {1.0f, 1e8f, 2.25f}, {-1e8f, -1e8f, 1e-3f}};
+  const std::vector<std::vector<float>> parts = {{1.0f, 1.0f, -3.5f}, {1e8f, 1e8f, 2.25f}, {-1e8f, -1e8f, 1e-3f}};
   std::vector<float> want(3);
   for (size_t i = 0; i < 3; ++i) want[i] = (parts[0][i] + parts[1][i]) + parts[2][i];
   ASSERT_NE(want[0], parts[0][0] + (parts[1][0] + parts[2][0]));  // the order matters for these values
@@ -193,10 +193,10 @@ TEST(MpiRun, KilledRankEndsTheJobWithAnError) {
   test::TempDir tmp("mpi");
   // Each rank writes its process id, then becomes mla (exec keeps the id); verify runs for
   // seconds on two ranks (a 200-token prompt and 48 decode steps, in five modes).
-  const std::string rank_cmd = "echo $$ > " + tmp.str() + "/pid.$OMPI_COMM_WORLD_RANK && exec '" + MLA_BINARY + "' verify -m " +
-                               test::fixture("deepseek-v3-tiny") + " --random 200 --decode 48 --threads 1";
+  std::ofstream(tmp / "rank.sh") << "echo $$ > " << tmp.str() << "/pid.$OMPI_COMM_WORLD_RANK\nexec '" << MLA_BINARY
+                                 << "' verify -m " << test::fixture("deepseek-v3-tiny") << " --random 200 --decode 48 --threads 1\n";
   const std::string status_file = tmp / "status";
-  const std::string job = "( " + mpirun(2) + "sh -c \"" + rank_cmd + "\" > " + (tmp / "log") + " 2>&1; echo $? > " +
+  const std::string job = "( " + mpirun(2) + "sh " + (tmp / "rank.sh") + " > " + (tmp / "log") + " 2>&1; echo $? > " +
                           status_file + " ) &";
   ASSERT_EQ(std::system(job.c_str()), 0);
   auto read_int = [](const std::string& path) {
