@@ -14,6 +14,7 @@
 
 #include "parallel/comm.h"
 #include "parallel/expert_parallel.h"
+#include "tokenizer/tokenizer.h"
 #include "test_util.h"
 
 namespace mla {
@@ -184,6 +185,28 @@ TEST(MpiRun, DecodeModeEqualsOneProcessAndOnlyRankZeroPrints) {
   size_t reports = 0;
   for (size_t at = r.output.find("mla verify "); at != std::string::npos; at = r.output.find("mla verify ", at + 1)) ++reports;
   EXPECT_EQ(reports, 1u) << r.output;
+}
+
+// `mla run` with MTP speculative decoding (the MTP module's MoE layer is split too): the same
+// greedy text on two ranks as in one process, printed once, and each rank's figures at the end.
+TEST(MpiRun, SpeculativeRunGivesOneProcessText) {
+  if (auto why = mpirun_missing(); !why.empty()) GTEST_SKIP() << why;
+  test::TempDir tmp("mpi");
+  const std::string src = test::fixture("deepseek-v3-tiny");  // has an MTP layer
+  for (const char* f : {"config.json", "model.safetensors"}) std::filesystem::copy_file(src + "/" + f, tmp / f);
+  Tokenizer::write_byte_level_tokenizer(tmp.str(), 512);  // the fixture's vocabulary
+  const std::string args = " run -m " + tmp.str() + " -p 'Latent attention' -n 12 --temperature 0 --ignore-eos "
+                           "--speculative mtp --no-adaptive-speculation --threads 1";
+  auto one = test::run_command("'" + std::string(MLA_BINARY) + "'" + args + " 2>/dev/null");
+  ASSERT_EQ(one.status, 0);
+  ASSERT_FALSE(one.output.empty());
+  auto two = test::run_command(mpirun(2) + "'" + MLA_BINARY + "'" + args + " 2>" + (tmp / "err"));
+  std::ifstream err(tmp / "err");
+  const std::string log((std::istreambuf_iterator<char>(err)), {});
+  ASSERT_EQ(two.status, 0) << log;
+  EXPECT_EQ(two.output, one.output);
+  EXPECT_NE(log.find("rank 1     experts [8, 16)"), std::string::npos) << log;
+  EXPECT_NE(log.find("speculative "), std::string::npos) << log;  // the MTP drafts ran
 }
 
 // A rank killed in the middle of a job ends the whole job with a non-zero status, soon, instead
