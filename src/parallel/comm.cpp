@@ -94,8 +94,11 @@ void init_world(int* argc, char*** argv) {
   if (!launched_by_mpi()) return;
 #ifdef MLA_HAVE_MPI
   int provided = 0;
-  // Only the main thread calls MPI (the OpenMP threads never do).
-  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  // One thread calls MPI at a time: the one running forward passes (the caller's, or the
+  // engine's own thread), never the OpenMP workers.
+  MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+  if (provided < MPI_THREAD_SERIALIZED)
+    throw std::runtime_error("the MPI library does not allow calls from a thread other than main (MPI_THREAD_SERIALIZED)");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
   static MpiComm mpi;
   current = &mpi;
