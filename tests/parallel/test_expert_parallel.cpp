@@ -209,6 +209,20 @@ TEST(MpiRun, SpeculativeRunGivesOneProcessText) {
   EXPECT_NE(log.find("speculative "), std::string::npos) << log;  // the MTP drafts ran
 }
 
+// Ranks started on different checkpoints refuse to run, every one of them, naming the ranks.
+TEST(MpiRun, RanksOnDifferentCheckpointsRefuse) {
+  if (auto why = mpirun_missing(); !why.empty()) GTEST_SKIP() << why;
+  test::TempDir tmp("mpi");
+  std::ofstream(tmp / "rank.sh") << "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then m=" << test::fixture("deepseek-v3-yarn-tiny")
+                                 << "; else m=" << test::fixture("deepseek-v3-tiny") << "; fi\nexec '" << MLA_BINARY
+                                 << "' logits -m $m --ids 1,2,3 --threads 1 --out " << (tmp / "l.safetensors") << "\n";
+  auto r = test::run_command(mpirun(2) + "sh " + (tmp / "rank.sh"), true);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("run on different checkpoints: rank 0 has"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1 has"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp / "l.safetensors"));
+}
+
 // A rank killed in the middle of a job ends the whole job with a non-zero status, soon, instead
 // of leaving the other rank waiting in a collective.
 TEST(MpiRun, KilledRankEndsTheJobWithAnError) {
