@@ -10,6 +10,7 @@
 #include "cli/options.h"
 #include "tools/run_modes.h"
 #include "format/safetensors.h"
+#include "parallel/comm.h"
 
 namespace {
 
@@ -45,9 +46,11 @@ int run(int argc, char** argv) {
   opt.kv_dtype = cache.dtype();
   opt.page_size = cache.page_size;
   auto ids = ids_file_opt->count() ? mla::cli::read_id_file(ids_file) : mla::cli::parse_id_list(ids_str);
-  auto model = mla::Model::load(model_dir, cpu.context(), isatty(STDERR_FILENO));
+  auto model = mla::Model::load(model_dir, cpu.context(), isatty(STDERR_FILENO) && mla::parallel::world().rank() == 0);
   auto logits = mla::run_logits(*model, ids, opt);
-  mla::write_safetensors(out, {{"logits", mla::tensor_f32({int64_t(ids.size()), model->config().vocab_size}, logits.data())}});
+  // Under mpirun every rank holds the same logits; rank 0 writes them.
+  if (mla::parallel::world().rank() == 0)
+    mla::write_safetensors(out, {{"logits", mla::tensor_f32({int64_t(ids.size()), model->config().vocab_size}, logits.data())}});
   return 0;
 }
 

@@ -17,6 +17,7 @@
 #include <random>
 
 #include "cli/command.h"
+#include "parallel/comm.h"
 #include "cli/options.h"
 #include "engine/generation_config.h"
 #include "engine/engine.h"
@@ -90,6 +91,7 @@ Session open_session(RunOptions& o) {
   const mla::KvDType kv_dtype = mla::parse_kv_dtype(o.kv_dtype);
   s.kv_dtype = o.kv_dtype;
   const mla::SpeculativeOptions spec = o.spec.options();
+  if (mla::parallel::world().rank() != 0) o.quiet = true;  // rank 0 reports for the job
   s.model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO) && !o.quiet,  // progress on a terminal
                              o.quantize.parsed(), /*with_mtp=*/spec.enabled);
   if (spec.enabled && !s.model->has_mtp())
@@ -108,6 +110,8 @@ Session open_session(RunOptions& o) {
   sp.presence_penalty = o.presence_penalty;
   sp.frequency_penalty = o.frequency_penalty;
   sp.seed = o.was_given("seed") ? o.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+  // Under mpirun every rank samples the same tokens: rank 0's seed is everyone's.
+  mla::parallel::world().broadcast(&sp.seed, sizeof sp.seed, 0);
   o.seed = sp.seed;
   sp.validate();
 
@@ -188,6 +192,30 @@ void print_stats(const Session& s, const mla::RequestResult& r, uint64_t seed) {
                  (long long)st.spec_draft_tokens, st.spec_tokens_per_step(), st.spec_draft_seconds);
 }
 
+// Expert-parallel runs: every rank's routed experts, weight bytes and MoE combines (volume
+// received, wall time in the combine, waiting for the slowest rank included), gathered from
+// every rank (all must call it) and printed by rank 0 unless quiet.
+void print_rank_stats(const Session& s, const mla::RequestResult& r, bool quiet) {
+  auto& world = mla::parallel::world();
+  if (world.size() == 1) return;
+  size_t weight_bytes = 0;
+  for (auto& [fmt, n] : s.model->weights().bytes_by_format) weight_bytes += n;
+  const auto ex = s.model->local_experts();
+  const auto& cc = s.model->combine_counters();
+  const double mine[6] = {double(ex.begin), double(ex.end), double(weight_bytes), double(cc.calls), cc.bytes_received, cc.seconds};
+  std::vector<double> all(6 * size_t(world.size()));
+  world.allgather(mine, sizeof mine, all.data());
+  if (quiet || world.rank() != 0) return;
+  const double tokens = double(r.computed_prompt_tokens()) + double(r.tokens.size());
+  for (int k = 0; k < world.size(); ++k) {
+    const double* v = all.data() + 6 * k;
+    std::fprintf(stderr, "rank %d     experts [%lld, %lld)  weights %.3f GB  combines %lld: %.3f MB received, %.3f s"
+                 " (%.4f MB, %.3f ms per prompt or generated token)\n",
+                 k, (long long)v[0], (long long)v[1], v[2] / 1e9, (long long)v[3], v[4] / 1e6, v[5],
+                 tokens > 0 ? v[4] / 1e6 / tokens : 0.0, tokens > 0 ? v[5] * 1e3 / tokens : 0.0);
+  }
+}
+
 int run_cmd(int argc, char** argv) {
   CLI::App app{"Generate text: stream the model's continuation of a prompt to stdout", "mla run"};
   RunOptions o;
@@ -212,6 +240,7 @@ int run_cmd(int argc, char** argv) {
     std::fprintf(stderr, "\nmla run: %s\n", r.message.c_str());
   }
   if (!o.quiet) print_stats(s, r, o.seed);
+  print_rank_stats(s, r, o.quiet);
   return 0;
 }
 

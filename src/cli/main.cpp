@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "kv/page_hash.h"
+#include "parallel/comm.h"
 
 namespace mla::cli {
 
@@ -134,6 +136,39 @@ void choose_wait_policy() {
 
 }  // namespace
 
+namespace {
+
+// The commands that run expert-parallel under mpirun: each rank runs the same loop on the same
+// input, rank 0 prints. The others (serve, chat, ...) refuse an MPI launch for now.
+bool runs_under_mpi(const std::string& command) {
+  return command == "logits" || command == "run" || command == "verify";
+}
+
+// A digest of this program's own file: ranks started from different builds refuse to run.
+std::string build_digest() {
+  std::ifstream f("/proc/self/exe", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (!f && !f.eof()) throw std::runtime_error("cannot read /proc/self/exe for the build check");
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)mla::hash64(bytes.data(), bytes.size()));
+  return std::string("build ") + hex;
+}
+
+// Sets up the ranks of an MPI launch: joins the job, checks every rank runs the same build,
+// and sends the standard output of every rank but 0 to /dev/null (errors stay on stderr).
+void start_ranks(const std::string& command, int* argc, char*** argv) {
+  mla::parallel::init_world(argc, argv);
+  auto& world = mla::parallel::world();
+  if (world.size() == 1) return;
+  if (!runs_under_mpi(command))
+    throw std::runtime_error("'" + command + "' does not run under mpirun yet (logits, run and verify do)");
+  mla::parallel::require_same_on_all_ranks(world, "build", build_digest());
+  if (world.rank() != 0 && !std::freopen("/dev/null", "w", stdout))
+    throw std::runtime_error("cannot send rank " + std::to_string(world.rank()) + "'s output to /dev/null");
+}
+
+}  // namespace
+
 static void usage() {
   auto all = mla::cli::commands();
   std::sort(all.begin(), all.end(), [](auto& a, auto& b) { return a.name < b.name; });
@@ -155,8 +190,18 @@ int main(int argc, char** argv) {
   for (auto& c : mla::cli::commands()) {
     if (c.name != name) continue;
     try {
-      return c.fn(argc - 1, argv + 1);
+      start_ranks(name, &argc, &argv);
+      const int rc = c.fn(argc - 1, argv + 1);
+      mla::parallel::finalize_world();
+      return rc;
     } catch (const std::exception& e) {
+      auto& world = mla::parallel::world();
+      if (world.size() > 1) {
+        // One rank's error ends the whole job: the others would wait in the next collective.
+        std::fprintf(stderr, "mla %s: error on rank %d of %d: %s\n", name.c_str(), world.rank(), world.size(), e.what());
+        std::fflush(stderr);
+        world.abort(1);
+      }
       std::fprintf(stderr, "mla %s: error: %s\n", name.c_str(), e.what());
       return 1;
     }

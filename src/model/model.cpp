@@ -14,6 +14,8 @@
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/weight_memory.h"
 #include "format/progress.h"
+#include "model/fingerprint.h"
+#include "parallel/comm.h"
 
 namespace mla {
 
@@ -65,22 +67,31 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
   std::unique_ptr<Model> m(new Model());
   m->ctx_ = ctx;
   m->cfg_ = ModelConfig::load(dir);
+  // Expert-parallel (mpirun -np N): every rank must run the same checkpoint; this rank maps
+  // and reads only its block of the routed experts (parallel/expert_parallel.h).
+  parallel::Comm& comm = parallel::world();
+  parallel::ExpertRange experts;
+  if (comm.size() > 1) {
+    parallel::require_same_on_all_ranks(comm, "checkpoint", checkpoint_fingerprint(dir).hex());
+    experts = parallel::expert_range(m->cfg_.n_routed_experts, comm.rank(), comm.size());
+  }
   m->ckpt_ = std::make_unique<Checkpoint>(dir);
-  if (show_progress && !quantize.any()) {
+  // Reading the whole checkpoint in up front would fault in the other ranks' experts too.
+  if (show_progress && !quantize.any() && experts.all()) {
     Progress bar("loading weights");
     m->ckpt_->prefault([&](size_t done, size_t total) { bar.update(done, total); });
   }
   if (!quantize.any()) {
-    m->w_ = load_weights(*m->ckpt_, m->cfg_, with_mtp);
+    m->w_ = load_weights(*m->ckpt_, m->cfg_, with_mtp, experts);
   } else {
     Progress bar("quantizing at load (" + quantize.str() + ")", show_progress);
     m->w_ = load_weights(*m->ckpt_, m->cfg_, quantize, [&](size_t done, size_t total) { bar.update(done, total); },
-                         with_mtp);
+                         with_mtp, experts);
     bar.finish();
   }
-  size_t resident = 0;  // quantized: the bytes kept, not the checkpoint's
+  size_t resident = 0;  // quantized or expert-parallel: the bytes kept, not the checkpoint's
   for (auto& [fmt, n] : m->w_.bytes_by_format) resident += n;
-  if (cpu::should_copy_weights(ctx.weights, quantize.any() ? resident : m->ckpt_->total_bytes())) {
+  if (cpu::should_copy_weights(ctx.weights, quantize.any() || !experts.all() ? resident : m->ckpt_->total_bytes())) {
     std::vector<bool> head_is_lm_head;
     for (auto& mtp : m->w_.mtp) head_is_lm_head.push_back(mtp.head.data == m->w_.lm_head.data);
     m->w_.arena = std::make_shared<cpu::WeightArena>();
@@ -90,8 +101,12 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
     m->ckpt_->release_pages();  // the copies are what runs now: RSS counts the weights once
     if (quantize.any()) m->w_.owned.clear();  // every view points into the arena now
   }
+  if (!experts.all())
+    std::fprintf(stderr, "mla: rank %d of %d holds routed experts [%lld, %lld) of %lld: %s\n", comm.rank(), comm.size(),
+                 (long long)experts.begin, (long long)experts.end, (long long)m->cfg_.n_routed_experts,
+                 weight_bytes_summary(m->w_).c_str());
   m->mla_ = std::make_unique<MlaAttention>(m->cfg_);
-  m->moe_ = std::make_unique<MoeLayer>(m->cfg_);
+  m->moe_ = std::make_unique<MoeLayer>(m->cfg_, &comm);
   if (m->cfg_.dsa()) m->indexer_ = std::make_unique<Indexer>(m->cfg_);
   m->costs_ = MlaCosts::of(m->cfg_);
   return m;

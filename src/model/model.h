@@ -140,6 +140,10 @@ class Model {
   // Which schedule the MoE layers' experts ran on (layer calls, summed over passes).
   const MoeCounters& moe_counters() const { return moe_->counters(); }
   void set_expert_schedule(ExpertSchedule s) { moe_->set_schedule(s); }
+  // Expert-parallel runs (mpirun -np N): the routed experts this rank holds (all() in one
+  // process) and the MoE layers' combine across the ranks, summed over passes.
+  parallel::ExpertRange local_experts() const { return moe_->local_experts(); }
+  const parallel::CombineCounters& combine_counters() const { return moe_->combine_counters(); }
   // Times each part of later forward passes into *p (nullptr: off, the default).
   void set_profile(ForwardProfile* p) { profile_ = p; }
   LatentPool make_pool(int64_t num_pages, int64_t page_size = 64, KvDType dtype = KvDType::BF16) const;

@@ -1,6 +1,7 @@
 #include "model/moe.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -95,7 +96,12 @@ void route_tokens(const cpu::Context& ctx, const RouterConfig& rc, const float* 
   });
 }
 
-MoeLayer::MoeLayer(const ModelConfig& c) : rc_(RouterConfig::of(c)), hidden_(c.hidden_size), inter_(c.moe_intermediate_size) {}
+MoeLayer::MoeLayer(const ModelConfig& c, parallel::Comm* comm)
+    : rc_(RouterConfig::of(c)),
+      comm_(comm && comm->size() > 1 ? comm : nullptr),
+      local_(comm_ ? parallel::expert_range(c.n_routed_experts, comm_->rank(), comm_->size()) : parallel::ExpertRange{}),
+      hidden_(c.hidden_size),
+      inter_(c.moe_intermediate_size) {}
 
 void MoeLayer::route(const cpu::Context& ctx, const LayerWeights& W, const float* x, int64_t T) {
   const int64_t E = rc_.n_experts, K = rc_.top_k;
@@ -118,11 +124,14 @@ void MoeLayer::experts(const cpu::Context& ctx, const LayerWeights& W, const flo
   // Tokens grouped by expert: each selected expert's weights are read once for the batch. The
   // shared experts (every token, weight 1) and the routed ones run as two batches of products
   // (every gate/up, then every down), so a decode step forks the thread pool twice per layer.
-  const int64_t I = inter_, Is = W.has_shared ? W.shared.gate.rows : 0;
+  // Expert-parallel, this rank runs its own experts' rows only, and rank 0 the shared experts.
+  const parallel::ExpertRange mine = local_;
+  const bool shared = W.has_shared && (!comm_ || comm_->rank() == 0);
+  const int64_t I = inter_, Is = shared ? W.shared.gate.rows : 0;
   auto &row0 = row0_, &active = active_;
   auto& jobs = jobs_;
   row0.assign(size_t(E + 1), 0);
-  for (int64_t e = 0; e < E; ++e) row0[size_t(e + 1)] = row0[size_t(e)] + tokens_in_[size_t(e)];
+  for (int64_t e = 0; e < E; ++e) row0[size_t(e + 1)] = row0[size_t(e)] + (mine.has(e) ? tokens_in_[size_t(e)] : 0);
   const int64_t R = row0[size_t(E)];
   const size_t need = size_t(R * (2 * D + 3 * I) + T * 3 * Is);
   if (scratch.size() < need) scratch.resize(need);
@@ -135,12 +144,12 @@ void MoeLayer::experts(const cpu::Context& ctx, const LayerWeights& W, const flo
   jobs.clear();
   active.clear();
   for (int64_t e = 0; e < E; ++e)
-    if (tokens_in_[size_t(e)] > 0) active.push_back(e);
+    if (mine.has(e) && tokens_in_[size_t(e)] > 0) active.push_back(e);
   const auto* picks = picks_.data();
   const int64_t* r0s = row0.data();
   cpu::parallel_for(ctx, T * K, R >= 64, [&](int64_t i) {
     const auto [e, j] = picks[i];
-    std::copy(x + (i / K) * D, x + (i / K + 1) * D, xe + (r0s[e] + j) * D);
+    if (mine.has(e)) std::copy(x + (i / K) * D, x + (i / K + 1) * D, xe + (r0s[e] + j) * D);
   });
   const int threads = ctx.num_threads();
   const bool expert_per_thread =
@@ -151,7 +160,7 @@ void MoeLayer::experts(const cpu::Context& ctx, const LayerWeights& W, const flo
   if (expert_per_thread) {
     // The shared experts (every token) run split as usual, then each routed expert whole on one
     // thread.
-    if (W.has_shared) {
+    if (shared) {
       push_gate_up(jobs, W.shared, x, T, D, gus);
       cpu::matmul_batch(ctx, jobs);
       cpu::silu_mul(ctx, gus, T, Is, acts);
@@ -171,17 +180,17 @@ void MoeLayer::experts(const cpu::Context& ctx, const LayerWeights& W, const flo
       cpu::matmul(ctx, act + r0 * I, n, I, W.experts[size_t(e)].down, ye + r0 * D, D);
     }
   } else {
-    if (W.has_shared) push_gate_up(jobs, W.shared, x, T, D, gus);
+    if (shared) push_gate_up(jobs, W.shared, x, T, D, gus);
     for (int64_t e : active) {
       const int64_t r0 = row0[size_t(e)], n = row0[size_t(e + 1)] - r0;
       push_gate_up(jobs, W.experts[size_t(e)], xe + r0 * D, n, D, gu + r0 * 2 * I);
     }
     cpu::matmul_batch(ctx, jobs);
-    if (W.has_shared) cpu::silu_mul(ctx, gus, T, Is, acts);
+    if (shared) cpu::silu_mul(ctx, gus, T, Is, acts);
     cpu::silu_mul(ctx, gu, R, I, act);
     jobs.clear();
     // The shared experts' output is the sum's first term: written straight into out.
-    if (W.has_shared) jobs.push_back({acts, T, Is, W.shared.down, out, D});
+    if (shared) jobs.push_back({acts, T, Is, W.shared.down, out, D});
     else std::fill(out, out + T * D, 0.0f);
     for (int64_t e : active) {
       const int64_t r0 = row0[size_t(e)], n = row0[size_t(e + 1)] - r0;
@@ -193,11 +202,19 @@ void MoeLayer::experts(const cpu::Context& ctx, const LayerWeights& W, const flo
   cpu::parallel_for(ctx, T, T >= 16, [&](int64_t t) {
     for (int64_t k = 0; k < K; ++k) {
       const auto [e, j] = picks[t * K + k];
+      if (!mine.has(e)) continue;
       const float w = chosen[t * K + k].weight;
       const float* y = ye + (r0s[e] + j) * D;
       for (int64_t d = 0; d < D; ++d) out[t * D + d] += w * y[d];
     }
   });
+  if (comm_) {
+    const auto t0 = std::chrono::steady_clock::now();
+    parallel::sum_in_rank_order(*comm_, out, T * D, gathered_);
+    combine_.calls++;
+    combine_.bytes_received += double(comm_->size() - 1) * double(T * D) * sizeof(float);
+    combine_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
 }
 
 }  // namespace mla

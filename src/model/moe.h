@@ -19,6 +19,8 @@
 #include "backend/cpu/ops.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "parallel/comm.h"
+#include "parallel/expert_parallel.h"
 
 namespace mla {
 
@@ -58,21 +60,31 @@ struct MoeCounters {
 
 class MoeLayer {
  public:
-  explicit MoeLayer(const ModelConfig& c);
+  // comm: the ranks of an expert-parallel job (parallel/expert_parallel.h), null or one rank
+  // for one process; this rank's routed experts are expert_range(n_routed_experts, rank, size).
+  explicit MoeLayer(const ModelConfig& c, parallel::Comm* comm = nullptr);
 
   // Router logits and each token's choices for x [T, hidden] (the layer's normed input).
   void route(const cpu::Context& ctx, const LayerWeights& W, const float* x, int64_t T);
   const std::vector<ExpertChoice>& choices() const { return chosen_; }  // [T, top_k], from route
   // The experts of the last route: out [T, hidden] = shared(x) + sum of weight * expert(x).
   // scratch: activations, grown as needed and kept by the caller (the model shares it with the
-  // dense MLP).
+  // dense MLP). Expert-parallel: this rank's experts only (and the shared experts on rank 0),
+  // then the ranks' partial sums added in rank order, so every rank gets the whole out. Every
+  // rank must call it for the same layers and tokens.
   void experts(const cpu::Context& ctx, const LayerWeights& W, const float* x, int64_t T, float* out, std::vector<float>& scratch);
 
   void set_schedule(ExpertSchedule s) { schedule_ = s; }
   const MoeCounters& counters() const { return counters_; }
+  const parallel::CombineCounters& combine_counters() const { return combine_; }
+  parallel::ExpertRange local_experts() const { return local_; }
 
  private:
   RouterConfig rc_;
+  parallel::Comm* comm_ = nullptr;  // null: one process
+  parallel::ExpertRange local_;
+  parallel::CombineCounters combine_;
+  std::vector<float> gathered_;  // the ranks' partial sums
   int64_t hidden_, inter_;
   ExpertSchedule schedule_ = ExpertSchedule::Auto;
   MoeCounters counters_;

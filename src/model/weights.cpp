@@ -26,10 +26,10 @@ bool names_layer(const std::string& entry, const std::string& plain, const std::
 
 class Loader {
  public:
-  Loader(const Checkpoint& ckpt, const ModelConfig& cfg, bool with_mtp, const LoadQuantization* quantize = nullptr,
-         const std::function<void(size_t, size_t)>* progress = nullptr)
-      : ckpt_(ckpt), cfg_(cfg), with_mtp_(with_mtp && has_mtp_module(ckpt, cfg)), quantize_(quantize),
-        progress_(progress) {
+  Loader(const Checkpoint& ckpt, const ModelConfig& cfg, bool with_mtp, parallel::ExpertRange experts,
+         const LoadQuantization* quantize = nullptr, const std::function<void(size_t, size_t)>* progress = nullptr)
+      : ckpt_(ckpt), cfg_(cfg), with_mtp_(with_mtp && has_mtp_module(ckpt, cfg)), experts_(experts),
+        quantize_(quantize), progress_(progress) {
     if (progress_ && *progress_) total_ = ckpt_.total_bytes();
   }
 
@@ -81,7 +81,8 @@ class Loader {
         else if (c.topk_method == TopkMethod::NoauxTc)
           format_error(ckpt_.dir(), lp + "mlp.gate.e_score_correction_bias", "missing (noaux_tc routing needs it)");
         for (int64_t e = 0; e < c.n_routed_experts; ++e)
-          L.experts.push_back(mlp(lp + "mlp.experts." + std::to_string(e) + ".", c.moe_intermediate_size));
+          L.experts.push_back(experts_.has(e) ? mlp(lp + "mlp.experts." + std::to_string(e) + ".", c.moe_intermediate_size)
+                                              : Mlp{});  // another rank's
         if (c.n_shared_experts > 0) {
           L.shared = mlp(lp + "mlp.shared_experts.", c.n_shared_experts * c.moe_intermediate_size);
           L.has_shared = true;
@@ -400,6 +401,7 @@ class Loader {
   const Checkpoint& ckpt_;
   const ModelConfig& cfg_;
   bool with_mtp_ = false;
+  parallel::ExpertRange experts_;
   const LoadQuantization* quantize_ = nullptr;
   const std::function<void(size_t, size_t)>* progress_ = nullptr;
   size_t done_ = 0, total_ = 0;
@@ -413,13 +415,14 @@ bool has_mtp_module(const Checkpoint& ckpt, const ModelConfig& cfg) {
          ckpt.find(cfg.weight_prefix + "model.layers." + std::to_string(cfg.num_hidden_layers) + ".eh_proj.weight");
 }
 
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, bool with_mtp) {
-  return Loader(ckpt, cfg, with_mtp).load();
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, bool with_mtp, parallel::ExpertRange experts) {
+  return Loader(ckpt, cfg, with_mtp, experts).load();
 }
 
 ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, const LoadQuantization& quantize,
-                          const std::function<void(size_t, size_t)>& progress, bool with_mtp) {
-  return Loader(ckpt, cfg, with_mtp, &quantize, &progress).load();
+                          const std::function<void(size_t, size_t)>& progress, bool with_mtp,
+                          parallel::ExpertRange experts) {
+  return Loader(ckpt, cfg, with_mtp, experts, &quantize, &progress).load();
 }
 
 static bool ends_with(const std::string& s, const std::string& t) {

@@ -12,6 +12,7 @@
 
 #include "format/safetensors.h"
 #include "model/config.h"
+#include "parallel/expert_parallel.h"
 #include "tensor/matrix.h"
 #include "tensor/quantize.h"
 
@@ -116,7 +117,11 @@ std::string weight_bytes_summary(const ModelWeights& w);
 // Loads and checks every weight the config calls for; throws FormatError naming the tensor.
 // with_mtp: also the first MTP module, where the checkpoint has one (config
 // num_nextn_predict_layers > 0 and layer num_hidden_layers' eh_proj present).
-ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, bool with_mtp = false);
+// experts: the routed experts this process holds (parallel/expert_parallel.h); the others stay
+// empty views (rows 0, no data), their tensors neither checked nor read, nor counted in
+// bytes_by_format.
+ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, bool with_mtp = false,
+                          parallel::ExpertRange experts = {});
 // Whether the checkpoint holds the first MTP module (model.layers.<num_hidden_layers>.eh_proj).
 bool has_mtp_module(const Checkpoint& ckpt, const ModelConfig& cfg);
 // The same, converting each weight of a class `quantize` gives a format to it as it is loaded,
@@ -125,6 +130,7 @@ bool has_mtp_module(const Checkpoint& ckpt, const ModelConfig& cfg);
 // memory grows by the quantized bytes, not by the checkpoint's. `progress`, when set, is
 // called after each tensor with the checkpoint bytes read so far and in all.
 ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, const LoadQuantization& quantize,
-                          const std::function<void(size_t done, size_t total)>& progress = {}, bool with_mtp = false);
+                          const std::function<void(size_t done, size_t total)>& progress = {}, bool with_mtp = false,
+                          parallel::ExpertRange experts = {});
 
 }  // namespace mla
