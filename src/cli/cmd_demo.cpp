@@ -1,14 +1,18 @@
-// `mla demo`: the whole engine on a fresh clone with no downloads. Writes (or reuses) a small
-// random-weight checkpoint of the DeepSeek-V3 architecture in the hub layout with a byte-level
-// tokenizer, loads it through the normal loader, generates text, and prints the MLA story:
-// latent against expanded cache bytes per token, the agreement of the expand and absorb
-// attention paths, and throughput.
+// `mla demo`: the whole engine on a fresh clone with no downloads. Loads the small trained
+// DeepSeek-V3-architecture checkpoint that ships in the source tree (models/mla-tiny-en, found
+// beside the binary's folder or in the source folder it was built from) through the normal
+// loader, generates English text from it, and prints the MLA story: latent against expanded
+// cache bytes per token, the agreement of the expand and absorb attention paths, and
+// throughput. With --dir (or --random, or when the trained checkpoint is not found) it writes
+// (or reuses) a random-weight checkpoint of the same architecture instead.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "cli/command.h"
 #include "cli/options.h"
@@ -25,6 +29,22 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 constexpr int kDemoVocab = 1024;
+constexpr const char* kTrainedModel = "models/mla-tiny-en";
+
+// The trained checkpoint: beside the binary's folder (build/mla -> models/mla-tiny-en in the
+// checkout), else in the source folder the binary was built from. Empty when neither has it.
+std::string find_trained_model() {
+  std::vector<fs::path> candidates;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) candidates.push_back(exe.parent_path().parent_path() / kTrainedModel);
+#ifdef MLA_SOURCE_DIR
+  candidates.push_back(fs::path(MLA_SOURCE_DIR) / kTrainedModel);
+#endif
+  for (const auto& c : candidates)
+    if (fs::exists(c / "config.json") && fs::exists(c / "model.safetensors")) return c.lexically_normal().string();
+  return {};
+}
 
 // The demo checkpoint in `dir` is there when config.json is exactly the demo's and both the
 // model and the tokenizer load. A folder holding another checkpoint is never overwritten.
@@ -65,7 +85,7 @@ std::string with_commas(int64_t v) {
 std::string printable(std::string_view s) {
   std::string out;
   for (unsigned char c : s) {
-    if ((c < 0x20 && c != '\n') || c == 0x7f) {
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\x%02x", c);
       out += buf;
@@ -77,32 +97,60 @@ std::string printable(std::string_view s) {
 }
 
 int demo(int argc, char** argv) {
-  CLI::App app{"Write a small random-weight DeepSeek-V3-architecture checkpoint, load it, generate text, and show "
-               "what multi-head latent attention saves",
+  CLI::App app{"Load the small trained DeepSeek-V3-architecture model that ships with mla (or write a random-weight "
+               "one), generate text, and show what multi-head latent attention saves",
                "mla demo"};
   std::string dir = "./mla-demo-model";
-  std::string prompt =
+  std::string model_dir;
+  bool random = false;
+  std::string prompt;
+  const std::string trained_prompt = "\"The computer";
+  const std::string random_prompt =
       "Multi-head latent attention keeps one small latent vector per token instead of a key and a value for every head.";
   int64_t n = 48;
+  float temperature = -1;
   mla::cli::CpuOptions cpu;
   uint64_t seed = 1;
-  app.add_option("--dir", dir, "folder of the demo checkpoint (written if missing, else reused)");
+  auto* dir_opt = app.add_option("--dir", dir, "folder of the random-weight demo checkpoint (written if missing, else "
+                                               "reused); implies --random");
+  app.add_option("--model", model_dir, "the trained checkpoint (default: models/mla-tiny-en beside the binary's "
+                                       "folder, else in the source folder)");
+  app.add_flag("--random", random, "use a random-weight checkpoint instead of the trained one");
   app.add_option("-n,--max-tokens", n, "tokens to generate");
   app.add_option("--prompt", prompt, "prompt text");
+  app.add_option("--temperature", temperature, "sampling temperature (default: 0, greedy, for the trained model; 0.8 "
+                                               "for random weights)");
   app.add_option("--seed", seed, "sampling seed");
   mla::cli::add_cpu_options(app, cpu);
   CLI11_PARSE(app, argc, argv);
   if (n < 0) throw std::invalid_argument("--max-tokens must not be negative");
   const mla::cpu::Context ctx = cpu.context();
 
-  // 1. The checkpoint: hub layout, random weights, byte-level tokenizer.
-  const nlohmann::json config = mla::demo_config(kDemoVocab);
-  auto t0 = Clock::now();
-  const bool reused = demo_checkpoint_present(dir, config);
-  if (!reused) {
-    mla::write_random_checkpoint(dir, config, {});
-    mla::Tokenizer::write_byte_level_tokenizer(dir, kDemoVocab);
+  // 1. The checkpoint: the trained one when found, else a random-weight one written in the hub
+  // layout with a byte-level tokenizer.
+  bool trained = !random && dir_opt->count() == 0;
+  if (trained && model_dir.empty()) {
+    model_dir = find_trained_model();
+    if (model_dir.empty()) {
+      std::printf("mla demo: the trained checkpoint (%s) is not beside the binary nor in the source folder; using "
+                  "random weights\n",
+                  kTrainedModel);
+      trained = false;
+    }
   }
+  if (trained) dir = model_dir;
+  auto t0 = Clock::now();
+  bool reused = true;
+  if (!trained) {
+    const nlohmann::json config = mla::demo_config(kDemoVocab);
+    reused = demo_checkpoint_present(dir, config);
+    if (!reused) {
+      mla::write_random_checkpoint(dir, config, {});
+      mla::Tokenizer::write_byte_level_tokenizer(dir, kDemoVocab);
+    }
+  }
+  if (prompt.empty()) prompt = trained ? trained_prompt : random_prompt;
+  if (temperature < 0) temperature = trained ? 0.0f : 0.8f;
   const double write_s = since(t0);
   t0 = Clock::now();
   auto model = mla::Model::load(dir, ctx);
@@ -113,14 +161,19 @@ int demo(int argc, char** argv) {
   for (const auto& e : fs::directory_iterator(dir))
     if (e.is_regular_file()) bytes += e.file_size();
 
-  std::printf("mla demo: a DeepSeek-V3-architecture model with RANDOM weights (%lld layers, %lld heads, kv_lora_rank "
+  std::printf("mla demo: a DeepSeek-V3-architecture model with %s (%lld layers, %lld heads, kv_lora_rank "
               "%lld, rope %lld, %lld routed experts, vocab %lld)\n",
-              (long long)c.num_hidden_layers, (long long)c.num_attention_heads, (long long)c.kv_lora_rank,
-              (long long)c.qk_rope_head_dim, (long long)c.n_routed_experts, (long long)c.vocab_size);
-  std::printf("  checkpoint  %s (hub layout, %.1f MB) %s in %.2f s; loaded in %.2f s by the normal loader\n", dir.c_str(),
-              double(bytes) / 1e6, reused ? "reused" : "written", write_s, load_s);
+              trained ? "TRAINED weights (mla-tiny-en, tools/train)" : "RANDOM weights", (long long)c.num_hidden_layers,
+              (long long)c.num_attention_heads, (long long)c.kv_lora_rank, (long long)c.qk_rope_head_dim,
+              (long long)c.n_routed_experts, (long long)c.vocab_size);
+  if (trained)
+    std::printf("  checkpoint  %s (hub layout, %.1f MB); loaded in %.2f s by the normal loader\n", dir.c_str(),
+                double(bytes) / 1e6, load_s);
+  else
+    std::printf("  checkpoint  %s (hub layout, %.1f MB) %s in %.2f s; loaded in %.2f s by the normal loader\n",
+                dir.c_str(), double(bytes) / 1e6, reused ? "reused" : "written", write_s, load_s);
 
-  // 2. Text in, text out. Random weights give random text: the machinery is the point.
+  // 2. Text in, text out. Random weights give random text: then the machinery is the point.
   auto ids = tokenizer.encode(prompt, true);
   mla::EngineOptions eo;  // bf16 latent cache, room for one context
   eo.kv_pages = mla::kv_cache_pages(c, 0, eo.page_size, eo.kv_dtype, 1);
@@ -128,13 +181,16 @@ int demo(int argc, char** argv) {
   eo.max_batch_tokens = eo.kv_pages * eo.page_size;
   mla::Engine engine(*model, &tokenizer, eo);
   mla::Request params;
-  params.sampling.temperature = 0.8f;
+  params.sampling.temperature = temperature;
   params.sampling.top_k = 40;
   params.sampling.seed = seed;
   params.max_new_tokens = n;
   params.eos_token_ids = c.eos_token_ids;
   std::printf("\nprompt (%zu tokens): %s\n", ids.size(), printable(prompt).c_str());
-  std::printf("output (random weights, so random text): ");
+  if (trained)
+    std::printf("output (%s): ", temperature == 0.0f ? "greedy" : "sampled");
+  else
+    std::printf("output (random weights, so random text): ");
   std::fflush(stdout);
   params.prompt = ids;
   auto r = engine.generate(params, [](const mla::RequestEvent& e) {
@@ -191,6 +247,6 @@ int demo(int argc, char** argv) {
   return 0;
 }
 
-mla::cli::Command reg("demo", "write a random-weight MLA model, generate, and show the latent cache's savings", demo);
+mla::cli::Command reg("demo", "generate from the small trained MLA model and show the latent cache's savings", demo);
 
 }  // namespace

@@ -232,4 +232,27 @@ TEST_F(RunCli, DemoPrintsItsFigures) {
   EXPECT_NE(other.output.find("not the demo's"), std::string::npos) << other.output;
 }
 
+// Without --dir the demo finds the trained checkpoint of the source tree (models/mla-tiny-en),
+// generates greedily from it, and still prints the latent cache and the paths' agreement.
+TEST_F(RunCli, DemoUsesTheTrainedModel) {
+  auto r = sh(std::string(MLA_BINARY) + " demo --threads 1 -n 8 2>&1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("TRAINED weights"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("models/mla-tiny-en"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("output (greedy)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("latent, bf16"), std::string::npos) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(max \|logit difference\|[^:]*: ([0-9.e+-]+))"))) << r.output;
+  EXPECT_LT(std::stod(m[1]), 1e-3) << "the two paths are the same function";
+  // Greedy: a second run prints the same text.
+  auto again = sh(std::string(MLA_BINARY) + " demo --threads 1 -n 8 2>&1");
+  ASSERT_EQ(again.status, 0) << again.output;
+  auto text = [](const std::string& out) {
+    const size_t a = out.find("output (greedy): ");
+    return a == std::string::npos ? std::string() : out.substr(a, out.find('\n', a) - a);
+  };
+  EXPECT_FALSE(text(r.output).empty());
+  EXPECT_EQ(text(r.output), text(again.output));
+}
+
 }  // namespace
