@@ -82,7 +82,7 @@ def main():
                   "%.3f" % kv_gb, "--cache-ram-gb", "0", "--chunk-depth", str(a.chunk_depth),
                   "--max-batch-tokens", str(a.max_batch_tokens)], log, r"on http://", port=port)
     print("long request: %d tokens, %d decoding sessions, --chunk-depth %d, --max-batch-tokens %d, %s, %d threads"
-          % (a.tokens, a.decoders, a.chunk_depth, a.max_batch_tokens, a.model, a.threads))
+          % (a.tokens, a.decoders, a.chunk_depth, a.max_batch_tokens, a.model, a.threads), flush=True)
     try:
         # Warm-up, then the decoders.
         stream(port, {"prompt": ids(64), "max_tokens": 4, "stream": True}, lambda k, t: None)
@@ -114,13 +114,22 @@ def main():
         peak = [rss0]
 
         def watch():
+            last = time.monotonic()
             while not stop.is_set():
                 peak[0] = max(peak[0], rss_kb(srv.proc.pid, "RssAnon"))
                 time.sleep(0.2)
+                if time.monotonic() - last >= 60:  # progress, so that a cut run still says something
+                    last = time.monotonic()
+                    m = get(srv.url("/metrics"))
+                    print("  %5.0f s: %d tokens computed in %d passes, longest decode pass %.2f s, anonymous memory "
+                          "%.2f GB" % (last - t0, metric(m, "mla_computed_tokens_total"),
+                                       metric(m, "mla_engine_steps_total"),
+                                       metric(m, "mla_engine_decode_step_seconds_max"), peak[0] * 1024 / 1e9),
+                          flush=True)
 
-        threading.Thread(target=watch, daemon=True).start()
         events = []
         t0 = time.monotonic()
+        threading.Thread(target=watch, daemon=True).start()
         status, err = stream(port, {"prompt": ids(a.tokens), "max_tokens": 4, "stream": True},
                              lambda k, t: events.append((k, t)))
         t_end = time.monotonic()
