@@ -4,6 +4,12 @@
 // SIGINT / SIGTERM: stop admitting (503 for new requests), let the requests in flight finish
 // up to --shutdown-timeout seconds, cut the rest (an error event and [DONE] for a stream, a 503
 // otherwise), exit 0; a second signal cuts them at once and exits.
+//
+// Under mpirun (expert-parallel): rank 0 serves and the other ranks replay its forward passes
+// (engine/lockstep.h). mpirun sends a signal to every rank, both when it is stopped and when
+// one of the ranks died (then it kills the rest about a second later), so the first signal
+// cuts the requests in flight at once: they are answered 503 while there is time. A failed
+// collective (a rank hung past MLA_RANK_TIMEOUT) does the same, then ends the job with an error.
 #include <signal.h>
 #include <unistd.h>
 
@@ -14,13 +20,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
 #include "cli/command.h"
 #include "cli/options.h"
 #include "engine/generation_config.h"
 #include "engine/engine.h"
+#include "engine/lockstep.h"
 #include "model/fingerprint.h"
+#include "parallel/comm.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
@@ -204,6 +213,37 @@ int serve_cmd(int argc, char** argv) {
     };
   }
   eo.speculative = spec;
+
+  mla::parallel::Comm& world = mla::parallel::world();
+  const bool parallel = world.size() > 1;
+  if (parallel) {
+    if (spec.enabled) throw std::invalid_argument("--speculative does not run under mpirun yet");
+    if (o.cache_ram_gb > 0 || !o.cache_dir.empty())
+      throw std::invalid_argument("the prompt cache's RAM and disk tiers (--cache-ram-gb, --cache-dir) do not run under "
+                                  "mpirun yet: the KV cache pages' own prefix cache does");
+    eo.prefix_tiers.ram_bytes = 0;
+  }
+  if (world.rank() > 0) {
+    mla::LatentPool pool = model->make_pool(eo.kv_pages, eo.page_size, kv_dtype);
+    mla::follow(world, *model, pool);
+    return 0;
+  }
+  std::atomic<mla::server::Server*> serving{nullptr};
+  std::mutex failure_mu;
+  std::string failure;
+  std::shared_ptr<mla::Leader> leader;
+  if (parallel) {
+    leader = std::make_shared<mla::Leader>(world, eo.kv_pages, eo.page_size, kv_dtype, [&](const std::string& why) {
+      std::fprintf(stderr, "mla serve: %s: answering the requests in flight 503, then ending the job\n", why.c_str());
+      std::fflush(stderr);
+      {
+        std::lock_guard lk(failure_mu);
+        failure = why;
+      }
+      if (auto* s = serving.load()) s->stop_now();
+    });
+    eo.pass_listener = leader;
+  }
   mla::Engine engine(*model, &tokenizer, eo);
   const int64_t pages = eo.kv_pages;
 
@@ -224,6 +264,7 @@ int serve_cmd(int argc, char** argv) {
   sopt.max_output_tokens = o.max_output_tokens;
   sopt.responses_store = size_t(o.responses_store);
   mla::server::Server server(engine, tokenizer, generation, c, sopt);
+  serving = &server;
   const int port = server.bind();
   engine.start();
 
@@ -242,7 +283,15 @@ int serve_cmd(int argc, char** argv) {
       }
       int sig = sigtimedwait(&signals, nullptr, &tick);
       if (sig < 0) continue;
-      if (++received == 1) {
+      if (parallel && ++received == 1) {
+        std::fprintf(stderr, "mla serve: %s: cutting the requests in flight (mpirun)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        std::fflush(stderr);
+        world.interrupt();  // a pass waiting for a dead rank ends now
+        server.stop_now();
+        engine.cancel_all();
+      } else if (parallel) {
+        continue;  // the first one cut everything already
+      } else if (++received == 1) {
         std::fprintf(stderr,
                      "mla serve: %s: finishing the requests in flight, at most %g s (again to cut them now)\n",
                      sig == SIGINT ? "SIGINT" : "SIGTERM", o.shutdown_timeout);
@@ -277,6 +326,16 @@ int serve_cmd(int argc, char** argv) {
   engine.stop();
   done = true;
   signal_thread.join();
+  if (parallel) {
+    std::lock_guard lk(failure_mu);
+    if (!failure.empty()) {
+      std::fprintf(stderr, "mla serve: error on rank 0 of %d: %s\n", world.size(), failure.c_str());
+      std::fflush(stderr);
+      world.abort(1);
+    }
+    world.resume();  // no pass was cut: the followers wait for the stop
+    leader->stop();
+  }
   auto st = engine.stats();
   std::fprintf(stderr, "mla serve: stopped after %lld requests, %lld tokens generated\n",
                (long long)st.requests_finished, (long long)st.generation_tokens);

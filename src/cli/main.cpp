@@ -1,5 +1,6 @@
 // `mla`: dispatch to a subcommand. Errors from the library arrive as exceptions and end
 // here with a message and a non-zero exit status.
+#include <signal.h>
 #include <malloc.h>
 #include <unistd.h>
 
@@ -138,10 +139,11 @@ void choose_wait_policy() {
 
 namespace {
 
-// The commands that run expert-parallel under mpirun: each rank runs the same loop on the same
-// input, rank 0 prints. The others (serve, chat, ...) refuse an MPI launch for now.
+// The commands that run expert-parallel under mpirun: in logits, run and verify each rank runs
+// the same loop on the same input and rank 0 prints; in serve rank 0 serves and the others
+// replay its passes (engine/lockstep.h). The others refuse an MPI launch.
 bool runs_under_mpi(const std::string& command) {
-  return command == "logits" || command == "run" || command == "verify";
+  return command == "logits" || command == "run" || command == "verify" || command == "serve";
 }
 
 // A digest of this program's own file: ranks started from different builds refuse to run.
@@ -157,11 +159,21 @@ std::string build_digest() {
 // Sets up the ranks of an MPI launch: joins the job, checks every rank runs the same build,
 // and sends the standard output of every rank but 0 to /dev/null (errors stay on stderr).
 void start_ranks(const std::string& command, int* argc, char*** argv) {
+  // MPI_Init starts threads of its own. They start with SIGINT and SIGTERM blocked, so that
+  // these signals reach the threads of mla, as without MPI: `mla serve` waits for them on one
+  // thread, and a signal taken by an MPI thread would end the process at once.
+  sigset_t stop, before;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, &before);
   mla::parallel::init_world(argc, argv);
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
   auto& world = mla::parallel::world();
   if (world.size() == 1) return;
   if (!runs_under_mpi(command))
-    throw std::runtime_error("'" + command + "' does not run under mpirun yet (logits, run and verify do)");
+    throw std::runtime_error("'" + command + "' does not run under mpirun yet (logits, run, verify and serve do)");
+  mla::parallel::rank_timeout_from_env();  // a bad MLA_RANK_TIMEOUT fails now, not after loading
   mla::parallel::require_same_on_all_ranks(world, "build", build_digest());
   if (world.rank() != 0 && !std::freopen("/dev/null", "w", stdout))
     throw std::runtime_error("cannot send rank " + std::to_string(world.rank()) + "'s output to /dev/null");

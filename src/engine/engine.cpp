@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "engine/logprobs.h"
+#include "parallel/comm.h"
 
 namespace mla {
 
@@ -42,6 +43,10 @@ LatentPool make_pool(const Model& model, const EngineOptions& opt) {
 
 // The options as the engine runs them: max_running as the scheduler limits it.
 EngineOptions effective(EngineOptions opt) {
+  if (opt.pass_listener && (opt.speculative.enabled || opt.prefix_tiers.ram_bytes > 0 || !opt.prefix_tiers.disk_dir.empty()))
+    throw std::invalid_argument(
+        "the other ranks replay only forward passes: speculative decoding and the prompt cache's RAM and disk tiers, "
+        "which write the KV cache outside them, do not run under mpirun");
   opt.max_running = SchedulerOptions{opt.max_batch_tokens, opt.max_running, opt.chunk_depth}.running_limit();
   return opt;
 }
@@ -349,6 +354,12 @@ void Engine::draft_next() {
 bool Engine::step_inner() {
   drain_incoming();
   bool worked = false;
+  if (!broken_.empty()) {
+    for (auto& [id, s] : sequences_)
+      if (!s->done) finish(*s, FinishReason::Cancelled, broken_), worked = true;
+    sequences_.clear();
+    return worked;
+  }
   Batch batch = scheduler_.schedule();
   // A preempted sequence recomputes from its start: its MTP cache goes now, pages and all.
   if (draft_)
@@ -407,7 +418,20 @@ bool Engine::step_inner() {
     bool ok = true;
     const auto pass0 = std::chrono::steady_clock::now();
     try {
+      if (opt_.pass_listener) {
+        // The followers get the pages with the pass: reserve them first (all or nothing; when
+        // they do not fit, forward throws before its first collective and nobody is told).
+        int64_t need = 0;
+        for (const SeqSlice& sl : slices) need += pool_.pages_needed(*sl.seq, sl.seq->length + int64_t(sl.ids.size()));
+        if (need <= pool_.free_pages()) {
+          for (const SeqSlice& sl : slices) pool_.reserve(*sl.seq, sl.seq->length + int64_t(sl.ids.size()));
+          opt_.pass_listener->before_forward(slices, fo);
+        }
+      }
       model_.forward(slices, pool_, fo, logits_);
+    } catch (const parallel::CommError& e) {
+      ok = false;
+      fail_job(e.what());
     } catch (const std::exception& e) {
       // Nothing was written (pages were checked first); the batch's requests end with the error.
       ok = false;
@@ -537,8 +561,19 @@ void Engine::engine_loop() {
       worked = true;
     }
     if (!worked) {
+      auto has_work = [&] { return stop_ || cancel_all_ || !incoming_.empty() || !cancels_.empty(); };
+      PassListener* listener = broken_.empty() ? opt_.pass_listener.get() : nullptr;
       std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || cancel_all_ || !incoming_.empty() || !cancels_.empty(); });
+      if (!listener || listener->idle_seconds() <= 0) {
+        cv_.wait(lk, has_work);
+      } else if (!cv_.wait_for(lk, std::chrono::duration<double>(listener->idle_seconds()), has_work)) {
+        lk.unlock();
+        try {
+          listener->idle();
+        } catch (const parallel::CommError& e) {
+          fail_job(e.what());
+        }
+      }
     }
   }
   // Whatever is left is cancelled, so that nobody waits for it.
@@ -547,6 +582,12 @@ void Engine::engine_loop() {
     if (!s->done) finish(*s, FinishReason::Cancelled, "the engine is shutting down");
   sequences_.clear();
   publish();
+}
+
+void Engine::fail_job(const std::string& why) {
+  if (!broken_.empty()) return;
+  broken_ = "the expert-parallel job failed: " + why;
+  opt_.pass_listener->failed(broken_);
 }
 
 void Engine::start() {

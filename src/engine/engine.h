@@ -47,6 +47,21 @@ namespace mla {
 int64_t kv_cache_pages(const ModelConfig& config, double budget_bytes, int64_t page_size, KvDType dtype,
                        int64_t sequences = 1);
 
+// Sees each forward pass before it runs, and the engine's idle time: under mpirun the other
+// ranks replay the passes (engine/lockstep.h).
+class PassListener {
+ public:
+  virtual ~PassListener() = default;
+  // The pass's sequences, their pages already reserved for the new tokens, and its options.
+  virtual void before_forward(std::span<const SeqSlice> batch, const ForwardOptions& opt) = 0;
+  // Called about every idle_seconds() (when > 0) while the engine waits for work.
+  virtual void idle() = 0;
+  virtual double idle_seconds() const = 0;
+  // A pass, or idle(), failed with parallel::CommError: the engine runs no more passes and ends
+  // every request, queued or running, Cancelled with `why`. Called once, on the engine thread.
+  virtual void failed(const std::string& why) = 0;
+};
+
 struct EngineOptions {
   int64_t kv_pages = 0;  // 0: kv_cache_pages(config, 0, page_size, kv_dtype, max_running)
   int64_t page_size = 64;
@@ -66,6 +81,10 @@ struct EngineOptions {
   // module (MtpDrafts; the model must be loaded with it).
   SpeculativeOptions speculative;
   std::shared_ptr<DraftSource> draft_source;
+  // Under mpirun, rank 0's engine: the ranks replaying its passes (engine/lockstep.h). Not
+  // with speculation or the prompt cache's RAM and disk tiers, which touch the pool outside
+  // forward passes (the constructor throws std::invalid_argument).
+  std::shared_ptr<PassListener> pass_listener;
 };
 
 struct EngineStats {
@@ -163,6 +182,8 @@ class Engine {
   // After a step: the drafts of the next pass (or none), timed.
   void draft_next();
   void emit(Sequence& s, RequestEvent e);
+  // The pass listener's collective failed: no more passes; every request ends.
+  void fail_job(const std::string& why);
   void update_stats();
   void engine_loop();
 
@@ -189,6 +210,7 @@ class Engine {
   std::vector<int64_t> logits_last_;
   std::vector<std::vector<int32_t>> verify_ids_;
   EngineStats counters_;  // cumulative counters kept by the engine
+  std::string broken_;    // why the job failed (fail_job); empty while it runs
   std::vector<std::pair<Callback, RequestEvent>> events_;  // of the current step, delivered at its end
 
   // Shared with submitting threads.

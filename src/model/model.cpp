@@ -109,6 +109,12 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
   m->moe_ = std::make_unique<MoeLayer>(m->cfg_, &comm);
   if (m->cfg_.dsa()) m->indexer_ = std::make_unique<Indexer>(m->cfg_);
   m->costs_ = MlaCosts::of(m->cfg_);
+  if (comm.size() > 1) {
+    // Every rank has its weights: from here on the ranks run in step, and a rank that takes
+    // longer than the timeout to reach a collective hangs (loading had none: disks differ).
+    comm.barrier();
+    comm.set_timeout(parallel::rank_timeout_from_env());
+  }
   return m;
 }
 

@@ -1,9 +1,15 @@
 #include "parallel/comm.h"
 
+#include <sched.h>
+#include <time.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #ifdef MLA_HAVE_MPI
 // The C API only: without these, mpi.h included from C++ pulls in the deprecated C++ bindings.
@@ -42,7 +48,9 @@ class MpiComm final : public Comm {
   int size() const override { return size_; }
   void allgather(const void* mine, size_t bytes, void* all) override {
     if (bytes <= kPiece) {
-      MPI_Allgather(mine, int(bytes), MPI_BYTE, all, int(bytes), MPI_BYTE, MPI_COMM_WORLD);
+      MPI_Request r;
+      MPI_Iallgather(mine, int(bytes), MPI_BYTE, all, int(bytes), MPI_BYTE, MPI_COMM_WORLD, &r);
+      wait(r, "allgather", bytes, false);
       return;
     }
     // Larger than one piece: each rank's block gathered as a broadcast from its owner.
@@ -50,18 +58,58 @@ class MpiComm final : public Comm {
     std::memmove(out + size_t(rank_) * bytes, mine, bytes);
     for (int r = 0; r < size_; ++r) broadcast(out + size_t(r) * bytes, bytes, r);
   }
-  void broadcast(void* buf, size_t bytes, int root) override {
-    auto* p = static_cast<uint8_t*>(buf);
-    for (size_t at = 0; at < bytes; at += kPiece)
-      MPI_Bcast(p + at, int(std::min(kPiece, bytes - at)), MPI_BYTE, root, MPI_COMM_WORLD);
+  void broadcast(void* buf, size_t bytes, int root) override { bcast(buf, bytes, root, false); }
+  void broadcast_idle(void* buf, size_t bytes, int root) override { bcast(buf, bytes, root, true); }
+  void barrier() override {
+    MPI_Request r;
+    MPI_Ibarrier(MPI_COMM_WORLD, &r);
+    wait(r, "barrier", 0, false);
   }
-  void barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);  // MPI_Abort does not return; this keeps [[noreturn]] honest
   }
 
  private:
+  void bcast(void* buf, size_t bytes, int root, bool idle) {
+    auto* p = static_cast<uint8_t*>(buf);
+    for (size_t at = 0; at < bytes; at += kPiece) {
+      MPI_Request r;
+      MPI_Ibcast(p + at, int(std::min(kPiece, bytes - at)), MPI_BYTE, root, MPI_COMM_WORLD, &r);
+      wait(r, "broadcast", bytes, idle);
+    }
+  }
+  // Polls a started collective to its end, or throws CommError at the timeout or an interrupt
+  // (the request is left behind: the job is ending). The polls yield the core between them
+  // (ranks may share cores: a spinning rank would slow the one it waits for), and when idle,
+  // after a millisecond, sleep 200 us between polls.
+  void wait(MPI_Request& r, const char* what, size_t bytes, bool idle) {
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    for (int64_t polls = 0;; ++polls) {
+      int done = 0;
+      MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+      if (done) return;
+      if (interrupted_) throw CommError("rank " + std::to_string(rank_) + ": the " + what + " was interrupted");
+      if (polls >= 64) sched_yield();
+      if ((polls & 255) != 0) continue;
+      const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (timeout_ > 0 && waited > timeout_)
+        throw CommError("rank " + std::to_string(rank_) + " waited more than " + seconds(timeout_) + " s in a " + what +
+                        " of " + std::to_string(bytes) + " bytes for the other ranks (MLA_RANK_TIMEOUT): one of " +
+                        "them hangs or has died");
+      if (idle && waited > 1e-3) {
+        const timespec nap{0, 200 * 1000};
+        nanosleep(&nap, nullptr);
+      }
+    }
+  }
+  static std::string seconds(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", s);
+    return buf;
+  }
+
   int rank_ = 0, size_ = 1;
 };
 #endif
@@ -82,6 +130,15 @@ bool mpi_built() {
 #else
   return false;
 #endif
+}
+
+double rank_timeout_from_env() {
+  const char* v = std::getenv("MLA_RANK_TIMEOUT");
+  if (!v || !*v) return 300;
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  if (*end || !(s >= 0)) throw std::invalid_argument(std::string("MLA_RANK_TIMEOUT must be seconds >= 0, not '") + v + "'");
+  return s;
 }
 
 bool launched_by_mpi() {

@@ -9,13 +9,26 @@
 // job (MPI_Abort). MPI's default error handler, MPI_ERRORS_ARE_FATAL, is kept: a failed MPI
 // call, or a peer that died (mpirun kills the job when a rank exits non-zero or by a signal),
 // ends the job instead of leaving the others waiting in a collective.
+//
+// A rank that neither dies nor answers (stopped, deadlocked, swapping) is caught by a timeout:
+// once the ranks are in step (every rank loaded its model, Model::load), each collective waits
+// at most timeout() seconds for the others and then throws CommError. The collectives are
+// started non-blocking and polled, so the same wait also ends early at interrupt() (a signal).
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace mla::parallel {
+
+// A collective that did not complete: another rank did not take part within the timeout, or
+// the wait was interrupted. The job cannot run another collective in step; end it.
+struct CommError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 class Comm {
  public:
@@ -26,10 +39,31 @@ class Comm {
   virtual void allgather(const void* mine, size_t bytes, void* all) = 0;
   // buf of `bytes` on every rank receives root's.
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
+  // The same for a rank with nothing else to do until root speaks (a follower waiting for the
+  // next pass, engine/lockstep.h): it sleeps between polls instead of holding a core.
+  virtual void broadcast_idle(void* buf, size_t bytes, int root) { broadcast(buf, bytes, root); }
   virtual void barrier() = 0;
   // Ends every rank of the job with exit status `code`.
   [[noreturn]] virtual void abort(int code) = 0;
+
+  // The seconds a collective waits for the other ranks before it throws CommError; 0: for ever
+  // (the default, and the right thing while ranks load at their own disk's pace).
+  void set_timeout(double seconds) { timeout_ = seconds; }
+  double timeout() const { return timeout_; }
+  // Makes the collective waiting now, and every later one until resume(), throw CommError.
+  // Thread-safe (a signal-handling thread calls it).
+  void interrupt() { interrupted_ = true; }
+  void resume() { interrupted_ = false; }
+
+ protected:
+  double timeout_ = 0;
+  std::atomic<bool> interrupted_{false};
 };
+
+// The timeout a job's collectives run under once its ranks are in step: MLA_RANK_TIMEOUT
+// seconds (default 300; 0: none). Throws std::invalid_argument for a value that is not a
+// non-negative number.
+double rank_timeout_from_env();
 
 // Whether this build has the MPI layer.
 bool mpi_built();

@@ -71,14 +71,19 @@ inline void make_served_model(const std::filesystem::path& dir, int context = 0)
 
 // `mla serve ARGS --port 0`, its standard error in `log`; port is the one it printed (0: it
 // printed none within a minute, or exited). nofile > 0: under that limit of open files (`ulimit
-// -n` in /bin/sh, which then execs the server: pid stays the server's). Killed (SIGKILL) and
-// reaped when the object goes, on every way out of a test, unless pid was reset after reaping it.
+// -n` in /bin/sh, which then execs the server: pid stays the server's). launcher: a command the
+// server runs under (mpirun and its options; pid is then the launcher's). The process starts a
+// process group of its own; the group is killed (SIGKILL) and pid reaped when the object goes,
+// on every way out of a test, unless pid was reset after reaping it.
 struct ServeProcess {
   pid_t pid = 0;
   int port = 0;
   std::string log;
-  ServeProcess(std::string log_path, std::vector<std::string> args, int nofile = 0) : log(std::move(log_path)) {
+  ServeProcess(std::string log_path, std::vector<std::string> args, int nofile = 0,
+               const std::vector<std::string>& launcher = {})
+      : log(std::move(log_path)) {
     args.insert(args.begin(), {MLA_BINARY, "serve", "--port", "0"});
+    args.insert(args.begin(), launcher.begin(), launcher.end());
     if (nofile > 0)
       args.insert(args.begin(), {"/bin/sh", "-c", "ulimit -n " + std::to_string(nofile) + " && exec \"$0\" \"$@\""});
     std::vector<char*> argv;
@@ -88,7 +93,11 @@ struct ServeProcess {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid = 0;
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);  // pgid 0: a group of its own
+    if (posix_spawnp(&pid, argv[0], &fa, &attr, argv.data(), environ) != 0) pid = 0;
+    posix_spawnattr_destroy(&attr);
     posix_spawn_file_actions_destroy(&fa);
     const std::regex re(R"(http://127\.0\.0\.1:([0-9]+))");
     for (int i = 0; pid > 0 && i < 600 && port == 0; ++i) {  // up to a minute for the load
@@ -104,7 +113,7 @@ struct ServeProcess {
   ServeProcess& operator=(const ServeProcess&) = delete;
   ~ServeProcess() {
     if (pid > 0) {
-      ::kill(pid, SIGKILL);
+      ::kill(-pid, SIGKILL);
       waitpid(pid, nullptr, 0);
     }
   }

@@ -1,0 +1,53 @@
+// Serving under mpirun (`mpirun -np N mla serve ...`): rank 0 runs the one Engine (HTTP, the
+// scheduler, sampling) and every other rank replays its forward passes over a latent pool of
+// its own, so that each MoE layer's combine (parallel/expert_parallel.h) meets the same pass on
+// every rank. There is no second engine loop: a follower runs Model::forward and nothing else.
+//
+// Before each pass the engine reserves the pass's pages and calls Leader::before_forward, which
+// broadcasts what the pass needs: per sequence its page table and new token ids, and the pass's
+// options. A follower's pool holds in each page what rank 0's holds, because every write to a
+// page is a forward pass that both ran: sharing a cached prefix shares its pages by reference
+// and copies nothing, and the prompt cache's RAM and disk tiers, which do copy pages in, are
+// off under mpirun. A follower's logits are dropped; rank 0 samples.
+//
+// While the engine is idle, rank 0 sends a heartbeat every timeout / 4 seconds, so a follower
+// tells a quiet server from a hung rank 0 (it throws parallel::CommError when neither a pass nor
+// a heartbeat comes within the timeout); at the end, a stop message. A collective that fails on
+// rank 0 (a follower hung past the timeout, or an interrupt) reaches the engine as CommError:
+// the engine ends every request and calls failed(), and serving ends the job.
+#pragma once
+#include <functional>
+#include <span>
+#include <string>
+
+#include "engine/engine.h"
+#include "parallel/comm.h"
+
+namespace mla {
+
+class Leader final : public PassListener {
+ public:
+  // Sends the pool's shape (pages, page size, cache dtype): follow() checks its own against it.
+  // on_failure: called once, on the engine thread, when a pass's collective failed.
+  Leader(parallel::Comm& comm, int64_t num_pages, int64_t page_size, KvDType dtype,
+         std::function<void(const std::string&)> on_failure);
+
+  void before_forward(std::span<const SeqSlice> batch, const ForwardOptions& opt) override;
+  void idle() override;
+  double idle_seconds() const override;
+  void failed(const std::string& why) override;
+  // Ends the followers' follow() (call once the engine has stopped).
+  void stop();
+
+ private:
+  parallel::Comm& comm_;
+  std::function<void(const std::string&)> on_failure_;
+};
+
+// A follower's part of the job: replays rank 0's passes over `pool` (built from the same
+// options as rank 0's) until rank 0 stops. Throws parallel::CommError when rank 0 sends nothing
+// within the timeout, std::runtime_error when rank 0's pool has another shape (pages, page
+// size, cache dtype) or a message is malformed.
+void follow(parallel::Comm& comm, Model& model, LatentPool& pool);
+
+}  // namespace mla
