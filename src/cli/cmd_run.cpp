@@ -17,6 +17,7 @@
 #include <random>
 
 #include "cli/command.h"
+#include "engine/lockstep.h"
 #include "parallel/comm.h"
 #include "cli/options.h"
 #include "engine/generation_config.h"
@@ -75,16 +76,21 @@ void add_options(CLI::App& app, RunOptions& o, bool chat_command) {
   mla::cli::add_quantize_options(app, o.quantize);
 }
 
-// Everything a run or a chat session needs, loaded from the model folder.
+// Everything a run or a chat session needs, loaded from the model folder. Under mpirun a run
+// steps the same engine on every rank (the same prompt, the same seed), while a chat's input
+// reaches rank 0 only: there rank 0 alone has the engine and its leader, and the other ranks
+// replay its passes over follower_pool (engine/lockstep.h).
 struct Session {
   std::unique_ptr<mla::Model> model;
   std::unique_ptr<mla::Tokenizer> tokenizer;
-  std::unique_ptr<mla::Engine> engine;
+  std::unique_ptr<mla::Engine> engine;            // null on a follower
+  std::shared_ptr<mla::Leader> leader;            // rank 0 of a lockstep session
+  std::unique_ptr<mla::LatentPool> follower_pool; // the other ranks of one
   mla::Request params;  // everything but the prompt
   std::string kv_dtype;
 };
 
-Session open_session(RunOptions& o) {
+Session open_session(RunOptions& o, bool lockstep = false) {
   const mla::cpu::Context ctx = o.cpu.context();
   if (o.kv_cache_gb < 0) throw std::invalid_argument("--kv-cache-gb must not be negative");
   Session s;
@@ -131,6 +137,17 @@ Session open_session(RunOptions& o) {
   // One sequence: its whole prompt in one forward pass, as far as the cache holds it.
   eo.max_batch_tokens = eo.kv_pages * eo.page_size;
   eo.speculative = spec;
+  auto& world = mla::parallel::world();
+  if (lockstep && world.size() > 1) {
+    if (world.rank() > 0) {
+      s.follower_pool = std::make_unique<mla::LatentPool>(s.model->make_pool(eo.kv_pages, eo.page_size, kv_dtype));
+      return s;
+    }
+    // A failed collective ends the job: the error goes up to main, which aborts every rank.
+    s.leader = std::make_shared<mla::Leader>(world, eo.kv_pages, eo.page_size, kv_dtype,
+                                             [](const std::string& why) { throw std::runtime_error(why); });
+    eo.pass_listener = s.leader;
+  }
   s.engine = std::make_unique<mla::Engine>(*s.model, s.tokenizer.get(), eo);
   return s;
 }
@@ -250,7 +267,11 @@ int chat_cmd(int argc, char** argv) {
   RunOptions o;
   add_options(app, o, true);
   CLI11_PARSE(app, argc, argv);
-  Session s = open_session(o);
+  Session s = open_session(o, /*lockstep=*/true);
+  if (s.follower_pool) {
+    mla::follow(mla::parallel::world(), *s.model, *s.follower_pool);
+    return 0;
+  }
   const mla::ChatFormat format = require_format(s, o.model_dir);
   const bool interactive = ::isatty(STDIN_FILENO);
   if (interactive)
@@ -305,6 +326,7 @@ int chat_cmd(int argc, char** argv) {
                  (long long)s.engine->pool().bytes_per_token(), s.kv_dtype.c_str(),
                  (long long)(s.engine->stats().kv_pages_total - s.engine->stats().kv_pages_free),
                  (long long)s.engine->pool().page_size(), (unsigned long long)o.seed);
+  if (s.leader) s.leader->stop();
   return 0;
 }
 

@@ -209,6 +209,21 @@ TEST(MpiRun, SpeculativeRunGivesOneProcessText) {
   EXPECT_NE(log.find("speculative "), std::string::npos) << log;  // the MTP drafts ran
 }
 
+// `mla chat` reads its lines on rank 0 only (mpirun gives standard input to rank 0): the other
+// ranks replay rank 0's passes (engine/lockstep.h), and the replies are one process's.
+TEST(MpiChat, ThreeRanksReplyAsOneProcess) {
+  if (auto why = mpirun_missing(); !why.empty()) GTEST_SKIP() << why;
+  const std::string args = " chat -m '" + (test::source_dir() / "models/mla-tiny-en").string() +
+                           "' --threads 1 --temperature 0 -n 16 -q 2>/dev/null";
+  const std::string input = "printf 'Tell me about the sea.\\nAnd the sky?\\n' | ";
+  auto one = test::run_command(input + "'" + MLA_BINARY + "'" + args);
+  ASSERT_EQ(one.status, 0);
+  ASSERT_GT(one.output.size(), 10u);
+  auto three = test::run_command(input + mpirun(3) + "'" + MLA_BINARY + "'" + args);
+  ASSERT_EQ(three.status, 0) << three.output;
+  EXPECT_EQ(three.output, one.output);
+}
+
 // Ranks started on different checkpoints refuse to run, every one of them, naming the ranks.
 TEST(MpiRun, RanksOnDifferentCheckpointsRefuse) {
   if (auto why = mpirun_missing(); !why.empty()) GTEST_SKIP() << why;
