@@ -34,7 +34,11 @@ std::string random_id(const char* prefix) {
 }
 
 // The text of a string or of a list of text blocks (joined by "\n"); where: the field, for errors.
-std::string text_of(const ordered_json& content, const std::string& where) {
+// Image and document blocks are refused (400: this model reads text), except in a tool result
+// (placeholders): there an agent put them (Claude Code's Read of a PNG), and as it sends the
+// whole conversation again every turn, a 400 would end every later turn of the session too.
+// The placeholder tells the model what it cannot see.
+std::string text_of(const ordered_json& content, const std::string& where, bool placeholders = false) {
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array()) bad(where, "'" + where + "' must be a string or a list of text blocks");
   std::string text;
@@ -42,6 +46,12 @@ std::string text_of(const ordered_json& content, const std::string& where) {
   for (const ordered_json& b : content) {
     if (!b.is_object()) bad(where, "'" + where + "' must be a string or a list of text blocks");
     const std::string type = b.value("type", "");
+    if ((type == "image" || type == "document") && placeholders) {
+      if (!first) text += "\n";
+      text += "[" + type + " omitted: this model reads text only]";
+      first = false;
+      continue;
+    }
     if (type == "image" || type == "document")
       bad(where, "'" + where + "' has a block of type \"" + type + "\": this model takes text only");
     const ordered_json* t = field(b, "text");
@@ -114,7 +124,7 @@ void translate_turn(const ordered_json& m, size_t i, ordered_json& out) {
       const ordered_json* id = field(b, "tool_use_id");
       if (!id || !id->is_string()) bad("messages", at + ".tool_use_id must be a string");
       std::string result;
-      if (const ordered_json* c = field(b, "content")) result = text_of(*c, at + ".content");
+      if (const ordered_json* c = field(b, "content")) result = text_of(*c, at + ".content", /*placeholders=*/true);
       if (const ordered_json* e = field(b, "is_error")) {
         if (!e->is_boolean()) bad("messages", at + ".is_error must be a boolean");
         // The model sees that the call failed, not only what it printed.

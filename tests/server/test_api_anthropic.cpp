@@ -153,9 +153,18 @@ TEST(AnthropicApiRequest, TextOnlyAndTooLongPrompts) {
   ApiError e = parse_error(api, {{"max_tokens", 8}, {"messages", json::array({{{"role", "user"}, {"content", json::array({image})}}})}});
   EXPECT_EQ(e.status, 400);
   EXPECT_NE(std::string(e.what()).find("this model takes text only"), std::string::npos) << e.what();
-  json in_result = {{"type", "tool_result"}, {"tool_use_id", "t"}, {"content", json::array({image})}};
-  e = parse_error(api, {{"messages", json::array({{{"role", "user"}, {"content", json::array({in_result})}}})}});
-  EXPECT_NE(std::string(e.what()).find("text only"), std::string::npos) << e.what();
+  // In a tool result (an agent read an image file) the image becomes a placeholder instead:
+  // the agent resends it every turn, and a 400 would end the session.
+  json use = {{"type", "tool_use"}, {"id", "t"}, {"name", "read"}, {"input", json::object()}};
+  json in_result = {{"type", "tool_result"}, {"tool_use_id", "t"},
+                    {"content", json::array({{{"type", "text"}, {"text", "shot.png:"}}, image})}};
+  const std::string prompt =
+      api.parse({{"max_tokens", 8},
+                 {"messages", json::array({user("look"), {{"role", "assistant"}, {"content", json::array({use})}},
+                                           {{"role", "user"}, {"content", json::array({in_result})}}})}},
+                {})
+          ->request.prompt_text;
+  EXPECT_NE(prompt.find("shot.png:\n[image omitted: this model reads text only]"), std::string::npos) << prompt;
 
   ctx.context_length = 16;
   json body = {{"max_tokens", 8}, {"messages", json::array({user(std::string(400, 'a') + " the end")})}};
