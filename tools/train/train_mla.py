@@ -32,71 +32,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from corpus import build_corpus
+
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 N_SPECIAL = 2
 
 # ---------------------------------------------------------------- corpus
-
-
-def fortunes():
-    """Every fortune in /usr/share/games/fortunes (the plain-text files, '%'-separated)."""
-    out = []
-    for f in sorted(glob.glob("/usr/share/games/fortunes/**/*", recursive=True)):
-        if os.path.isdir(f) or f.endswith((".dat", ".u8")) or os.path.islink(f):
-            continue
-        # Offensive fortunes are ROT13 in off/; leave them out.
-        if "/off/" in f:
-            continue
-        try:
-            text = open(f, encoding="latin-1").read()
-        except OSError:
-            continue
-        for piece in text.split("\n%\n"):
-            piece = piece.strip("%\n ")
-            if piece:
-                out.append(piece)
-    return out
-
-
-def package_descriptions():
-    """'name: synopsis' and the long description of every package apt knows."""
-    text = subprocess.run(["apt-cache", "dumpavail"], capture_output=True, text=True, errors="replace").stdout
-    out, seen = [], set()
-    for stanza in text.split("\n\n"):
-        name, desc, lines = None, None, []
-        in_desc = False
-        for line in stanza.split("\n"):
-            if line.startswith("Package: "):
-                name = line[9:].strip()
-                in_desc = False
-            elif line.startswith("Description: "):
-                desc = line[13:].strip()
-                in_desc = True
-            elif in_desc and line.startswith(" "):
-                s = line[1:]
-                lines.append("" if s.strip() == "." else s.rstrip())
-            else:
-                in_desc = False
-        if not name or not desc or name in seen:
-            continue
-        seen.add(name)
-        body = "\n".join(lines).strip()
-        out.append(f"{name}: {desc}" + (f"\n{body}" if body else ""))
-    return out
-
-
-def build_corpus(max_bytes, seed):
-    docs = fortunes() + package_descriptions()
-    docs = [d for d in docs if d.isascii() and len(d) >= 20]
-    rng = random.Random(seed)
-    rng.shuffle(docs)
-    out, n = [], 0
-    for d in docs:
-        if n + len(d) > max_bytes:
-            break
-        out.append(d)
-        n += len(d) + 1
-    return out
 
 
 # ---------------------------------------------------------------- byte-level BPE
