@@ -216,14 +216,8 @@ int serve_cmd(int argc, char** argv) {
 
   mla::parallel::Comm& world = mla::parallel::world();
   const bool parallel = world.size() > 1;
-  if (parallel) {
-    if (spec.enabled) throw std::invalid_argument("--speculative does not run under mpirun yet");
-    if (o.cache_ram_gb > 0 || !o.cache_dir.empty())
-      throw std::invalid_argument("the prompt cache's RAM and disk tiers (--cache-ram-gb, --cache-dir) do not run under "
-                                  "mpirun yet: the KV cache pages' own prefix cache does");
-    eo.prefix_tiers.ram_bytes = 0;
-  }
-  if (world.rank() > 0) {
+  if (parallel && spec.enabled) throw std::invalid_argument("--speculative does not run under mpirun yet");
+  if (world.rank() > 0) {  // the prompt cache's tiers are rank 0's: it sends the pages it copies in
     mla::LatentPool pool = model->make_pool(eo.kv_pages, eo.page_size, kv_dtype);
     mla::follow(world, *model, pool);
     return 0;

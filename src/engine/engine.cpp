@@ -43,10 +43,14 @@ LatentPool make_pool(const Model& model, const EngineOptions& opt) {
 
 // The options as the engine runs them: max_running as the scheduler limits it.
 EngineOptions effective(EngineOptions opt) {
-  if (opt.pass_listener && (opt.speculative.enabled || opt.prefix_tiers.ram_bytes > 0 || !opt.prefix_tiers.disk_dir.empty()))
+  if (opt.pass_listener && opt.speculative.enabled)
     throw std::invalid_argument(
-        "the other ranks replay only forward passes: speculative decoding and the prompt cache's RAM and disk tiers, "
-        "which write the KV cache outside them, do not run under mpirun");
+        "the other ranks replay the forward passes and the prompt cache's pages: speculative decoding, whose MTP "
+        "module keeps a cache of its own, does not run under mpirun yet");
+  if (opt.pass_listener)
+    opt.prefix_tiers.on_page_in = [listener = opt.pass_listener](int32_t page, std::span<const uint8_t> bytes) {
+      listener->page_in(page, bytes);
+    };
   opt.max_running = SchedulerOptions{opt.max_batch_tokens, opt.max_running, opt.chunk_depth}.running_limit();
   return opt;
 }
@@ -552,6 +556,11 @@ void Engine::engine_loop() {
     bool worked = false;
     try {
       worked = step();
+    } catch (const parallel::CommError& e) {
+      // A page sent to the other ranks between passes (the prompt cache's) did not arrive.
+      fail_job(e.what());
+      publish();
+      worked = true;
     } catch (const std::exception& e) {
       // A bug, not a bad request: end what is running rather than the process.
       for (auto& [id, s] : sequences_)

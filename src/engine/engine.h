@@ -54,6 +54,8 @@ class PassListener {
   virtual ~PassListener() = default;
   // The pass's sequences, their pages already reserved for the new tokens, and its options.
   virtual void before_forward(std::span<const SeqSlice> batch, const ForwardOptions& opt) = 0;
+  // A page of the prompt cache's RAM or disk tier was copied into the pool (between passes).
+  virtual void page_in(int32_t page, std::span<const uint8_t> bytes) = 0;
   // Called about every idle_seconds() (when > 0) while the engine waits for work.
   virtual void idle() = 0;
   virtual double idle_seconds() const = 0;
@@ -81,9 +83,9 @@ struct EngineOptions {
   // module (MtpDrafts; the model must be loaded with it).
   SpeculativeOptions speculative;
   std::shared_ptr<DraftSource> draft_source;
-  // Under mpirun, rank 0's engine: the ranks replaying its passes (engine/lockstep.h). Not
-  // with speculation or the prompt cache's RAM and disk tiers, which touch the pool outside
-  // forward passes (the constructor throws std::invalid_argument).
+  // Under mpirun, rank 0's engine: the ranks replaying its passes (engine/lockstep.h), and the
+  // pages the prompt cache copies into the pool. Not with speculation, whose MTP module keeps a
+  // pool of its own (the constructor throws std::invalid_argument).
   std::shared_ptr<PassListener> pass_listener;
 };
 

@@ -10,7 +10,8 @@ namespace mla {
 namespace {
 
 // A message is a header {kind, words} broadcast from rank 0, then `words` int64 of body.
-enum Kind : int64_t { Shape = 1, Pass = 2, Heartbeat = 3, Stop = 4 };
+// PageIn's body is {page, bytes}; the page's bytes follow in a broadcast of their own.
+enum Kind : int64_t { Shape = 1, Pass = 2, Heartbeat = 3, Stop = 4, PageIn = 5 };
 
 void send(parallel::Comm& comm, Kind kind, std::vector<int64_t> body = {}) {
   int64_t head[2] = {kind, int64_t(body.size())};
@@ -70,6 +71,11 @@ void Leader::before_forward(std::span<const SeqSlice> batch, const ForwardOption
   send(comm_, Pass, std::move(body));
 }
 
+void Leader::page_in(int32_t page, std::span<const uint8_t> bytes) {
+  send(comm_, PageIn, {page, int64_t(bytes.size())});
+  comm_.broadcast(const_cast<uint8_t*>(bytes.data()), bytes.size(), 0);
+}
+
 void Leader::idle() { send(comm_, Heartbeat); }
 
 double Leader::idle_seconds() const { return comm_.timeout() / 4; }
@@ -94,10 +100,19 @@ void follow(parallel::Comm& comm, Model& model, LatentPool& pool) {
   std::vector<SeqSlice> slices;
   std::vector<int64_t> logits_last;
   std::vector<float> logits;
+  std::vector<uint8_t> page_bytes;
   while (true) {
     auto [kind, body] = receive(comm);
     if (kind == Stop) return;
     if (kind == Heartbeat) continue;
+    if (kind == PageIn) {
+      if (body.size() != 2 || body[0] < 0 || body[0] >= num_pages || body[1] != pool.bytes_per_page())
+        throw std::runtime_error("a malformed page message from rank 0");
+      page_bytes.resize(size_t(body[1]));
+      comm.broadcast(page_bytes.data(), page_bytes.size(), 0);
+      pool.copy_page_in(int32_t(body[0]), page_bytes.data());
+      continue;
+    }
     if (kind != Pass) throw std::runtime_error("an unknown message from rank 0 (kind " + std::to_string(kind) + ")");
     size_t at = 0;
     auto o = take(body, at, 6);

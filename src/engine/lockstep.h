@@ -6,9 +6,10 @@
 // Before each pass the engine reserves the pass's pages and calls Leader::before_forward, which
 // broadcasts what the pass needs: per sequence its page table and new token ids, and the pass's
 // options. A follower's pool holds in each page what rank 0's holds, because every write to a
-// page is a forward pass that both ran: sharing a cached prefix shares its pages by reference
-// and copies nothing, and the prompt cache's RAM and disk tiers, which do copy pages in, are
-// off under mpirun. A follower's logits are dropped; rank 0 samples.
+// page is a forward pass that both ran, or a page of the prompt cache's RAM or disk tier that
+// rank 0 copied in and sent (page_in); sharing a cached prefix shares its pages by reference
+// and copies nothing. The tiers themselves live on rank 0 only. A follower's logits are
+// dropped; rank 0 samples.
 //
 // While the engine is idle, rank 0 sends a heartbeat every timeout / 4 seconds, so a follower
 // tells a quiet server from a hung rank 0 (it throws parallel::CommError when neither a pass nor
@@ -33,6 +34,7 @@ class Leader final : public PassListener {
          std::function<void(const std::string&)> on_failure);
 
   void before_forward(std::span<const SeqSlice> batch, const ForwardOptions& opt) override;
+  void page_in(int32_t page, std::span<const uint8_t> bytes) override;
   void idle() override;
   double idle_seconds() const override;
   void failed(const std::string& why) override;

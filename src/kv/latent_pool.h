@@ -63,7 +63,7 @@ class LatentPool {
   void drop(int32_t page);
   // A page's bytes as stored, every layer's latent rows then every layer's indexer keys
   // (bytes_per_page() in all): the parts in that order (views into the pool, valid while the
-  // page is held), a copy of them, and writing them back into a page held by one sequence.
+  // page is held), a copy of them, and writing them back into a page no two sequences share.
   std::vector<std::span<const uint8_t>> page_parts(int32_t page) const;
   void copy_page_out(int32_t page, uint8_t* out) const;
   void copy_page_in(int32_t page, const uint8_t* in);

@@ -190,6 +190,7 @@ int64_t PrefixCache::match(std::span<const int32_t> tokens, int64_t max_len, Pag
     pool_.reserve(*out, (got + 1) * ps);
     const int32_t page = out->pages.back();
     pool_.copy_page_in(page, block->bytes.data());
+    if (opt_.on_page_in) opt_.on_page_in(page, block->bytes);
     add_resident(key, page, slice);
     persist(key, page, slice);  // a page from RAM that the disk does not hold yet
     const int tier = int(block->source);

@@ -47,6 +47,9 @@ struct PrefixCacheOptions {
   Hash128 fingerprint;
   int64_t disk_max_pending_bytes = int64_t(1) << 30;
   std::function<void(const std::string&)> warn;  // default: stderr
+  // Called after a page from the RAM or disk tier was copied into the pool: under mpirun the
+  // other ranks' pools get the same bytes (engine/lockstep.h).
+  std::function<void(int32_t page, std::span<const uint8_t> bytes)> on_page_in;
 };
 
 enum class CacheTier { Pool = 0, Ram = 1, Disk = 2 };

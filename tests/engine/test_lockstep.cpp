@@ -70,6 +70,33 @@ struct Ranks {
   LoopbackComm zero{wire, 0}, one{wire, 1};
 };
 
+// follow() on a thread of its own over `pool`; join() returns its error, if any. On a way out
+// of the test that did not join, the object interrupts and joins it.
+struct Follower {
+  Ranks& ranks;
+  std::exception_ptr error;
+  std::thread thread;
+  Follower(Ranks& r, Model& model, LatentPool& pool) : ranks(r) {
+    thread = std::thread([this, &model, &pool] {
+      try {
+        follow(ranks.one, model, pool);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    });
+  }
+  void join() {
+    thread.join();
+    if (error) std::rethrow_exception(error);
+  }
+  ~Follower() {
+    if (!thread.joinable()) return;
+    ranks.one.interrupt();
+    ranks.wire->cv.notify_all();
+    thread.join();
+  }
+};
+
 std::unique_ptr<Model> load_model() { return Model::load(test::fixture("deepseek-v3-tiny")); }
 
 // Every page's bytes, in page order.
@@ -101,14 +128,7 @@ TEST(Lockstep, FollowerPoolEqualsTheEnginesPageForPageAndOutputIsUnchanged) {
 
   Ranks ranks;
   LatentPool follower_pool = follower_model->make_pool(48, 16, KvDType::BF16);
-  std::exception_ptr follower_error;
-  std::thread follower([&] {
-    try {
-      follow(ranks.one, *follower_model, follower_pool);
-    } catch (...) {
-      follower_error = std::current_exception();
-    }
-  });
+  Follower follower(ranks, *follower_model, follower_pool);
   EngineOptions eo = small_engine();
   auto leader = std::make_shared<Leader>(ranks.zero, eo.kv_pages, eo.page_size, eo.kv_dtype, nullptr);
   eo.pass_listener = leader;
@@ -121,7 +141,6 @@ TEST(Lockstep, FollowerPoolEqualsTheEnginesPageForPageAndOutputIsUnchanged) {
   engine.run_until_idle();
   leader->stop();
   follower.join();
-  if (follower_error) std::rethrow_exception(follower_error);
 
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
@@ -204,7 +223,7 @@ TEST(Lockstep, AFailedCollectiveEndsEveryRequestAndTellsTheServerOnce) {
   EXPECT_EQ(failures, 1);
 }
 
-TEST(Lockstep, RefusesAnotherPoolShapeAndWhatWritesPagesOutsidePasses) {
+TEST(Lockstep, RefusesAnotherPoolShapeAndSpeculation) {
   auto model = load_model();
   {
     Ranks ranks;
@@ -225,9 +244,32 @@ TEST(Lockstep, RefusesAnotherPoolShapeAndWhatWritesPagesOutsidePasses) {
   EngineOptions spec = eo;
   spec.speculative.enabled = true;
   EXPECT_THROW(Engine(*model, nullptr, spec), std::invalid_argument);
-  EngineOptions ram = eo;
-  ram.prefix_tiers.ram_bytes = 1 << 20;
-  EXPECT_THROW(Engine(*model, nullptr, ram), std::invalid_argument);
+}
+
+// The prompt cache's RAM tier lives on rank 0: a prefix evicted there and taken back is copied
+// into rank 0's pool and sent to the follower's, which must end up the same byte for byte.
+TEST(Lockstep, PagesTheRamTierCopiesInReachTheFollower) {
+  auto model = load_model(), follower_model = load_model();
+  Ranks ranks;
+  EngineOptions eo = small_engine();
+  eo.kv_pages = 24;  // the model's 256 positions are 16 pages: two prompts fill it
+  LatentPool follower_pool = follower_model->make_pool(eo.kv_pages, eo.page_size, eo.kv_dtype);
+  Follower follower(ranks, *follower_model, follower_pool);
+  eo.prefix_tiers.ram_bytes = 64 << 20;
+  auto leader = std::make_shared<Leader>(ranks.zero, eo.kv_pages, eo.page_size, eo.kv_dtype, nullptr);
+  eo.pass_listener = leader;
+  Engine engine(*model, nullptr, eo);
+  const Request a = greedy(prompt_ids(120, 7), 4);
+  const RequestResult first = engine.generate(a);
+  // Two long prompts need the pool's pages: a's cached pages move to RAM.
+  engine.generate(greedy(prompt_ids(240, 8), 4));
+  engine.generate(greedy(prompt_ids(240, 9), 4));
+  const RequestResult again = engine.generate(a);
+  leader->stop();
+  follower.join();
+  EXPECT_EQ(again.tokens, first.tokens);
+  EXPECT_GT(engine.stats().prefix.hit_tokens[int(CacheTier::Ram)], 0) << "the prefix should come back from RAM";
+  EXPECT_TRUE(pool_bytes(engine.pool()) == pool_bytes(follower_pool)) << "the follower's pages differ from rank 0's";
 }
 
 }  // namespace

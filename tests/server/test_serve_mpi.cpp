@@ -142,6 +142,39 @@ TEST(MpiServe, SameGreedyTextAsOneProcessWithTwoAndThreeRanks) {
   }
 }
 
+// The prompt cache's disk tier is rank 0's: a job restarted on the same --cache-dir answers
+// from disk (the pages rank 0 reads are sent to the other ranks) with one process's text.
+TEST(MpiServe, RestartedJobAnswersFromTheDiskTier) {
+  if (auto why = mpirun_missing(); !why.empty()) GTEST_SKIP() << why;
+  test::TempDir tmp("mpi-serve-disk");
+  const std::string prompt =
+      "Once upon a time, in a small village by the sea, there lived a fisherman who went out every morning "
+      "before the sun rose, and came back every evening with his boat full of fish for the market. His wife "
+      "sold the fish in the town, and his children mended the nets on the beach";  // 80-odd tokens: a full page
+  std::vector<std::string> args = trained_model_args();
+  for (std::string a : {std::string("--cache-dir"), std::string(tmp / "cache"), std::string("--cache-ram-gb"), std::string("0")}) args.push_back(a);
+  const std::string alone = [&] {
+    Job one(tmp / "one.log", trained_model_args(), 1);
+    return completion(one, prompt, 12);
+  }();
+  ASSERT_FALSE(alone.empty() || alone[0] == '<') << alone;
+  for (int run = 0; run < 2; ++run) {
+    const std::string log = tmp / ("np2-" + std::to_string(run) + ".log");
+    Job job(log, args, 2);
+    ASSERT_GT(job.port(), 0) << test::read_all(log);
+    auto r = job.client().Post("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}}.dump(),
+                               "application/json");
+    ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+    const json body = json::parse(r->body);
+    EXPECT_EQ(body["choices"][0]["text"], alone) << "run " << run;
+    const int64_t cached = body["usage"]["prompt_tokens_details"]["cached_tokens"];
+    if (run == 0) EXPECT_EQ(cached, 0);
+    else EXPECT_GE(cached, 64) << "the restarted job should read the prompt's first page from disk";
+    ASSERT_EQ(::kill(job.proc->pid, SIGTERM), 0);
+    ASSERT_NE(job.wait_exit(20000), -1) << "the job still runs 20 s after SIGTERM";
+  }
+}
+
 // deepseek-v3-tiny with 4,096 positions: a stream long enough to be in flight when a rank goes.
 struct LongModel {
   test::TempDir dir{"mpi-serve-long"};
