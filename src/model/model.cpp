@@ -280,7 +280,10 @@ void Model::count_routed_experts(int64_t T) {
   seen.reserve(size_t(n));
   for (int64_t i = 0; i < n; ++i) seen.push_back(picks[size_t(i)].expert);
   std::sort(seen.begin(), seen.end());
-  profile_->routed_experts += std::unique(seen.begin(), seen.end()) - seen.begin();
+  seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+  const parallel::ExpertRange mine = moe_->local_experts();
+  profile_->routed_experts += int64_t(seen.size());
+  profile_->local_routed_experts += std::count_if(seen.begin(), seen.end(), [&](int64_t e) { return mine.has(e); });
   profile_->moe_layers++;
 }
 

@@ -65,7 +65,9 @@ struct ForwardProfile {
   int64_t passes = 0;
   // Routed experts read, summed over the MoE layers of the passes (an expert that several rows
   // of a pass chose counts once: its weights are read once), and those MoE layer passes.
-  int64_t routed_experts = 0, moe_layers = 0;
+  // Expert-parallel (mpirun), local_routed_experts: those of them this rank holds and ran (all
+  // of them in one process).
+  int64_t routed_experts = 0, local_routed_experts = 0, moe_layers = 0;
   static const char* name(int part);
 };
 
