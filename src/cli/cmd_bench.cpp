@@ -1,6 +1,8 @@
 // `mla bench`: decode, prompt-processing and batched-decode throughput on a random-weight
 // checkpoint of DeepSeek-V2-Lite's shape, against the memory bandwidth measured in the same run;
-// or (--depth) prompt and decode after many tokens already in the cache.
+// or (--depth) prompt and decode after many tokens already in the cache. Under `mpirun -np N`
+// the same, expert-parallel, with each rank's weights and MoE combine (tools/bench.h); --dsa
+// runs in one process only.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -12,6 +14,7 @@
 
 #include "cli/command.h"
 #include "cli/options.h"
+#include "parallel/comm.h"
 #include "tools/bench.h"
 
 namespace {
@@ -22,6 +25,11 @@ int run(int argc, char** argv) {
   mla::bench::Options o;
   app.add_option("--dir", o.dir, "checkpoint folder (default: <tmp>/mla-bench-v2lite-<L>L-<weights>); reused when present");
   app.add_option("--layers", o.layers, "layers (the first dense, the rest MoE)");
+  std::string config_file;
+  app.add_option("--config", config_file,
+                 "a config.json to write the random checkpoint of instead of DeepSeek-V2-Lite's shape (its "
+                 "num_hidden_layers replaced by --layers; give --dir too: small configs make quick runs)")
+      ->check(CLI::ExistingFile);
   app.add_option("--weights", o.weights, "bf16 | fp8 (block-128 FP8 projections) | int4 (INT4 routed experts) | int4-fp8 (INT4 routed experts, FP8 "
                  "projections: mla quantize's layout) | int8 (INT8 projections, group 32: as fp8's)");
   mla::cli::CpuOptions cpu;
@@ -56,7 +64,16 @@ int run(int argc, char** argv) {
                  "--prompt-tokens and --decode-tokens decode steps, as llama-bench -d; a row per depth with the "
                  "attention's share of a decode step and the cache bytes it reads beside the weights'")
       ->delimiter(',');
+  app.add_option("--depth-batches", o.depth_batches,
+                 "the --depth rows' batch sizes: at each depth, B sequences of DEPTH cached tokens decode together "
+                 "(the prompt runs at B = 1)")
+      ->delimiter(',');
   app.add_flag("!--no-scaling", o.scaling, "skip decode and prompt on 1 thread against all");
+  int64_t bandwidth_mib = int64_t(o.bandwidth_bytes >> 20);
+  app.add_option("--bandwidth-mib", bandwidth_mib, "the read loop's buffer in MiB (far larger than the caches)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--gemm-n", o.gemm_n, "the n of the n x n x n bf16 GEMM probe beside each prompt run")
+      ->check(CLI::PositiveNumber);
   mla::cli::QuantizeOptions quantize;
   mla::cli::add_quantize_options(app, quantize);
   std::vector<int64_t> dsa_contexts;
@@ -75,7 +92,20 @@ int run(int argc, char** argv) {
   cpu.context();  // checks --threads and --precision
   o.threads = cpu.threads;
   o.precision = cpu.precision;
+  o.bandwidth_bytes = size_t(bandwidth_mib) << 20;
+  if (!config_file.empty()) {
+    std::ifstream f(config_file);
+    try {
+      f >> o.checkpoint_config;
+    } catch (const std::exception& e) {
+      throw std::invalid_argument("--config " + config_file + ": not JSON: " + e.what());
+    }
+  }
+  const bool lead = mla::parallel::world().rank() == 0;
   if (!dsa_contexts.empty()) {
+    if (mla::parallel::world().size() > 1)
+      throw std::invalid_argument("--dsa does not run under mpirun: its rows compare attention kernels within one "
+                                  "process; run it without mpirun");
     mla::bench::DsaOptions d;
     d.contexts = dsa_contexts;
     d.threads = o.threads;
@@ -94,8 +124,8 @@ int run(int argc, char** argv) {
                                                : mla::cpu::Context::VectorGemm::Auto;
   o.int8_activations = cpu.context().int8_activations;
   std::erase(o.batches, 0);
-  auto rep = mla::bench::run(o);
-  std::fputs(mla::bench::format_report(rep).c_str(), stdout);
+  auto rep = mla::bench::run(o);  // every rank under mpirun; rank 0 reports
+  if (lead) std::fputs(mla::bench::format_report(rep).c_str(), stdout);
   return 0;
 }
 

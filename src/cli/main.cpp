@@ -143,7 +143,8 @@ namespace {
 // the same loop on the same input and rank 0 prints; in serve and chat rank 0 takes the input
 // and the others replay its passes (engine/lockstep.h). The others refuse an MPI launch.
 bool runs_under_mpi(const std::string& command) {
-  return command == "logits" || command == "run" || command == "verify" || command == "serve" || command == "chat";
+  return command == "logits" || command == "run" || command == "verify" || command == "serve" || command == "chat" ||
+         command == "bench";
 }
 
 // A digest of this program's own file: ranks started from different builds refuse to run.

@@ -34,6 +34,7 @@
 #include "kv/latent_pool.h"
 #include "model/indexer.h"
 #include "model/presets.h"
+#include "parallel/comm.h"
 
 namespace mla::bench {
 
@@ -53,6 +54,27 @@ size_t status_bytes(const std::string& field) {
 
 double view_bytes(const MatrixView& m) { return double(m.bytes() + m.scale_bytes()); }
 double view_params(const MatrixView& m) { return double(m.rows) * double(m.cols); }
+
+// The first routed expert of a layer that this process holds (expert-parallel, the others are
+// empty views); null when it holds none, or for a dense layer.
+const Mlp* first_held_expert(const LayerWeights& L) {
+  for (const Mlp& e : L.experts)
+    if (e.gate.data) return &e;
+  return nullptr;
+}
+
+// The routed experts' bytes this process holds, every layer's and the MTP module's.
+double held_routed_bytes(const ModelWeights& w) {
+  double n = 0;
+  auto layer = [&](const LayerWeights& L) {
+    for (const Mlp& e : L.experts)
+      for (const MatrixView* m : {&e.gate, &e.up, &e.down})
+        if (m->data) n += view_bytes(*m);
+  };
+  for (const auto& L : w.layers) layer(L);
+  for (const auto& M : w.mtp) layer(M.layer);
+  return n;
+}
 
 // Faults in every page of a weight view so timed runs do not pay for first touches.
 uint64_t touch(const MatrixView& m) {
@@ -299,6 +321,7 @@ void TokenRead::draw() {
     std::shuffle(order.begin(), order.end(), rng);
     for (int64_t k = 0; k < std::min<int64_t>(experts_per_token_, int64_t(order.size())); ++k) {
       const Mlp& e = L.experts[size_t(order[size_t(k)])];
+      if (!e.gate.data) continue;  // expert-parallel: another rank's expert
       for (const MatrixView* m : {&e.gate, &e.up, &e.down}) add(spans_, *m);
     }
   }
@@ -362,9 +385,10 @@ ActiveWeights active_weights(const ModelWeights& w, const ModelConfig& c) {
     a.params_by_part[part] += times * view_params(m);
   };
   each_fixed_weight(w, [&](const char* part, const MatrixView& m) { add(part, m); });
+  // The routed experts at one held expert's size (expert-parallel: this rank's first).
   for (const auto& L : w.layers)
-    if (L.moe && !L.experts.empty())
-      for (const MatrixView* m : {&L.experts[0].gate, &L.experts[0].up, &L.experts[0].down})
+    if (const Mlp* e = L.moe ? first_held_expert(L) : nullptr)
+      for (const MatrixView* m : {&e->gate, &e->up, &e->down})
         if (m->data) add("routed experts", *m, double(c.num_experts_per_tok));
   a.bytes += double(w.embed.row_bytes());
   a.params += double(w.embed.cols);
@@ -402,11 +426,12 @@ double GemmProbe::measure(int passes) {
   return best;
 }
 
-// One routed expert's bytes (gate, up, down) in a layer; 0 for a dense layer.
+// One routed expert's bytes (gate, up, down) in a layer; 0 for a dense layer (or a layer of
+// which this rank holds no expert).
 double expert_bytes(const LayerWeights& L) {
-  if (!L.moe || L.experts.empty()) return 0;
-  const Mlp& e = L.experts[0];
-  return view_bytes(e.gate) + view_bytes(e.up) + view_bytes(e.down);
+  const Mlp* e = L.moe ? first_held_expert(L) : nullptr;
+  if (!e) return 0;
+  return view_bytes(e->gate) + view_bytes(e->up) + view_bytes(e->down);
 }
 
 // Where a speculative step's time goes (Report::spec_costs), batch 1, k draft tokens: passes of
@@ -510,13 +535,43 @@ SpecCosts measure_spec_costs(Model& model, const Options& opt, const ActiveWeigh
   return sc;
 }
 
-// The depth rows (Options::depths). At each depth one sequence of `depth` random cached rows
-// (fill_random_cache: the timed work does not depend on the rows' values, and filling 32k tokens
-// this way takes a moment where a prefill would take minutes); then per run a prompt of
-// prompt_tokens and a decode run of decode_tokens single-token steps after them, each taken out
-// of the cache again, so every run starts at the same depth. Run 0 warms up. The decode runs are
-// profiled by part: the attention's share of a step, beside the cache bytes a step attends over.
-void measure_depths(Model& model, const Options& opt, Report& rep,
+// The ranks of the job as the benchmark uses them (one process: a world of one rank).
+class Ranks {
+ public:
+  bool lead() const { return comm_.rank() == 0; }  // writes the checkpoint, probes, reports
+  bool many() const { return comm_.size() > 1; }
+  parallel::Comm& comm() { return comm_; }
+  // Before each timed run: every rank has arrived (rank 0 from its probes) before any starts.
+  void sync() {
+    if (many()) comm_.barrier();
+  }
+
+ private:
+  parallel::Comm& comm_ = parallel::world();
+};
+
+// Adds one timed run to a CombineShare: the combine counters before and after it, its seconds.
+void add_combine(CombineShare& to, const parallel::CombineCounters& before, const parallel::CombineCounters& after,
+                 double seconds) {
+  to.bytes += after.bytes_received - before.bytes_received;
+  to.seconds += after.seconds - before.seconds;
+  to.step_seconds += seconds;
+}
+
+// The sums of `n` steps or prompts as the figures of one.
+CombineShare per_one(CombineShare c, double n) {
+  if (n > 0) c.bytes /= n, c.seconds /= n, c.step_seconds /= n;
+  return c;
+}
+
+// The depth rows (Options::depths, Options::depth_batches). At each depth and batch size B, B
+// sequences of `depth` random cached rows each (fill_random_cache: the timed work does not
+// depend on the rows' values, and filling 32k tokens this way takes a moment where a prefill
+// would take minutes); then per run (B = 1) a prompt of prompt_tokens and a decode run of
+// decode_tokens steps of B tokens, one per sequence, each taken out of the cache again, so every
+// run starts at the same depth. Run 0 warms up. The decode runs are profiled by part: the
+// attention's share of a step, beside the cache bytes a step attends over.
+void measure_depths(Model& model, const Options& opt, Report& rep, Ranks& ranks,
                     const std::function<std::vector<int32_t>(int64_t)>& ids,
                     const std::function<void(const std::string&)>& say) {
   const ModelConfig& c = model.config();
@@ -524,58 +579,96 @@ void measure_depths(Model& model, const Options& opt, Report& rep,
   ForwardOptions fo;
   fo.last_logits_only = true;
   std::vector<float> logits;
-  for (int64_t d : opt.depths) {
-    say("depth " + std::to_string(d) + " ...");
-    const int64_t extra = std::max<int64_t>({opt.prompt_tokens, opt.decode_tokens, 1});
-    LatentPool pool = model.make_pool(pages_for_tokens(d + extra, 64) + 1, 64);
-    rep.kv_dtype = kv_dtype_name(pool.dtype());
-    PageTable seq;
-    fill_random_cache(pool, c.kv_lora_rank, seq, d, rng);
-    DepthRow row;
-    row.depth = d;
-    std::vector<double> ptps, dtps;
-    double decode_seconds = 0;
-    ForwardProfile prof;
-    for (int r = 0; r <= opt.runs; ++r) {
-      if (opt.prompt_tokens > 0) {
-        auto prompt = ids(opt.prompt_tokens);
-        SeqSlice s{&seq, prompt};
-        const auto t = Clock::now();
-        model.forward(std::span<SeqSlice>(&s, 1), pool, fo, logits);
-        const double sec = seconds_since(t);
-        pool.truncate(seq, d);
-        if (r > 0) ptps.push_back(double(opt.prompt_tokens) / sec);
-      }
-      if (opt.decode_tokens > 0) {
-        model.set_profile(r > 0 ? &prof : nullptr);
-        const auto t = Clock::now();
-        for (int64_t i = 0; i < opt.decode_tokens; ++i) {
-          auto one = ids(1);
-          SeqSlice s{&seq, one};
+  for (int64_t d : opt.depths)
+    for (int64_t B : opt.depth_batches) {
+      say("depth " + std::to_string(d) + (B > 1 ? ", batch " + std::to_string(B) : "") + " ...");
+      const bool prompt = opt.prompt_tokens > 0 && B == 1;
+      const int64_t extra = std::max<int64_t>({prompt ? opt.prompt_tokens : 0, opt.decode_tokens, 1});
+      LatentPool pool = model.make_pool(B * pages_for_tokens(d + extra, 64) + 1, 64);
+      rep.kv_dtype = kv_dtype_name(pool.dtype());
+      std::vector<PageTable> seqs(static_cast<size_t>(B));
+      for (PageTable& seq : seqs) fill_random_cache(pool, c.kv_lora_rank, seq, d, rng);
+      DepthRow row;
+      row.depth = d;
+      row.batch = B;
+      std::vector<double> ptps, dtps;
+      double decode_seconds = 0;
+      CombineShare combine;
+      ForwardProfile prof;
+      std::vector<std::vector<int32_t>> toks(static_cast<size_t>(B));
+      std::vector<SeqSlice> batch(static_cast<size_t>(B));
+      for (int r = 0; r <= opt.runs; ++r) {
+        if (prompt) {
+          ranks.sync();
+          auto ptoks = ids(opt.prompt_tokens);
+          SeqSlice s{&seqs[0], ptoks};
+          const auto t = Clock::now();
           model.forward(std::span<SeqSlice>(&s, 1), pool, fo, logits);
+          const double sec = seconds_since(t);
+          pool.truncate(seqs[0], d);
+          if (r > 0) ptps.push_back(double(opt.prompt_tokens) / sec);
         }
-        const double sec = seconds_since(t);
-        model.set_profile(nullptr);
-        pool.truncate(seq, d);
-        if (r > 0) dtps.push_back(double(opt.decode_tokens) / sec), decode_seconds += sec;
+        if (opt.decode_tokens > 0) {
+          ranks.sync();
+          const parallel::CombineCounters c0 = model.combine_counters();
+          model.set_profile(r > 0 ? &prof : nullptr);
+          const auto t = Clock::now();
+          for (int64_t i = 0; i < opt.decode_tokens; ++i) {
+            for (size_t b = 0; b < size_t(B); ++b) {
+              toks[b] = ids(1);
+              batch[b] = {&seqs[b], toks[b]};
+            }
+            model.forward(batch, pool, fo, logits);
+          }
+          const double sec = seconds_since(t);
+          model.set_profile(nullptr);
+          for (PageTable& seq : seqs) pool.truncate(seq, d);
+          if (r > 0) {
+            dtps.push_back(double(B * opt.decode_tokens) / sec), decode_seconds += sec;
+            add_combine(combine, c0, model.combine_counters(), sec);
+          }
+        }
       }
+      row.prompt_tps = summarize(ptps);
+      row.decode_tps = summarize(dtps);
+      if (opt.decode_tokens > 0) {
+        const double steps = double(opt.runs) * double(opt.decode_tokens);
+        row.step_ms = decode_seconds * 1e3 / steps;
+        row.attention_ms = prof.seconds[ForwardProfile::Attention] * 1e3 / steps;
+        row.attn_proj_ms = (prof.seconds[ForwardProfile::AttnProj] + prof.seconds[ForwardProfile::OProj]) * 1e3 / steps;
+        row.combine_ms = combine.seconds * 1e3 / steps;
+        row.decode_parts_ms = per_pass_ms(prof, double(prof.passes));
+        // Step i (0-based) attends over d + i + 1 rows per sequence, its own included: d + (n + 1) / 2
+        // on average.
+        row.latent_bytes = double(B) * double(pool.bytes_per_token()) * (double(d) + double(opt.decode_tokens + 1) / 2);
+      }
+      rep.depth_rows.push_back(row);
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "  prompt %.1f tokens/s, decode %.2f tokens/s", row.prompt_tps.median,
+                    row.decode_tps.median);
+      say(buf);
     }
-    row.prompt_tps = summarize(ptps);
-    row.decode_tps = summarize(dtps);
-    if (opt.decode_tokens > 0) {
-      const double steps = double(opt.runs) * double(opt.decode_tokens);
-      row.step_ms = decode_seconds * 1e3 / steps;
-      row.attention_ms = prof.seconds[ForwardProfile::Attention] * 1e3 / steps;
-      row.decode_parts_ms = per_pass_ms(prof, double(prof.passes));
-      // Step i (0-based) attends over d + i + 1 rows, its own included: d + (n + 1) / 2 on average.
-      row.latent_bytes = double(pool.bytes_per_token()) * (double(d) + double(opt.decode_tokens + 1) / 2);
-    }
-    rep.depth_rows.push_back(row);
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "  prompt %.1f tokens/s, decode %.2f tokens/s", row.prompt_tps.median,
-                  row.decode_tps.median);
-    say(buf);
+}
+
+// Expert-parallel: every rank's RankFigures gathered on every rank (all must call it).
+std::vector<RankFigures> gather_rank_figures(Ranks& ranks, const RankFigures& mine) {
+  constexpr size_t K = 12;
+  const double v[K] = {double(mine.experts.begin), double(mine.experts.end), mine.weight_bytes, mine.routed_bytes,
+                       mine.decode_read_bytes, mine.decode_experts_per_layer, mine.decode.bytes, mine.decode.seconds,
+                       mine.decode.step_seconds, mine.prompt.bytes, mine.prompt.seconds, mine.prompt.step_seconds};
+  const size_t n = size_t(ranks.comm().size());
+  std::vector<double> all(K * n);
+  ranks.comm().allgather(v, sizeof v, all.data());
+  std::vector<RankFigures> out(n);
+  for (size_t r = 0; r < n; ++r) {
+    const double* x = all.data() + K * r;
+    RankFigures& f = out[r];
+    f.experts = {int64_t(x[0]), int64_t(x[1])};
+    f.weight_bytes = x[2], f.routed_bytes = x[3], f.decode_read_bytes = x[4], f.decode_experts_per_layer = x[5];
+    f.decode = {x[6], x[7], x[8]};
+    f.prompt = {x[9], x[10], x[11]};
   }
+  return out;
 }
 
 Report run(const Options& opt) {
@@ -598,8 +691,13 @@ Report run(const Options& opt) {
     if (d < 0) throw std::invalid_argument("--depth: a depth is a count of tokens, not " + std::to_string(d));
   if (!opt.depths.empty() && opt.prompt_tokens <= 0 && opt.decode_tokens <= 0)
     throw std::invalid_argument("--depth needs --prompt-tokens or --decode-tokens above 0");
+  for (int64_t b : opt.depth_batches)
+    if (b < 1) throw std::invalid_argument("--depth-batches: a batch holds at least one sequence, not " + std::to_string(b));
+  Ranks ranks;
+  rep.ranks = ranks.comm().size();
+  const bool quiet = opt.quiet || !ranks.lead();  // rank 0 speaks for the job
   auto say = [&](const std::string& s) {
-    if (!opt.quiet) std::fprintf(stderr, "%s\n", s.c_str());
+    if (!quiet) std::fprintf(stderr, "%s\n", s.c_str());
   };
   cpu::Context ctx;
   ctx.threads = std::max(0, opt.threads);
@@ -627,31 +725,50 @@ Report run(const Options& opt) {
   };
   const nlohmann::json want = {{"config", opt.checkpoint_config.is_null() ? nlohmann::json("v2_lite") : opt.checkpoint_config},
                                {"layers", opt.layers}, {"weights", opt.weights}, {"seed", 1}};
-  if (std::filesystem::exists(rep.dir + "/config.json")) {
+  if (!opt.checkpoint_config.is_null()) {
+    const ModelConfig given = ModelConfig::from_json(checkpoint_config(opt.layers), "the benchmark's checkpoint config");
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "the given config's shape (hidden %lld, %lld routed experts, top-%lld)",
+                  (long long)given.hidden_size, (long long)given.n_routed_experts, (long long)given.num_experts_per_tok);
+    rep.shape = buf;
+  }
+  auto holds_ours = [&] {
+    if (!std::filesystem::exists(rep.dir + "/config.json")) return false;
     nlohmann::json have;
     if (std::ifstream f(stamp); f) f >> have;
     if (have != want)
       throw std::runtime_error(rep.dir + " holds a checkpoint that is not the benchmark's " + want.dump() +
                                " (mla-bench.json says " + have.dump() + "); choose another --dir");
-    say("reusing the checkpoint in " + rep.dir);
-  } else {
-    say("writing a random " + opt.weights + " checkpoint of DeepSeek-V2-Lite's shape with " +
-        std::to_string(opt.layers) + " layers to " + rep.dir + " ...");
-    auto t0 = Clock::now();
-    RandomCheckpointOptions ro;
-    ro.weights = kind;
-    ro.seed = 1;
-    ro.shards = 4;
-    ro.progress = !opt.quiet;
-    write_random_checkpoint(rep.dir, checkpoint_config(opt.layers), ro);
-    std::ofstream(stamp) << want.dump() << "\n";
-    rep.write_seconds = seconds_since(t0);
+    return true;
+  };
+  // Under mpirun rank 0 writes a missing checkpoint and the others wait for it here: the
+  // ranks' collectives wait without a timeout until the model is loaded.
+  if (ranks.lead()) {
+    if (holds_ours()) {
+      say("reusing the checkpoint in " + rep.dir);
+    } else {
+      say("writing a random " + opt.weights + " checkpoint of " + rep.shape + " with " + std::to_string(opt.layers) +
+          " layers to " + rep.dir + " ...");
+      auto t0 = Clock::now();
+      RandomCheckpointOptions ro;
+      ro.weights = kind;
+      ro.seed = 1;
+      ro.shards = 4;
+      ro.progress = !quiet;
+      write_random_checkpoint(rep.dir, checkpoint_config(opt.layers), ro);
+      std::ofstream(stamp) << want.dump() << "\n";
+      rep.write_seconds = seconds_since(t0);
+    }
+    if (!std::filesystem::exists(rep.dir + "/mtp.safetensors")) {
+      say("adding an MTP module (mtp.safetensors) ...");
+      add_mtp_module(rep.dir, opt.layers, checkpoint_config(opt.layers + 1), kind);
+    }
   }
-
-  if (!std::filesystem::exists(rep.dir + "/mtp.safetensors")) {
-    say("adding an MTP module (mtp.safetensors) ...");
-    add_mtp_module(rep.dir, opt.layers, checkpoint_config(opt.layers + 1), kind);
-  }
+  ranks.sync();
+  if (!ranks.lead() && (!holds_ours() || !std::filesystem::exists(rep.dir + "/mtp.safetensors")))
+    throw std::runtime_error("no benchmark checkpoint in " + rep.dir + " on this rank's host: rank 0 writes it on its own; "
+                             "give --dir a folder every host shares, or write it on each host first (mla bench --dir "
+                             "... without mpirun)");
 
   auto t0 = Clock::now();
   auto model = Model::load(rep.dir, ctx, false, opt.quantize, /*with_mtp=*/true);
@@ -661,6 +778,17 @@ Report run(const Options& opt) {
   const ModelConfig& c = model->config();
   rep.active = active_weights(model->weights(), c);
   rep.bytes_by_format = model->weights().bytes_by_format;
+  for (auto& [fmt, n] : rep.bytes_by_format) rep.weight_bytes += double(n);
+  rep.routed_bytes = held_routed_bytes(model->weights());
+  rep.decode_read_bytes = rep.active.bytes;
+  RankFigures mine;
+  mine.experts = model->local_experts();
+  mine.weight_bytes = rep.weight_bytes;
+  mine.routed_bytes = rep.routed_bytes;
+  // The rank's figures to rank 0's report (every rank calls this once, at the end).
+  auto gather = [&] {
+    if (ranks.many()) rep.rank_rows = gather_rank_figures(ranks, mine);
+  };
 
   std::mt19937 rng(42);
   std::uniform_int_distribution<int32_t> tok(0, int32_t(c.vocab_size - 1));
@@ -687,14 +815,18 @@ Report run(const Options& opt) {
   rep.decode_tokens = opt.decode_tokens;
   rep.runs = opt.runs;
   if (!opt.depths.empty()) {  // the depth rows instead of every other section
-    measure_depths(*model, opt, rep, ids, say);
+    measure_depths(*model, opt, rep, ranks, ids, say);
     memory_figures();
-    say("read bandwidth ...");
-    rep.bandwidth_gbps = read_bandwidth_gbps(opt.bandwidth_bytes, opt.runs, ctx.threads);
+    gather();
+    if (ranks.lead()) {
+      say("read bandwidth ...");
+      rep.bandwidth_gbps = read_bandwidth_gbps(opt.bandwidth_bytes, opt.runs, ctx.threads);
+    }
     return rep;
   }
 
-  ReadLoop loop(opt.bandwidth_bytes, ctx.threads);
+  std::optional<ReadLoop> loop;  // the probes run on rank 0 (see bench.h)
+  if (ranks.lead()) loop.emplace(opt.bandwidth_bytes, ctx.threads);
 
   // Decode, batch 1: a short prompt, then runs of decode_tokens single-token steps.
   if (opt.decode_tokens > 0) {
@@ -709,10 +841,13 @@ Report run(const Options& opt) {
     model->forward(std::span<SeqSlice>(&s, 1), pool, fo, logits);
     // Each timed run is followed by a pass of the read loop: on shared cores the bandwidth
     // moves with the load, so each run is set against the limit measured next to it.
-    std::vector<double> tps, bws, ratios, token_bws, token_ratios;
-    TokenRead token_read(model->weights(), c, 7, ctx.threads);
+    std::vector<double> tps, bws, ratios, token_bws, token_bytes, token_ratios;
+    std::optional<TokenRead> token_read;
+    if (ranks.lead()) token_read.emplace(model->weights(), c, 7, ctx.threads);
     ForwardProfile prof;
     for (int r = 0; r <= opt.runs; ++r) {
+      ranks.sync();
+      const parallel::CombineCounters c0 = model->combine_counters();
       model->set_profile(r > 0 ? &prof : nullptr);
       auto t = Clock::now();
       for (int64_t i = 0; i < opt.decode_tokens; ++i) {
@@ -721,17 +856,39 @@ Report run(const Options& opt) {
         model->forward(std::span<SeqSlice>(&d, 1), pool, fo, logits);
       }
       if (r == 0) continue;  // run 0 warms up
-      tps.push_back(double(opt.decode_tokens) / seconds_since(t));
+      const double sec = seconds_since(t);
+      tps.push_back(double(opt.decode_tokens) / sec);
+      add_combine(mine.decode, c0, model->combine_counters(), sec);
+      if (!ranks.lead()) continue;
       // The limit for this run: one pass just after it, when the caches hold the model's weights
       // as they do for decode, so the pass reads DRAM. (Passes back to back find part of their
       // own buffer in a large L3 and read faster: the figure at the end.)
-      bws.push_back(loop.measure(1));
-      ratios.push_back(tps.back() / (bws.back() * 1e9 / rep.active.bytes));
+      bws.push_back(loop->measure(1));
       // And one read of a token's own weights where they lie: the same bytes, the same pages.
-      token_bws.push_back(token_read.measure(1));
-      token_ratios.push_back(tps.back() / (token_bws.back() * 1e9 / token_read.bytes_per_pass()));
+      token_bws.push_back(token_read->measure(1));
+      token_bytes.push_back(token_read->bytes_per_pass());
     }
     model->set_profile(nullptr);
+    mine.decode = per_one(mine.decode, double(opt.runs) * double(opt.decode_tokens));
+    // What a step read here: expert-parallel, the routed experts this rank ran (counted), every
+    // other weight it computes with (not the shared experts, but on rank 0).
+    mine.decode_experts_per_layer =
+        prof.moe_layers ? double(prof.local_routed_experts) / double(prof.moe_layers) : 0;
+    if (ranks.many()) {
+      auto part = [&](const char* name) {
+        return rep.active.bytes_by_part.count(name) ? rep.active.bytes_by_part.at(name) : 0.0;
+      };
+      double fixed = rep.active.bytes - part("routed experts"), expert = 0, moe_layers = 0;
+      if (ranks.comm().rank() != 0) fixed -= part("shared experts");  // rank 0 runs them
+      for (const auto& L : model->weights().layers)
+        if (L.moe) moe_layers += 1, expert = std::max(expert, expert_bytes(L));
+      rep.decode_read_bytes = fixed + moe_layers * mine.decode_experts_per_layer * expert;
+    }
+    mine.decode_read_bytes = rep.decode_read_bytes;
+    for (size_t i = 0; i < bws.size(); ++i) {
+      ratios.push_back(tps[i] / (bws[i] * 1e9 / rep.decode_read_bytes));
+      token_ratios.push_back(tps[i] / (token_bws[i] * 1e9 / token_bytes[i]));
+    }
     rep.decode_parts_ms = per_pass_ms(prof, double(prof.passes));
     rep.decode_tps = summarize(tps);
     rep.decode_bandwidth = summarize(bws);
@@ -751,6 +908,7 @@ Report run(const Options& opt) {
     Engine engine(*model, nullptr, eo);
     std::vector<double> etps, eratios;
     for (int r = 0; r <= opt.runs; ++r) {
+      ranks.sync();
       auto t = Clock::now();
       for (int64_t i = 0; i < opt.decode_tokens; ++i) {
         auto one = ids(1);
@@ -775,7 +933,10 @@ Report run(const Options& opt) {
   // Speculative decoding, batch 1, greedy, through the engine: plain decode and decode with
   // injected drafts right with probability a (a low-discrepancy pattern over the output
   // positions, so a run's acceptance is a), in alternating runs; then the MTP module's drafts.
-  if (opt.spec_tokens > 0) {
+  if (opt.spec_tokens > 0 && ranks.many()) {
+    rep.skipped.push_back("the speculative decoding rows (--spec-tokens): the engine's adaptive gate decides from each "
+                          "rank's own timings, so the ranks would run different passes");
+  } else if (opt.spec_tokens > 0) {
     say("speculative decoding (batch 1, greedy, " + std::to_string(opt.draft_tokens) + " draft tokens) ...");
     rep.draft_tokens = opt.draft_tokens;
     EngineOptions eo;
@@ -891,8 +1052,9 @@ Report run(const Options& opt) {
     say("prompt processing (" + std::to_string(opt.prompt_tokens) + " tokens) ...");
     std::vector<double> tps, gemm, ratios, peaks, peak_ratios;
     ForwardProfile prof;
-    GemmProbe probe(2048, ctx);
-    rep.gemm_n = probe.n();
+    std::optional<GemmProbe> probe;  // rank 0's, as the read loop
+    if (ranks.lead()) probe.emplace(opt.gemm_n, ctx);
+    rep.gemm_n = opt.gemm_n;
     rep.prompt_flops = prompt_flops(rep.active, c, opt.prompt_tokens);
     // The compute peak of the instruction the prompt's products run on, a loop of about 20 ms.
     // INT4 / INT8 routed experts (the larger share of a prompt's products) as written or as
@@ -909,23 +1071,30 @@ Report run(const Options& opt) {
     for (int r = 0; r <= opt.runs; ++r) {
       // Like decode against the read loop: each run is set against the GEMM rate and the peak
       // around it (the better of before and after the run).
-      const double g = probe.measure(2), pk = peak();
+      double g = 0, pk = 0;
+      if (ranks.lead()) g = probe->measure(2), pk = peak();
+      ranks.sync();
+      const parallel::CombineCounters c0 = model->combine_counters();
       model->set_profile(r > 0 ? &prof : nullptr);
       const double sec = prompt_seconds(nullptr);
       if (r == 0) continue;
+      add_combine(mine.prompt, c0, model->combine_counters(), sec);
       const double gflops = rep.prompt_flops / sec / 1e9;
       tps.push_back(double(opt.prompt_tokens) / sec);
-      gemm.push_back(std::max(g, probe.measure(2)));
+      if (!ranks.lead()) continue;
+      gemm.push_back(std::max(g, probe->measure(2)));
       ratios.push_back(gflops / gemm.back());
       peaks.push_back(std::max(pk, peak()));
       peak_ratios.push_back(gflops / peaks.back());
     }
+    mine.prompt = per_one(mine.prompt, double(opt.runs));
     rep.prompt_gemm_gflops = summarize(gemm);
     rep.prompt_ratio = summarize(ratios);
     rep.prompt_peak_gflops = summarize(peaks);
     rep.prompt_peak_ratio = summarize(peak_ratios);
-    for (int n = 1; n <= rep.threads; n = n < rep.threads ? std::min(2 * n, rep.threads) : n + 1)
-      rep.peak_by_threads.push_back({n, cpu::peak_gflops(path, n, 3, peak_iters)});
+    if (ranks.lead())
+      for (int n = 1; n <= rep.threads; n = n < rep.threads ? std::min(2 * n, rep.threads) : n + 1)
+        rep.peak_by_threads.push_back({n, cpu::peak_gflops(path, n, 3, peak_iters)});
     model->set_profile(nullptr);
     rep.prompt_parts_ms = per_pass_ms(prof, double(prof.passes));
     rep.prompt_tps = summarize(tps);
@@ -939,6 +1108,7 @@ Report run(const Options& opt) {
     one.threads = 1;
     std::vector<double> d1, dn, dr, p1, pn, pr;
     for (int r = 0; r <= opt.runs; ++r) {  // run 0 warms up
+      ranks.sync();
       if (opt.decode_tokens > 0) {
         const double n = double(opt.decode_tokens) / decode_seconds(nullptr);
         const double s = double(opt.decode_tokens) / decode_seconds(&one);
@@ -974,6 +1144,7 @@ Report run(const Options& opt) {
     model->forward(batch, pool, fo, logits);
     std::vector<double> tps;
     for (int r = 0; r <= opt.runs; ++r) {
+      ranks.sync();
       auto t = Clock::now();
       for (int64_t i = 0; i < opt.batch_steps; ++i) {
         for (int64_t b = 0; b < B; ++b) {
@@ -989,16 +1160,20 @@ Report run(const Options& opt) {
   }
 
   memory_figures();
-  say("read bandwidth ...");
-  rep.bandwidth_gbps = loop.measure(opt.runs);
+  gather();
+  if (ranks.lead()) {
+    say("read bandwidth ...");
+    rep.bandwidth_gbps = loop->measure(opt.runs);
+  }
   return rep;
 }
 
 std::string format_report(const Report& r) {
   std::ostringstream o;
   char buf[256];
-  o << "mla bench: DeepSeek-V2-Lite shape, random " << r.weights << " weights, precision " << r.precision << ", "
+  o << "mla bench: " << r.shape << ", random " << r.weights << " weights, precision " << r.precision << ", "
     << r.threads << " threads";
+  if (r.ranks > 1) o << " per rank, " << r.ranks << " ranks (expert-parallel under mpirun; rank 0's timings)";
   for (const char* v : {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"})
     if (const char* e = std::getenv(v)) o << ", " << v << "=" << e;
   o << "\n";
@@ -1025,7 +1200,10 @@ std::string format_report(const Report& r) {
   }
   o << "\nweights by format:";
   for (auto& [k, v] : r.bytes_by_format) o << " " << k << " " << gb(double(v)) << ";";
-  o << "\n";
+  std::snprintf(buf, sizeof buf, "\nweights held%s: %.3f MB, of which routed experts %.3f MB%s\n", r.ranks > 1 ? " by rank 0" : "",
+                r.weight_bytes / 1e6, r.routed_bytes / 1e6,
+                r.ranks > 1 ? "" : " (split across the ranks under mpirun; the rest is replicated)");
+  o << buf;
   std::snprintf(buf, sizeof buf, "read bandwidth (AVX-512 read loop over %.1f GiB, %d threads, best of runs at the end): %.1f GB/s\n",
                 double(r.bandwidth_bytes) / (1 << 30), r.threads, r.bandwidth_gbps);
   o << buf;
@@ -1044,11 +1222,17 @@ std::string format_report(const Report& r) {
                   "latent rows), alternating, median of %d timed run(s) (range):\n",
                   (long long)r.prompt_tokens, (long long)r.decode_tokens, r.kv_dtype.c_str(), r.runs);
     o << buf;
-    std::snprintf(buf, sizeof buf, "  %8s  %22s  %20s  %30s  %15s  %16s\n", "depth", "prompt tokens/s",
-                  "decode tokens/s", "attention ms of a step (share)", "latent MB/token", "weights MB/token");
+    const bool ep = r.ranks > 1;
+    std::snprintf(buf, sizeof buf, "  %8s  %5s  %22s  %20s  %30s  %15s  %16s", "depth", "batch", "prompt tokens/s",
+                  "decode tokens/s", "attention ms of a step (share)", "latent MB/step", "weights MB/token");
     o << buf;
+    if (ep) {
+      std::snprintf(buf, sizeof buf, "  %22s  %21s", "combine ms (share)", "DP-attention bound");
+      o << buf;
+    }
+    o << "\n";
     for (const DepthRow& d : r.depth_rows) {
-      char pp[64] = "-", tg[64] = "-", attn[64] = "-", lat[32] = "-";
+      char pp[64] = "-", tg[64] = "-", attn[64] = "-", lat[32] = "-", comb[64] = "-", dp[64] = "-";
       if (d.prompt_tps.median > 0)
         std::snprintf(pp, sizeof pp, "%.1f (%.1f-%.1f)", d.prompt_tps.median, d.prompt_tps.min, d.prompt_tps.max);
       if (d.decode_tps.median > 0) {
@@ -1056,28 +1240,52 @@ std::string format_report(const Report& r) {
         std::snprintf(attn, sizeof attn, "%.2f of %.2f (%.1f%%)", d.attention_ms, d.step_ms,
                       d.step_ms > 0 ? 100 * d.attention_ms / d.step_ms : 0.0);
         std::snprintf(lat, sizeof lat, "%.2f", d.latent_bytes / 1e6);
+        std::snprintf(comb, sizeof comb, "%.2f (%.1f%%)", d.combine_ms, d.step_ms > 0 ? 100 * d.combine_ms / d.step_ms : 0.0);
+        // Data-parallel attention: each rank attends for ceil(B / N) of the B sequences instead
+        // of all B; at best the step loses that share of its attention (and of its projections).
+        const double kept = double((d.batch + r.ranks - 1) / r.ranks) / double(d.batch), f = 1 - kept;
+        const double a = d.step_ms / (d.step_ms - f * d.attention_ms),
+                     ap = d.step_ms / (d.step_ms - f * (d.attention_ms + d.attn_proj_ms));
+        std::snprintf(dp, sizeof dp, "%.3fx (%.3fx)", a, ap);
       }
-      std::snprintf(buf, sizeof buf, "  %8lld  %22s  %20s  %30s  %15s  %16.2f\n", (long long)d.depth, pp, tg, attn,
-                    lat, r.active.bytes / 1e6);
+      std::snprintf(buf, sizeof buf, "  %8lld  %5lld  %22s  %20s  %30s  %15s  %16.2f", (long long)d.depth,
+                    (long long)d.batch, pp, tg, attn, lat, r.active.bytes / 1e6);
       o << buf;
+      if (ep) {
+        std::snprintf(buf, sizeof buf, "  %22s  %21s", comb, dp);
+        o << buf;
+      }
+      o << "\n";
     }
     o << "  (attention: the profile's attention part over the cache, per decode step, mean of the timed runs;\n"
-         "   latent MB: the cache rows a decode step attends over, as stored, all layers; weights MB: the weights\n"
-         "   a decoded token reads, as above)\n";
+         "   latent MB: the cache rows a decode step attends over, as stored, all layers and sequences; weights MB:\n"
+         "   the weights a decoded token reads, as above";
+    if (ep)
+      o << ";\n   combine: rank 0's time in the MoE combine across the ranks per step; DP-attention bound: the\n"
+           "   step's speed-up at best if each rank attended for its ceil(B / N) sequences only (in brackets: the\n"
+           "   attention projections and o_proj split too), the exchange that would need not counted";
+    o << ")\n";
     for (const DepthRow& d : r.depth_rows)
       if (!d.decode_parts_ms.empty())
-        o << parts_line(("depth " + std::to_string(d.depth) + ", time per decode step by part").c_str(),
+        o << parts_line(("depth " + std::to_string(d.depth) + (d.batch > 1 ? ", batch " + std::to_string(d.batch) : "") +
+                         ", time per decode step by part")
+                            .c_str(),
                         d.decode_parts_ms);
   }
   if (r.decode_tps.median > 0) {
     std::snprintf(buf, sizeof buf, "decode, batch 1, after %lld tokens: %.2f tokens/s (median, range %.2f-%.2f)\n",
                   (long long)r.context, r.decode_tps.median, r.decode_tps.min, r.decode_tps.max);
     o << buf;
+    if (r.ranks > 1) {
+      std::snprintf(buf, sizeof buf, "  rank 0 reads %s per step (its share of the routed experts; the limits below are "
+                    "for these bytes, probed on rank 0 alone)\n", gb(r.decode_read_bytes).c_str());
+      o << buf;
+    }
     o << limit_line("bandwidth limit: read loop just after each run (from DRAM)", r.decode_bandwidth, r.decode_ratio,
-                    r.active.bytes);
+                    r.decode_read_bytes);
     o << limit_line("read of a token's own weights where they lie (the same bytes, routed experts drawn afresh each "
                     "pass) just after each run",
-                    r.token_bandwidth, r.token_ratio, r.active.bytes);
+                    r.token_bandwidth, r.token_ratio, r.decode_read_bytes);
     std::snprintf(buf, sizeof buf, "  against the read loop at the end (best of back-to-back passes, partly from L3: %.1f GB/s -> %.2f tokens/s): %.2f\n",
                   r.bandwidth_gbps, r.limit_tps(), r.limit_tps() > 0 ? r.decode_tps.median / r.limit_tps() : 0.0);
     o << buf;
@@ -1202,6 +1410,37 @@ std::string format_report(const Report& r) {
     }
     o << "\n";
   }
+  if (!r.rank_rows.empty()) {
+    o << "expert parallelism, " << r.ranks
+      << " ranks, each rank's own figures (combine: the MoE layers' partial sums received from the other ranks and "
+         "the time in that exchange, waiting for the slowest rank included; per decode step at batch 1 and per "
+         "prompt, means of the timed runs):\n";
+    for (size_t k = 0; k < r.rank_rows.size(); ++k) {
+      const RankFigures& f = r.rank_rows[k];
+      std::snprintf(buf, sizeof buf,
+                    "  rank %zu: routed experts [%lld, %lld); weights held %.3f MB (routed experts %.3f MB, replicated "
+                    "%.3f MB)",
+                    k, (long long)f.experts.begin, (long long)f.experts.end, f.weight_bytes / 1e6, f.routed_bytes / 1e6,
+                    (f.weight_bytes - f.routed_bytes) / 1e6);
+      o << buf;
+      if (f.decode.step_seconds > 0) {
+        std::snprintf(buf, sizeof buf, "; a decode step reads %.3f MB (%.2f routed experts per MoE layer)",
+                      f.decode_read_bytes / 1e6, f.decode_experts_per_layer);
+        o << buf;
+      }
+      o << "\n";
+      auto share = [&](const char* what, const CombineShare& c, double tokens) {
+        if (c.step_seconds <= 0) return;
+        std::snprintf(buf, sizeof buf,
+                      "  rank %zu %s: combine %.3f MB received (%.4f MB per token), %.3f ms of %.3f ms (%.1f%%)\n", k, what,
+                      c.bytes / 1e6, c.bytes / 1e6 / tokens, c.seconds * 1e3, c.step_seconds * 1e3, 100 * c.share());
+        o << buf;
+      };
+      share("per decode step", f.decode, 1);
+      share(("per prompt of " + std::to_string(r.prompt_tokens) + " tokens").c_str(), f.prompt, double(r.prompt_tokens));
+    }
+  }
+  for (const std::string& why : r.skipped) o << "skipped under mpirun: " << why << "\n";
   return o.str();
 }
 

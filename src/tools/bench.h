@@ -2,6 +2,18 @@
 // machine's memory read bandwidth (an AVX-512 read loop over a buffer far larger than the
 // caches), the weight bytes a decoded token must read, and the model benchmark itself (decode,
 // prompt processing, batched decode on a random-weight checkpoint).
+//
+// Under `mpirun -np N` (expert parallelism, parallel/expert_parallel.h) run() runs on every rank:
+// rank 0 writes the checkpoint when it is missing while the others wait; every rank then runs the
+// same model passes in the same order (fixed counts, the same random ids: no rank decides
+// anything from its own timings), and each timed run starts with a barrier, so no rank's timer or
+// combine counter holds another rank's work outside the run. The per-machine probes (the read
+// loop, the token read, the GEMM and compute-peak loops) run on rank 0 only, between the timed
+// runs, while the others wait at that barrier: on one host, probes on every rank at once would
+// share its memory bus and cores and measure neither rank's limit; on hosts of one kind rank 0's
+// figure stands for each. The report is rank 0's, with every rank's RankFigures. What cannot run
+// in step (the speculative rows: the adaptive gate decides from each rank's own timings) is
+// skipped, saying why (Report::skipped).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -11,6 +23,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "model/weights.h"
+#include "parallel/expert_parallel.h"
 
 namespace mla::bench {
 
@@ -39,6 +52,7 @@ class ReadLoop {
 // ActiveWeights): every weight but the routed experts, plus num_experts_per_tok routed experts
 // per MoE layer and one embedding row drawn afresh for each pass, as a router's choice and a new
 // token are. The limit a decode step can reach on this machine for exactly its own weights.
+// Expert-parallel, of the experts drawn it reads those this rank holds, as the rank's step does.
 class TokenRead {
  public:
   TokenRead(const ModelWeights& w, const ModelConfig& c, uint32_t seed = 7, int threads = 0);
@@ -111,6 +125,7 @@ struct Options {
   std::string precision = "fast";
   std::string huge_pages = "auto";  // auto | on | off: weights copied onto huge pages at load
   size_t bandwidth_bytes = size_t(2) << 30;
+  int64_t gemm_n = 2048;          // the GEMM probe's n x n x n (prompt processing's reference)
   // Speculative decoding (batch 1, greedy, through the engine): tokens per run (0: skip) and
   // draft tokens per verify pass.
   int64_t spec_tokens = 64;
@@ -131,15 +146,21 @@ struct Options {
   // the cache, random latent rows), a prompt of prompt_tokens and a decode run of decode_tokens
   // steps after them, in alternating runs (Report::depth_rows), as llama-bench -d measures.
   std::vector<int64_t> depths;
+  // The depth rows' batch sizes: at each depth, B sequences of `depth` cached tokens decode
+  // together (the prompt runs for B = 1 only).
+  std::vector<int64_t> depth_batches = {1};
 };
 
 // One depth of the depth rows (Options::depths): tokens/s of the prompt and of the decode run
 // after `depth` cached tokens, and where a decode step's time goes.
 struct DepthRow {
   int64_t depth = 0;
-  Summary prompt_tps, decode_tps;
+  int64_t batch = 1;             // sequences per decode step, each after `depth` cached tokens
+  Summary prompt_tps, decode_tps;  // decode: tokens/s over all sequences
   double step_ms = 0;            // a decode step, all parts (the profile's sum), mean over the timed runs
   double attention_ms = 0;       // of which the attention over the cache (ForwardProfile::Attention)
+  double attn_proj_ms = 0;       // and the attention's projections (AttnProj, OProj)
+  double combine_ms = 0;         // expert-parallel: of the step, the MoE combine across the ranks
   double latent_bytes = 0;       // cache rows a decode step attends over, as stored, all layers, mean per step
   std::vector<std::pair<std::string, double>> decode_parts_ms;
 };
@@ -183,8 +204,29 @@ struct SpecCosts {
   }
 };
 
+// The MoE layers' combine across the ranks (CombineCounters) over timed runs, per decode step or
+// per prompt: bytes this rank received, seconds it spent in the combine (waiting for the
+// slowest rank included), and the seconds of the steps or prompts themselves.
+struct CombineShare {
+  double bytes = 0, seconds = 0, step_seconds = 0;
+  double share() const { return step_seconds > 0 ? seconds / step_seconds : 0; }
+};
+
+// Expert-parallel runs: one rank's share of the model and of the work, as that rank measured it.
+struct RankFigures {
+  parallel::ExpertRange experts;  // the routed experts it holds, of each MoE layer (the MTP module's too)
+  double weight_bytes = 0;        // weights held: every format, scales included
+  double routed_bytes = 0;        // of which routed experts (the rest is replicated on every rank)
+  // A decode step (batch 1): the weights it reads on this rank (every weight the rank computes
+  // with: the shared experts on rank 0 only; the routed experts it ran, counted) and the routed
+  // experts it ran per MoE layer.
+  double decode_read_bytes = 0, decode_experts_per_layer = 0;
+  CombineShare decode, prompt;    // per decode step (batch 1), per prompt
+};
+
 struct Report {
   std::string dir, weights, precision;
+  std::string shape = "DeepSeek-V2-Lite shape";  // the checkpoint's config, in words
   int threads = 0;
   int64_t prompt_tokens = 0, context = 0;
   double bandwidth_gbps = 0;
@@ -230,13 +272,23 @@ struct Report {
   std::string kv_dtype;
   int64_t decode_tokens = 0;
   int runs = 0;
-  // decode tokens/s at the bandwidth limit: bandwidth / active bytes.
-  double limit_tps() const { return active.bytes > 0 ? bandwidth_gbps * 1e9 / active.bytes : 0; }
+  // Weights held by this process (rank 0 under mpirun): all, and the routed experts among them.
+  double weight_bytes = 0, routed_bytes = 0;
+  // The weights a decode step (batch 1) reads here: active.bytes in one process; expert-parallel,
+  // RankFigures::decode_read_bytes. The decode limits are set against it.
+  double decode_read_bytes = 0;
+  // Expert-parallel (mpirun -np N, N > 1): every rank's figures, and the parts left out.
+  int ranks = 1;
+  std::vector<RankFigures> rank_rows;
+  std::vector<std::string> skipped;
+  // decode tokens/s at the bandwidth limit: bandwidth / the bytes a decode step reads here.
+  double limit_tps() const { return decode_read_bytes > 0 ? bandwidth_gbps * 1e9 / decode_read_bytes : 0; }
 };
 
 // Writes the checkpoint if needed (mla::write_random_checkpoint of the preset table's
 // bench_checkpoint_config(layers), and beside it an MTP module in mtp.safetensors: the main
 // layers' files are what they were without it), loads it and measures. Progress lines go to stderr unless quiet.
+// Under mpirun every rank must call it (see the top of this file); rank 0's report is the job's.
 Report run(const Options& opt);
 std::string format_report(const Report& r);
 
