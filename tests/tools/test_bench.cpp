@@ -94,8 +94,9 @@ TEST(Bench, EveryWeightFormatRunsTheWholeBenchFromAnEmptyDirectory) {
 
 
 // mla bench --depth: a row per depth, the prompt and the decode run after that many cached
-// tokens, the attention's share of a decode step and the cache bytes it attends over. On the demo
-// config at 2 layers (as above), depths 0 and 300, a 16-token prompt and 3 decode steps, 1 timed
+// tokens, the attention's share of a decode step and the cache bytes it attends over; with
+// --depth-batches a row per depth and batch size. On the demo config at 2 layers (as above),
+// depths 0 and 300, batches 1 and 3, a 16-token prompt (batch 1 only) and 3 decode steps, 1 timed
 // run, the checkpoint written first: 1.5-5 s of CPU, 4-14 s of wall time on 2 shared, busy cores.
 TEST(Bench, DepthRowsReportPromptDecodeAndTheCacheReadAtEachDepth) {
   test::TempDir tmp("bench-depth");
@@ -111,20 +112,23 @@ TEST(Bench, DepthRowsReportPromptDecodeAndTheCacheReadAtEachDepth) {
   o.huge_pages = "off";
   o.quiet = true;
   o.depths = {0, 300};
+  o.depth_batches = {1, 3};
   bench::Report rep;
   ASSERT_NO_THROW(rep = bench::run(o));
-  ASSERT_EQ(rep.depth_rows.size(), 2u);
+  ASSERT_EQ(rep.depth_rows.size(), 4u);
   // A bf16 row: kv_lora_rank 256 + rope 64 values of 2 bytes per layer; a step attends over the
-  // depth's rows and the decoded ones up to its own, (3 + 1) / 2 = 2 on average.
+  // depth's rows and the decoded ones up to its own, (3 + 1) / 2 = 2 on average, per sequence.
   const double row_bytes = 2.0 * (256 + 64) * 2;
-  for (size_t i = 0; i < 2; ++i) {
+  for (size_t i = 0; i < 4; ++i) {
     const bench::DepthRow& d = rep.depth_rows[i];
-    EXPECT_EQ(d.depth, o.depths[i]);
-    EXPECT_GT(d.prompt_tps.median, 0.0) << d.depth;
+    EXPECT_EQ(d.depth, o.depths[i / 2]);
+    EXPECT_EQ(d.batch, o.depth_batches[i % 2]);
+    EXPECT_EQ(d.prompt_tps.median > 0.0, d.batch == 1) << d.depth;  // the prompt at batch 1 only
     EXPECT_GT(d.decode_tps.median, 0.0) << d.depth;
     EXPECT_GT(d.attention_ms, 0.0) << d.depth;
     EXPECT_LT(d.attention_ms, d.step_ms) << d.depth;
-    EXPECT_DOUBLE_EQ(d.latent_bytes, row_bytes * (double(d.depth) + 2)) << d.depth;
+    EXPECT_EQ(d.combine_ms, 0.0) << d.depth;  // one process
+    EXPECT_DOUBLE_EQ(d.latent_bytes, double(d.batch) * row_bytes * (double(d.depth) + 2)) << d.depth;
   }
   EXPECT_EQ(rep.kv_dtype, "bf16");
   // The other sections did not run.
@@ -134,6 +138,7 @@ TEST(Bench, DepthRowsReportPromptDecodeAndTheCacheReadAtEachDepth) {
   const std::string report = bench::format_report(rep);
   EXPECT_NE(report.find("at depth: a 16-token prompt and 3 decode steps"), std::string::npos) << report;
   EXPECT_NE(report.find("depth 300, time per decode step by part"), std::string::npos) << report;
+  EXPECT_NE(report.find("depth 300, batch 3, time per decode step by part"), std::string::npos) << report;
 
   o.depths = {0, -1};
   EXPECT_THROW(bench::run(o), std::invalid_argument);
