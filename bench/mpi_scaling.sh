@@ -13,8 +13,9 @@
 # page cache's copy would not fit the development VM), skip the speculative rows, the batched
 # rows and the 1-thread scaling, and shrink the read-loop and GEMM probes, which run between the
 # timed runs and do not enter the figures compared here.
-# Runtime: about 3 minutes per round on the development VM (2 shared cores, 23 GB; the 6-layer
-# checkpoint of 8.3 GB already in the page cache), 9-10 minutes for the default 3 rounds.
+# Runtime: 2.4-3.4 minutes per round on the development VM (2 cores shared with other work, 23
+# GB; the 6-layer checkpoint of 8.3 GB already in the page cache): 7-9 minutes for the default 3
+# rounds, 17 for 5.
 set -euo pipefail
 ROUNDS=${1:-3}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
