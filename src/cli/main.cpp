@@ -139,8 +139,8 @@ void choose_wait_policy() {
 
 namespace {
 
-// The commands that run expert-parallel under mpirun: in logits, run and verify each rank runs
-// the same loop on the same input and rank 0 prints; in serve and chat rank 0 takes the input
+// The commands that run expert-parallel under mpirun: in logits, run, verify and bench each rank
+// runs the same loop on the same input and rank 0 prints; in serve and chat rank 0 takes the input
 // and the others replay its passes (engine/lockstep.h). The others refuse an MPI launch.
 bool runs_under_mpi(const std::string& command) {
   return command == "logits" || command == "run" || command == "verify" || command == "serve" || command == "chat" ||
@@ -173,7 +173,7 @@ void start_ranks(const std::string& command, int* argc, char*** argv) {
   auto& world = mla::parallel::world();
   if (world.size() == 1) return;
   if (!runs_under_mpi(command))
-    throw std::runtime_error("'" + command + "' does not run under mpirun yet (logits, run, verify, serve and chat do)");
+    throw std::runtime_error("'" + command + "' does not run under mpirun yet (logits, run, verify, serve, chat and bench do)");
   mla::parallel::rank_timeout_from_env();  // a bad MLA_RANK_TIMEOUT fails now, not after loading
   mla::parallel::require_same_on_all_ranks(world, "build", build_digest());
   if (world.rank() != 0 && !std::freopen("/dev/null", "w", stdout))
