@@ -15,6 +15,9 @@
 // only, so a query's reference costs O(N). bf16 and fp8 caches are held to twice the error the
 // same case has at 1,024 tokens (measured in the test).
 //
+// Quantized weights (DeepSeek-V3's block FP8; Kimi K2.5's INT4 routed experts on a one-layer MoE)
+// run the extend and decode paths against the same reference, which dequantizes them itself.
+//
 // DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5) is checked against the model's own float64
 // attention (ForwardOptions::reference_attention: each query against its top-k in double) over
 // the same selection, at 8,192 tokens here.
@@ -25,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <numeric>
 #include <random>
 
 #include "format/safetensors.h"
@@ -93,13 +97,49 @@ json family_config(const std::string& family) {
   }
   if (family == "kimi-k2.5") return tiny(text_config("kimi-k2.5"), 16, 16);
   if (family == "glm-4.7-flash") return tiny(text_config("glm-4.7-flash"), 24, 16);
+  if (family == "kimi-k2.5-moe") {
+    // Kimi K2.5 with its one layer an MoE (4 routed experts, top 2, one shared), for its INT4
+    // experts: moe_intermediate_size 32 so that down_proj's in-features fill a group of 32.
+    json c = tiny(text_config("kimi-k2.5"), 16, 16);
+    c["first_k_dense_replace"] = 0;
+    c["moe_intermediate_size"] = 32;
+    return c;
+  }
   throw std::invalid_argument(family);
 }
 
 // ---- the reference ----
 
-// A tensor of the checkpoint as double: BF16 / F32, or F8_E4M3 times its 128 x 128 block scale_inv.
-std::vector<double> read_weight(const SafetensorsFile& f, const std::string& name) {
+// A compressed-tensors pack-quantized INT4 matrix as double, written out here rather than through
+// the loader: eight 4-bit codes per int32, the i-th at bits 4i, offset by 8 (code - 8 in -8..7),
+// times the BF16 scale of its group of in-features (cols / the scale's columns: 32 in Kimi K2.5).
+std::vector<double> read_int4(const SafetensorsFile& f, const std::string& base) {
+  const TensorInfo* packed = f.find(base + ".weight_packed");
+  const TensorInfo* scale = f.find(base + ".weight_scale");
+  const TensorInfo* shape = f.find(base + ".weight_shape");
+  if (!scale || !shape || packed->dtype != DType::I32 || scale->dtype != DType::BF16)
+    throw std::runtime_error("reference: INT4 tensors of " + base);
+  int32_t rc[2];
+  std::memcpy(rc, shape->data, 8);
+  const int64_t rows = rc[0], cols = rc[1], group = cols / scale->shape[1];
+  std::vector<double> out(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      uint32_t word;
+      std::memcpy(&word, packed->data + 4 * (r * cols / 8 + c / 8), 4);
+      uint16_t s;
+      std::memcpy(&s, scale->data + 2 * (r * (cols / group) + c / group), 2);
+      const int code = int((word >> (4 * (c % 8))) & 0xF) - 8;
+      out[size_t(r * cols + c)] = double(code) * bf16_to_f32(s);
+    }
+  return out;
+}
+
+// A tensor of the checkpoint as double: BF16 / F32, F8_E4M3 times its 128 x 128 block scale_inv,
+// or INT4 pack-quantized; under the Kimi K2.5 wrapper's language_model. prefix where it has one.
+std::vector<double> read_weight(const SafetensorsFile& f, const std::string& plain_name) {
+  const std::string name = f.find("language_model.lm_head.weight") ? "language_model." + plain_name : plain_name;
+  if (f.find(name + ".weight_packed")) return read_int4(f, name);
   const TensorInfo* t = f.find(name + ".weight");
   if (!t) t = f.find(name);
   if (!t) throw std::runtime_error("reference: no tensor " + name);
@@ -153,11 +193,67 @@ std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<doub
   return y;
 }
 
-// A one-layer dense MLA model in float64 from its checkpoint: model.py's naive attention, YaRN in
-// long double, (even, odd) rope pairs.
+// DeepSeek's YaRN (model.py precompute_freqs_cis, yarn_get_mscale) in long double: the inverse
+// frequencies, the cos/sin factor mscale(factor, mscale) / mscale(factor, mscale_all_dim) and the
+// MLA's softmax scale.
+struct YarnRope {
+  std::vector<long double> inv_freq;
+  long double attention_factor = 1;
+  double softmax_scale = 1;
+
+  explicit YarnRope(const ModelConfig& c) {
+    const int64_t dim = c.qk_rope_head_dim;
+    const long double base = c.rope_theta, pi = 3.141592653589793238462643383279502884L;
+    const RopeScaling& rs = c.rope_scaling;
+    auto mscale = [](long double f, long double m) { return f <= 1 ? 1.0L : 0.1L * m * std::log(f) + 1.0L; };
+    long double low = 0, high = 0;
+    if (rs.yarn) {
+      auto corr = [&](long double rot) {
+        return (long double)(dim) * std::log((long double)(rs.original_max_position_embeddings) / (rot * 2 * pi)) /
+               (2 * std::log(base));
+      };
+      low = std::max(std::floor(corr(rs.beta_fast)), 0.0L);
+      high = std::min(std::ceil(corr(rs.beta_slow)), (long double)(dim - 1));
+      if (low == high) high += 0.001L;
+      attention_factor = mscale(rs.factor, rs.mscale) / mscale(rs.factor, rs.mscale_all_dim);
+    }
+    for (int64_t i = 0; i < dim / 2; ++i) {
+      const long double freq = 1 / std::pow(base, (long double)(2 * i) / (long double)(dim));
+      if (!rs.yarn) {
+        inv_freq.push_back(freq);
+        continue;
+      }
+      const long double ramp = std::clamp(((long double)(i) - low) / (high - low), 0.0L, 1.0L);
+      inv_freq.push_back(freq / (long double)(rs.factor) * ramp + freq * (1 - ramp));
+    }
+    softmax_scale = 1.0 / std::sqrt(double(c.qk_head_dim()));
+    if (rs.yarn && rs.mscale_all_dim != 0)
+      softmax_scale *= double(mscale(rs.factor, rs.mscale_all_dim) * mscale(rs.factor, rs.mscale_all_dim));
+  }
+
+  // Rotates the 2 * inv_freq.size() values at v for position pos: (even, odd) pairs as the MLA
+  // does, or halves (i, i + d/2; NeoX) as DeepSeek's indexer does.
+  void rotate(double* v, int64_t pos, bool halves = false) const {
+    const size_t half = inv_freq.size();
+    for (size_t i = 0; i < half; ++i) {
+      const long double a = (long double)(pos) * inv_freq[i];
+      const double c = double(std::cos(a) * attention_factor), s = double(std::sin(a) * attention_factor);
+      double& x = halves ? v[i] : v[2 * i];
+      double& y = halves ? v[i + half] : v[2 * i + 1];
+      const double x0 = x, y0 = y;
+      x = x0 * c - y0 * s;
+      y = x0 * s + y0 * c;
+    }
+  }
+};
+
+// A one-layer MLA model in float64 from its checkpoint: model.py's naive attention, YaRN in long
+// double, (even, odd) rope pairs; a dense MLP, or an MoE (first_k_dense_replace 0) with its
+// routed experts dequantized here.
 class Reference {
  public:
-  Reference(const std::string& dir, const std::vector<int32_t>& ids) : c_(ModelConfig::load(dir)), ids_(ids) {
+  Reference(const std::string& dir, const std::vector<int32_t>& ids)
+      : c_(ModelConfig::load(dir)), ids_(ids), rope_(c_) {
     SafetensorsFile f(dir + "/model.safetensors");
     const std::string a = "model.layers.0.self_attn.";
     embed_ = read_weight(f, "model.embed_tokens");
@@ -172,10 +268,18 @@ class Reference {
     kv_a_norm_ = read_weight(f, a + "kv_a_layernorm");
     kv_b_ = read_weight(f, a + "kv_b_proj");
     o_ = read_weight(f, a + "o_proj");
-    gate_ = read_weight(f, "model.layers.0.mlp.gate_proj");
-    up_ = read_weight(f, "model.layers.0.mlp.up_proj");
-    down_ = read_weight(f, "model.layers.0.mlp.down_proj");
-    rope_setup();
+    const std::string m = "model.layers.0.mlp.";
+    moe_ = c_.n_routed_experts > 0 && c_.first_k_dense_replace == 0;
+    if (!moe_) {
+      dense_ = SwiGlu(f, m);
+    } else {
+      if (c_.n_group > 1 || c_.scoring_func != ScoringFunc::Sigmoid)
+        throw std::runtime_error("reference: sigmoid routing over one expert group only");
+      router_ = read_weight(f, m + "gate");
+      router_bias_ = read_weight(f, m + "gate.e_score_correction_bias");
+      for (int64_t e = 0; e < c_.n_routed_experts; ++e) experts_.emplace_back(f, m + "experts." + std::to_string(e) + ".");
+      if (c_.n_shared_experts > 0) shared_ = SwiGlu(f, m + "shared_experts.");
+    }
     keys();
   }
 
@@ -188,7 +292,7 @@ class Reference {
     std::vector<double> attn(size_t(H * vd)), s(size_t(t + 1));
     for (int64_t hd = 0; hd < H; ++hd) {
       double* qh = q.data() + hd * qk;
-      rotate(qh + nope, t);
+      rope_.rotate(qh + nope, t);
       double m = -INFINITY;
       for (int64_t j = 0; j <= t; ++j) {
         const double* k = k_nope_.data() + (hd * N + j) * nope;
@@ -196,7 +300,7 @@ class Reference {
         double d = 0;
         for (int64_t i = 0; i < nope; ++i) d += qh[i] * k[i];
         for (int64_t i = 0; i < rope; ++i) d += qh[nope + i] * kpe[i];
-        s[size_t(j)] = d * scale_;
+        s[size_t(j)] = d * rope_.softmax_scale;
         m = std::max(m, s[size_t(j)]);
       }
       double z = 0;
@@ -210,58 +314,55 @@ class Reference {
     std::vector<double> x1 = matvec(o_, attn);
     for (size_t i = 0; i < x1.size(); ++i) x1[i] += x[i];
     const std::vector<double> h2 = rmsnorm(x1, post_norm_, c_.rms_norm_eps);
-    std::vector<double> g = matvec(gate_, h2);
-    const std::vector<double> u = matvec(up_, h2);
-    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
-    const std::vector<double> mlp = matvec(down_, g);
+    const std::vector<double> mlp = moe_ ? moe(h2) : dense_(h2);
     for (size_t i = 0; i < x1.size(); ++i) x1[i] += mlp[i];
     return matvec(lm_head_, rmsnorm(x1, norm_, c_.rms_norm_eps));
   }
 
  private:
+  // down(silu(gate x) * up x), the weights dequantized to double.
+  struct SwiGlu {
+    std::vector<double> gate, up, down;
+    SwiGlu() = default;
+    SwiGlu(const SafetensorsFile& f, const std::string& p)
+        : gate(read_weight(f, p + "gate_proj")), up(read_weight(f, p + "up_proj")), down(read_weight(f, p + "down_proj")) {}
+    std::vector<double> operator()(const std::vector<double>& x) const {
+      std::vector<double> g = matvec(gate, x);
+      const std::vector<double> u = matvec(up, x);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+      return matvec(down, g);
+    }
+  };
+
+  // DeepSeek-V3's MoE (model.py Gate, MoE) with one expert group: sigmoid scores, the top
+  // num_experts_per_tok by score + e_score_correction_bias (the lower index first on a tie),
+  // weighted by their unbiased scores (normalised with norm_topk_prob) times
+  // routed_scaling_factor, plus the shared experts.
+  std::vector<double> moe(const std::vector<double>& x) const {
+    const std::vector<double> logits = matvec(router_, x);
+    std::vector<double> score(logits.size()), choice(logits.size());
+    for (size_t e = 0; e < logits.size(); ++e) {
+      score[e] = 1 / (1 + std::exp(-logits[e]));
+      choice[e] = score[e] + router_bias_[e];
+    }
+    std::vector<int> order(logits.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return choice[size_t(a)] > choice[size_t(b)]; });
+    order.resize(size_t(c_.num_experts_per_tok));
+    double sum = 0;
+    for (int e : order) sum += score[size_t(e)];
+    std::vector<double> out = c_.n_shared_experts > 0 ? shared_(x) : std::vector<double>(x.size(), 0.0);
+    for (int e : order) {
+      const double w = (c_.norm_topk_prob ? score[size_t(e)] / sum : score[size_t(e)]) * c_.routed_scaling_factor;
+      const std::vector<double> y = experts_[size_t(e)](x);
+      for (size_t i = 0; i < out.size(); ++i) out[i] += w * y[i];
+    }
+    return out;
+  }
+
   std::vector<double> embedding(int64_t t) const {
     const int64_t D = c_.hidden_size;
     return std::vector<double>(embed_.begin() + ids_[size_t(t)] * D, embed_.begin() + (ids_[size_t(t)] + 1) * D);
-  }
-
-  // DeepSeek's YaRN (model.py precompute_freqs_cis, yarn_get_mscale) in long double.
-  void rope_setup() {
-    const int64_t dim = c_.qk_rope_head_dim;
-    const long double base = c_.rope_theta, pi = 3.141592653589793238462643383279502884L;
-    const RopeScaling& rs = c_.rope_scaling;
-    auto mscale = [](long double f, long double m) { return f <= 1 ? 1.0L : 0.1L * m * std::log(f) + 1.0L; };
-    long double low = 0, high = 0;
-    if (rs.yarn) {
-      auto corr = [&](long double rot) {
-        return (long double)(dim) * std::log((long double)(rs.original_max_position_embeddings) / (rot * 2 * pi)) /
-               (2 * std::log(base));
-      };
-      low = std::max(std::floor(corr(rs.beta_fast)), 0.0L);
-      high = std::min(std::ceil(corr(rs.beta_slow)), (long double)(dim - 1));
-      if (low == high) high += 0.001L;
-      attention_factor_ = mscale(rs.factor, rs.mscale) / mscale(rs.factor, rs.mscale_all_dim);
-    }
-    for (int64_t i = 0; i < dim / 2; ++i) {
-      const long double freq = 1 / std::pow(base, (long double)(2 * i) / (long double)(dim));
-      if (!rs.yarn) {
-        inv_freq_.push_back(freq);
-        continue;
-      }
-      const long double ramp = std::clamp(((long double)(i) - low) / (high - low), 0.0L, 1.0L);
-      inv_freq_.push_back(freq / (long double)(rs.factor) * ramp + freq * (1 - ramp));
-    }
-    scale_ = 1.0 / std::sqrt(double(c_.qk_head_dim()));
-    if (rs.yarn && rs.mscale_all_dim != 0) scale_ *= double(mscale(rs.factor, rs.mscale_all_dim) * mscale(rs.factor, rs.mscale_all_dim));
-  }
-
-  void rotate(double* v, int64_t pos) const {
-    for (size_t i = 0; i < inv_freq_.size(); ++i) {
-      const long double a = (long double)(pos) * inv_freq_[i];
-      const double c = double(std::cos(a) * attention_factor_), s = double(std::sin(a) * attention_factor_);
-      const double x = v[2 * i], y = v[2 * i + 1];
-      v[2 * i] = x * c - y * s;
-      v[2 * i + 1] = x * s + y * c;
-    }
   }
 
   // Every position's key and value per head: k_nope = W_UK c_KV, v = W_UV c_KV, k_pe rotated.
@@ -277,7 +378,7 @@ class Reference {
       const std::vector<double> ckv =
           rmsnorm(std::vector<double>(kv.begin(), kv.begin() + kvr), kv_a_norm_, c_.rms_norm_eps);
       std::copy(kv.begin() + kvr, kv.end(), k_pe_.begin() + j * rope);
-      rotate(k_pe_.data() + j * rope, j);
+      rope_.rotate(k_pe_.data() + j * rope, j);
       const std::vector<double> kvb = matvec(kv_b_, ckv);  // [H, nope + v]
       for (int64_t h = 0; h < H; ++h) {
         std::copy_n(kvb.begin() + h * (nope + vd), nope, k_nope_.begin() + (h * N + j) * nope);
@@ -288,11 +389,12 @@ class Reference {
 
   ModelConfig c_;
   std::vector<int32_t> ids_;
-  std::vector<double> embed_, norm_, lm_head_, in_norm_, post_norm_, q_a_, q_a_norm_, q_b_, kv_a_, kv_a_norm_, kv_b_, o_,
-      gate_, up_, down_;
-  std::vector<long double> inv_freq_;
-  long double attention_factor_ = 1;
-  double scale_ = 1;
+  std::vector<double> embed_, norm_, lm_head_, in_norm_, post_norm_, q_a_, q_a_norm_, q_b_, kv_a_, kv_a_norm_, kv_b_, o_;
+  bool moe_ = false;
+  SwiGlu dense_, shared_;
+  std::vector<SwiGlu> experts_;
+  std::vector<double> router_, router_bias_;
+  YarnRope rope_;
   std::vector<double> k_nope_, k_pe_, v_;
 };
 
@@ -440,8 +542,8 @@ void check_family(const std::string& family, RandomWeights weights = RandomWeigh
       report(c.name + " (" + attn_path_name(c.path) + ")", c.rows, kF32Tolerance);
     std::printf("  paths %.1f s\n", seconds_since(t0));
   } else {
-    // Quantized weights: the reference dequantizes them as the loader does; the extend and
-    // decode paths read them at length.
+    // Quantized weights (block FP8, INT4 experts): the reference dequantizes them itself
+    // (read_weight); the extend and decode paths read them at length.
     for (auto& c : run.continued({"extend", "decode"}))
       report(c.name + " (" + attn_path_name(c.path) + ")", c.rows, kF32Tolerance);
     return;
@@ -470,6 +572,7 @@ TEST(LongContext, DeepSeekV3YarnEveryPath) { check_family("deepseek-v3"); }
 TEST(LongContext, KimiK25YarnEveryPath) { check_family("kimi-k2.5"); }
 TEST(LongContext, Glm47FlashEveryPath) { check_family("glm-4.7-flash"); }
 TEST(LongContext, DeepSeekV3BlockFp8Weights) { check_family("deepseek-v3", RandomWeights::FP8); }
+TEST(LongContext, KimiK25Int4Experts) { check_family("kimi-k2.5-moe", RandomWeights::INT4_EXPERTS); }
 
 // ---- DeepSeek Sparse Attention ----
 
