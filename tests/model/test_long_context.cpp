@@ -18,9 +18,11 @@
 // Quantized weights (DeepSeek-V3's block FP8; Kimi K2.5's INT4 routed experts on a one-layer MoE)
 // run the extend and decode paths against the same reference, which dequantizes them itself.
 //
-// DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5) is checked against the model's own float64
-// attention (ForwardOptions::reference_attention: each query against its top-k in double) over
-// the same selection, at 8,192 tokens here.
+// DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5) is checked in two parts, at 8,192 tokens
+// here: every path against the model's own float64 attention (ForwardOptions::reference_attention:
+// each query against its top-k in double) over the same selection, and that selection against
+// an independent float64 lightning indexer (IndexReference) at the checked positions, where they
+// may differ only at near-ties of the k-th score.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -590,6 +592,159 @@ json dsa_config(const std::string& fixture, int64_t max_positions) {
   return c;
 }
 
+// The lightning indexer of a one-layer DSA checkpoint (model/indexer.h) in float64, from the
+// checkpoint's tensors, written apart from model/indexer.cpp:
+//   x = RMSNorm(embedding) (layer 0's normed input), qr = q_a_layernorm(q_a_proj(x)),
+//   q[h] = wq_b(qr)[h], k = LayerNorm(wk(x)) (weight, bias, eps 1e-6),
+//   RoPE on the FIRST qk_rope_head_dim values of q[h] and k with the MLA's YaRN frequencies
+//   (YarnRope), in halves (NeoX) unless indexer_rope_interleave,
+//   w[h] = weights_proj(x)[h] * n_heads^-0.5 * head_dim^-0.5,
+//   I[t, s] = sum_h w[t, h] relu(q[t, h] . k[s]) over s <= t.
+// The Hadamard rotation of q and k is left out: the Walsh-Hadamard matrix scaled head_dim^-0.5 is
+// orthogonal, so q . k, and every score, is the same exactly (the model applies it, and rounds).
+class IndexReference {
+ public:
+  IndexReference(const std::string& dir, const std::vector<int32_t>& ids)
+      : c_(ModelConfig::load(dir)), ids_(ids), rope_(c_), Hi_(c_.index_n_heads), D_(c_.index_head_dim) {
+    SafetensorsFile f(dir + "/model.safetensors");
+    const std::string a = "model.layers.0.self_attn.", ix = a + "indexer.";
+    embed_ = read_weight(f, "model.embed_tokens");
+    in_norm_ = read_weight(f, "model.layers.0.input_layernorm");
+    q_a_ = read_weight(f, a + "q_a_proj");
+    q_a_norm_ = read_weight(f, a + "q_a_layernorm");
+    wq_b_ = read_weight(f, ix + "wq_b");
+    wk_ = read_weight(f, ix + "wk");
+    k_norm_ = read_weight(f, ix + "k_norm.weight");
+    k_bias_ = read_weight(f, ix + "k_norm.bias");
+    weights_proj_ = read_weight(f, ix + "weights_proj");
+    const int64_t N = int64_t(ids_.size());
+    k_.resize(size_t(N * D_));
+    std::vector<double> k_norms(static_cast<size_t>(N));
+#pragma omp parallel for schedule(static)
+    for (int64_t s = 0; s < N; ++s) {
+      std::vector<double> k = matvec(wk_, normed_input(s));
+      double mu = 0, var = 0;
+      for (double v : k) mu += v;
+      mu /= double(D_);
+      for (double v : k) var += (v - mu) * (v - mu);
+      var /= double(D_);
+      for (int64_t i = 0; i < D_; ++i) k[size_t(i)] = (k[size_t(i)] - mu) / std::sqrt(var + 1e-6) * k_norm_[size_t(i)] + k_bias_[size_t(i)];
+      rotate(k.data(), s);
+      double n2 = 0;
+      for (double v : k) n2 += v * v;
+      k_norms[size_t(s)] = std::sqrt(n2);
+      std::copy(k.begin(), k.end(), k_.begin() + s * D_);
+    }
+    max_k_norm_ = *std::max_element(k_norms.begin(), k_norms.end());
+  }
+
+  int64_t topk() const { return c_.index_topk; }
+
+  // I[t, s] for s = 0..t, and in *scale sum_h |w[t, h]| |q[t, h]| max_s |k[s]| (the max over the
+  // whole sequence): by Cauchy-Schwarz a
+  // bound on every |I[t, s]|, and the size float32 rounding of the terms is relative to.
+  std::vector<double> scores(int64_t t, double* scale) const {
+    const std::vector<double> x = normed_input(t);
+    std::vector<double> q = matvec(wq_b_, rmsnorm(matvec(q_a_, x), q_a_norm_, c_.rms_norm_eps));
+    std::vector<double> w = matvec(weights_proj_, x);
+    *scale = 0;
+    for (int64_t h = 0; h < Hi_; ++h) {
+      double* qh = q.data() + h * D_;
+      rotate(qh, t);
+      w[size_t(h)] /= std::sqrt(double(Hi_)) * std::sqrt(double(D_));
+      double n2 = 0;
+      for (int64_t i = 0; i < D_; ++i) n2 += qh[i] * qh[i];
+      *scale += std::fabs(w[size_t(h)]) * std::sqrt(n2) * max_k_norm_;
+    }
+    std::vector<double> out(size_t(t + 1));
+    for (int64_t s = 0; s <= t; ++s) {
+      const double* k = k_.data() + s * D_;
+      double sum = 0;
+      for (int64_t h = 0; h < Hi_; ++h) {
+        const double* qh = q.data() + h * D_;
+        double d = 0;
+        for (int64_t i = 0; i < D_; ++i) d += qh[i] * k[i];
+        sum += w[size_t(h)] * std::max(d, 0.0);
+      }
+      out[size_t(s)] = sum;
+    }
+    return out;
+  }
+
+ private:
+  std::vector<double> normed_input(int64_t t) const {
+    const int64_t H = c_.hidden_size, id = ids_[size_t(t)];
+    return rmsnorm(std::vector<double>(embed_.begin() + id * H, embed_.begin() + (id + 1) * H), in_norm_, c_.rms_norm_eps);
+  }
+  void rotate(double* v, int64_t pos) const { rope_.rotate(v, pos, !c_.indexer_rope_interleave); }
+
+  ModelConfig c_;
+  std::vector<int32_t> ids_;
+  YarnRope rope_;
+  int64_t Hi_, D_;
+  std::vector<double> embed_, in_norm_, q_a_, q_a_norm_, wq_b_, wk_, k_norm_, k_bias_, weights_proj_;
+  std::vector<double> k_;  // [N, D]: every position's key, rotated
+  double max_k_norm_ = 0;
+};
+
+// How far the model's float32 selection may stray from the float64 reference's: a position may
+// be in one and not the other only where its reference score is within kIndexTieTolerance x scale
+// (IndexReference::scores) of the k-th largest. If the model's scores are within e of the
+// reference's, a swap of positions a (in the reference's top-k) and b (not) needs I[b] + e >=
+// I[a] - e, so both lie within 2e of the k-th score. The model's scores (Indexer::project, then
+// cpu::index_scores on the pool's float32 keys; float32 rounding through the norms, the
+// projections of 64 and 48 terms, the LayerNorm, RoPE, the Hadamard's 5 butterfly levels, the
+// 32-term dots and the 8-head sum) were measured within 1.2e-7 x scale of this reference at
+// 8,192 tokens for both fixtures, so 2e is about 2.4e-7; 1e-6 leaves room for other summation
+// orders (SIMD widths, thread splits). It stays below the spacing of neighbouring scores near
+// the k-th (about 5e-6 x scale at 8,192 tokens), so a swap a few ranks deep fails, and a wrong
+// rope pairing, frequency, norm or scale, which moves scores by a fair fraction of the scale,
+// fails by far.
+constexpr double kIndexTieTolerance = 1e-6;
+
+struct SelectionStats {
+  int64_t queries = 0, selected = 0, common = 0, swaps = 0;
+  int64_t near_ties = 0;  // positions besides the k-th within the tolerance of its score (could swap)
+  double worst = 0;  // the largest |score - k-th score| / scale over the symmetric differences
+};
+
+// Compares the model's selection of query t (count positions at sel) with the reference's top-k.
+void compare_selection(const IndexReference& ref, int64_t t, const int32_t* sel, int64_t count, SelectionStats& st) {
+  const int64_t K = std::min(ref.topk(), t + 1);
+  ASSERT_EQ(count, K) << "query " << t;
+  double scale = 0;
+  const std::vector<double> sc = ref.scores(t, &scale);
+  std::vector<int32_t> order(sc.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::nth_element(order.begin(), order.begin() + (K - 1), order.end(),
+                   [&](int32_t a, int32_t b) { return sc[size_t(a)] > sc[size_t(b)] || (sc[size_t(a)] == sc[size_t(b)] && a < b); });
+  const double kth = sc[size_t(order[size_t(K - 1)])];
+  std::vector<char> in_ref(sc.size(), 0), in_model(sc.size(), 0);
+  for (int64_t i = 0; i < K; ++i) in_ref[size_t(order[size_t(i)])] = 1;
+  for (int64_t i = 0; i < count; ++i) {
+    ASSERT_TRUE(sel[i] >= 0 && sel[i] <= t) << "query " << t << " selects position " << sel[i];
+    in_model[size_t(sel[i])] = 1;
+  }
+  st.queries++;
+  st.selected += K;
+  int64_t beyond = 0;  // positions of the symmetric difference farther than the tolerance from the k-th
+  size_t worst_pos = 0;
+  double worst = 0;
+  for (size_t s = 0; s < sc.size(); ++s) {
+    if (int32_t(s) != order[size_t(K - 1)] && std::fabs(sc[s] - kth) <= kIndexTieTolerance * scale) st.near_ties++;
+    if (in_ref[s] && in_model[s]) st.common++;
+    if (in_ref[s] == in_model[s]) continue;
+    st.swaps += in_model[s];  // both sets hold K: each extra position of the model's swaps out one of the reference's
+    const double off = std::fabs(sc[s] - kth) / scale;
+    beyond += off > kIndexTieTolerance;
+    if (off > worst) worst = off, worst_pos = s;
+  }
+  st.worst = std::max(st.worst, worst);
+  EXPECT_EQ(beyond, 0) << "query " << t << ": " << beyond << " positions selected by one side only beyond the tolerance;"
+                       << " the worst, " << worst_pos << (in_model[worst_pos] ? " (the model's)" : " (the reference's)")
+                       << ", scores " << sc[worst_pos] << " against the k-th " << kth << " (scale " << scale << ")";
+}
+
 void check_sparse(const std::string& fixture, int64_t max_positions) {
   const json config = dsa_config(fixture, max_positions);
   const int64_t N = tokens(8192, max_positions);
@@ -601,16 +756,52 @@ void check_sparse(const std::string& fixture, int64_t max_positions) {
   LongRun run(dir.str(), N, 13);
   // The reference: the same prefix, then the last tokens with every query against its top-k in
   // float64 (one layer: the prefix's latents and index keys do not depend on the path).
+  // The indexer's selections of those passes (the prefix's and the last tokens') are compared with
+  // IndexReference at the checked positions.
   std::vector<float> ref_rows = run.empty_rows();
+  std::vector<std::vector<Model::Selection>> prefix_sel, last_sel;
   {
     LatentPool pl = run.pool(KvDType::F32);
     PageTable seq;
     ForwardOptions fo = LongRun::on(AttnPath::Auto);
+    run.model->set_capture_selection(&prefix_sel);
     run.pass(pl, seq, 0, run.split(), fo, ref_rows);
     fo.reference_attention = true;
+    run.model->set_capture_selection(&last_sel);
     run.pass(pl, seq, run.split(), run.n(), fo, ref_rows);
+    run.model->set_capture_selection(nullptr);
   }
   EXPECT_GT(run.model->dsa_counters().selections, 0) << "the indexer should select at " << N << " tokens";
+  {
+    const auto t1 = std::chrono::steady_clock::now();
+    const IndexReference index_ref(dir.str(), run.ids);
+    const int64_t K = index_ref.topk();
+    ASSERT_EQ(prefix_sel.size(), 1u);
+    ASSERT_EQ(last_sel.size(), 1u);
+    std::vector<int64_t> queries;
+    for (int64_t t : run.checked)
+      if (t >= K) queries.push_back(t);
+    std::vector<SelectionStats> per(queries.size());
+#pragma omp parallel for schedule(dynamic)
+    for (size_t i = 0; i < queries.size(); ++i) {
+      const int64_t t = queries[i];
+      const bool last = t >= run.split();
+      const Model::Selection& s = (last ? last_sel : prefix_sel)[0][0];
+      const int64_t row = last ? t - run.split() : t;
+      compare_selection(index_ref, t, s.pos.data() + row * K, s.count[size_t(row)], per[i]);
+    }
+    SelectionStats st;
+    for (const SelectionStats& p : per) {
+      st.queries += p.queries, st.selected += p.selected, st.common += p.common, st.swaps += p.swaps;
+      st.near_ties += p.near_ties;
+      st.worst = std::max(st.worst, p.worst);
+    }
+    EXPECT_EQ(st.queries, int64_t(queries.size()));
+    std::printf("  indexer top-%lld against float64, %lld queries: recall %.6f (%lld of %lld), %lld swaps"
+                " (worst |score - k-th| %.1e x scale; %lld positions within the tolerance of a k-th) (%.1f s)\n",
+                (long long)K, (long long)st.queries, double(st.common) / double(st.selected), (long long)st.common,
+                (long long)st.selected, (long long)st.swaps, st.worst, (long long)st.near_ties, seconds_since(t1));
+  }
   std::vector<std::vector<double>> ref;
   const size_t first_last = run.checked.size() - size_t(std::min<int64_t>(kLast, N - 1));
   auto last_rows = [&](const std::vector<float>& rows) {
