@@ -15,9 +15,14 @@
 // only, so a query's reference costs O(N). bf16 and fp8 caches are held to twice the error the
 // same case has at 1,024 tokens (measured in the test).
 //
-// DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5) is checked against the model's own float64
-// attention (ForwardOptions::reference_attention: each query against its top-k in double) over
-// the same selection, at 8,192 tokens here.
+// Quantized weights (DeepSeek-V3's block FP8; Kimi K2.5's INT4 routed experts on a one-layer MoE)
+// run the extend and decode paths against the same reference, which dequantizes them itself.
+//
+// DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5) is checked in two parts, at 8,192 tokens
+// here: every path against the model's own float64 attention (ForwardOptions::reference_attention:
+// each query against its top-k in double) over the same selection, and that selection against
+// an independent float64 lightning indexer (IndexReference) at the checked positions, where they
+// may differ only at near-ties of the k-th score.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -25,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <numeric>
 #include <random>
 
 #include "format/safetensors.h"
@@ -93,13 +99,49 @@ json family_config(const std::string& family) {
   }
   if (family == "kimi-k2.5") return tiny(text_config("kimi-k2.5"), 16, 16);
   if (family == "glm-4.7-flash") return tiny(text_config("glm-4.7-flash"), 24, 16);
+  if (family == "kimi-k2.5-moe") {
+    // Kimi K2.5 with its one layer an MoE (4 routed experts, top 2, one shared), for its INT4
+    // experts: moe_intermediate_size 32 so that down_proj's in-features fill a group of 32.
+    json c = tiny(text_config("kimi-k2.5"), 16, 16);
+    c["first_k_dense_replace"] = 0;
+    c["moe_intermediate_size"] = 32;
+    return c;
+  }
   throw std::invalid_argument(family);
 }
 
 // ---- the reference ----
 
-// A tensor of the checkpoint as double: BF16 / F32, or F8_E4M3 times its 128 x 128 block scale_inv.
-std::vector<double> read_weight(const SafetensorsFile& f, const std::string& name) {
+// A compressed-tensors pack-quantized INT4 matrix as double, written out here rather than through
+// the loader: eight 4-bit codes per int32, the i-th at bits 4i, offset by 8 (code - 8 in -8..7),
+// times the BF16 scale of its group of in-features (cols / the scale's columns: 32 in Kimi K2.5).
+std::vector<double> read_int4(const SafetensorsFile& f, const std::string& base) {
+  const TensorInfo* packed = f.find(base + ".weight_packed");
+  const TensorInfo* scale = f.find(base + ".weight_scale");
+  const TensorInfo* shape = f.find(base + ".weight_shape");
+  if (!scale || !shape || packed->dtype != DType::I32 || scale->dtype != DType::BF16)
+    throw std::runtime_error("reference: INT4 tensors of " + base);
+  int32_t rc[2];
+  std::memcpy(rc, shape->data, 8);
+  const int64_t rows = rc[0], cols = rc[1], group = cols / scale->shape[1];
+  std::vector<double> out(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      uint32_t word;
+      std::memcpy(&word, packed->data + 4 * (r * cols / 8 + c / 8), 4);
+      uint16_t s;
+      std::memcpy(&s, scale->data + 2 * (r * (cols / group) + c / group), 2);
+      const int code = int((word >> (4 * (c % 8))) & 0xF) - 8;
+      out[size_t(r * cols + c)] = double(code) * bf16_to_f32(s);
+    }
+  return out;
+}
+
+// A tensor of the checkpoint as double: BF16 / F32, F8_E4M3 times its 128 x 128 block scale_inv,
+// or INT4 pack-quantized; under the Kimi K2.5 wrapper's language_model. prefix where it has one.
+std::vector<double> read_weight(const SafetensorsFile& f, const std::string& plain_name) {
+  const std::string name = f.find("language_model.lm_head.weight") ? "language_model." + plain_name : plain_name;
+  if (f.find(name + ".weight_packed")) return read_int4(f, name);
   const TensorInfo* t = f.find(name + ".weight");
   if (!t) t = f.find(name);
   if (!t) throw std::runtime_error("reference: no tensor " + name);
@@ -153,11 +195,67 @@ std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<doub
   return y;
 }
 
-// A one-layer dense MLA model in float64 from its checkpoint: model.py's naive attention, YaRN in
-// long double, (even, odd) rope pairs.
+// DeepSeek's YaRN (model.py precompute_freqs_cis, yarn_get_mscale) in long double: the inverse
+// frequencies, the cos/sin factor mscale(factor, mscale) / mscale(factor, mscale_all_dim) and the
+// MLA's softmax scale.
+struct YarnRope {
+  std::vector<long double> inv_freq;
+  long double attention_factor = 1;
+  double softmax_scale = 1;
+
+  explicit YarnRope(const ModelConfig& c) {
+    const int64_t dim = c.qk_rope_head_dim;
+    const long double base = c.rope_theta, pi = 3.141592653589793238462643383279502884L;
+    const RopeScaling& rs = c.rope_scaling;
+    auto mscale = [](long double f, long double m) { return f <= 1 ? 1.0L : 0.1L * m * std::log(f) + 1.0L; };
+    long double low = 0, high = 0;
+    if (rs.yarn) {
+      auto corr = [&](long double rot) {
+        return (long double)(dim) * std::log((long double)(rs.original_max_position_embeddings) / (rot * 2 * pi)) /
+               (2 * std::log(base));
+      };
+      low = std::max(std::floor(corr(rs.beta_fast)), 0.0L);
+      high = std::min(std::ceil(corr(rs.beta_slow)), (long double)(dim - 1));
+      if (low == high) high += 0.001L;
+      attention_factor = mscale(rs.factor, rs.mscale) / mscale(rs.factor, rs.mscale_all_dim);
+    }
+    for (int64_t i = 0; i < dim / 2; ++i) {
+      const long double freq = 1 / std::pow(base, (long double)(2 * i) / (long double)(dim));
+      if (!rs.yarn) {
+        inv_freq.push_back(freq);
+        continue;
+      }
+      const long double ramp = std::clamp(((long double)(i) - low) / (high - low), 0.0L, 1.0L);
+      inv_freq.push_back(freq / (long double)(rs.factor) * ramp + freq * (1 - ramp));
+    }
+    softmax_scale = 1.0 / std::sqrt(double(c.qk_head_dim()));
+    if (rs.yarn && rs.mscale_all_dim != 0)
+      softmax_scale *= double(mscale(rs.factor, rs.mscale_all_dim) * mscale(rs.factor, rs.mscale_all_dim));
+  }
+
+  // Rotates the 2 * inv_freq.size() values at v for position pos: (even, odd) pairs as the MLA
+  // does, or halves (i, i + d/2; NeoX) as DeepSeek's indexer does.
+  void rotate(double* v, int64_t pos, bool halves = false) const {
+    const size_t half = inv_freq.size();
+    for (size_t i = 0; i < half; ++i) {
+      const long double a = (long double)(pos) * inv_freq[i];
+      const double c = double(std::cos(a) * attention_factor), s = double(std::sin(a) * attention_factor);
+      double& x = halves ? v[i] : v[2 * i];
+      double& y = halves ? v[i + half] : v[2 * i + 1];
+      const double x0 = x, y0 = y;
+      x = x0 * c - y0 * s;
+      y = x0 * s + y0 * c;
+    }
+  }
+};
+
+// A one-layer MLA model in float64 from its checkpoint: model.py's naive attention, YaRN in long
+// double, (even, odd) rope pairs; a dense MLP, or an MoE (first_k_dense_replace 0) with its
+// routed experts dequantized here.
 class Reference {
  public:
-  Reference(const std::string& dir, const std::vector<int32_t>& ids) : c_(ModelConfig::load(dir)), ids_(ids) {
+  Reference(const std::string& dir, const std::vector<int32_t>& ids)
+      : c_(ModelConfig::load(dir)), ids_(ids), rope_(c_) {
     SafetensorsFile f(dir + "/model.safetensors");
     const std::string a = "model.layers.0.self_attn.";
     embed_ = read_weight(f, "model.embed_tokens");
@@ -172,10 +270,18 @@ class Reference {
     kv_a_norm_ = read_weight(f, a + "kv_a_layernorm");
     kv_b_ = read_weight(f, a + "kv_b_proj");
     o_ = read_weight(f, a + "o_proj");
-    gate_ = read_weight(f, "model.layers.0.mlp.gate_proj");
-    up_ = read_weight(f, "model.layers.0.mlp.up_proj");
-    down_ = read_weight(f, "model.layers.0.mlp.down_proj");
-    rope_setup();
+    const std::string m = "model.layers.0.mlp.";
+    moe_ = c_.n_routed_experts > 0 && c_.first_k_dense_replace == 0;
+    if (!moe_) {
+      dense_ = SwiGlu(f, m);
+    } else {
+      if (c_.n_group > 1 || c_.scoring_func != ScoringFunc::Sigmoid)
+        throw std::runtime_error("reference: sigmoid routing over one expert group only");
+      router_ = read_weight(f, m + "gate");
+      router_bias_ = read_weight(f, m + "gate.e_score_correction_bias");
+      for (int64_t e = 0; e < c_.n_routed_experts; ++e) experts_.emplace_back(f, m + "experts." + std::to_string(e) + ".");
+      if (c_.n_shared_experts > 0) shared_ = SwiGlu(f, m + "shared_experts.");
+    }
     keys();
   }
 
@@ -188,7 +294,7 @@ class Reference {
     std::vector<double> attn(size_t(H * vd)), s(size_t(t + 1));
     for (int64_t hd = 0; hd < H; ++hd) {
       double* qh = q.data() + hd * qk;
-      rotate(qh + nope, t);
+      rope_.rotate(qh + nope, t);
       double m = -INFINITY;
       for (int64_t j = 0; j <= t; ++j) {
         const double* k = k_nope_.data() + (hd * N + j) * nope;
@@ -196,7 +302,7 @@ class Reference {
         double d = 0;
         for (int64_t i = 0; i < nope; ++i) d += qh[i] * k[i];
         for (int64_t i = 0; i < rope; ++i) d += qh[nope + i] * kpe[i];
-        s[size_t(j)] = d * scale_;
+        s[size_t(j)] = d * rope_.softmax_scale;
         m = std::max(m, s[size_t(j)]);
       }
       double z = 0;
@@ -210,58 +316,55 @@ class Reference {
     std::vector<double> x1 = matvec(o_, attn);
     for (size_t i = 0; i < x1.size(); ++i) x1[i] += x[i];
     const std::vector<double> h2 = rmsnorm(x1, post_norm_, c_.rms_norm_eps);
-    std::vector<double> g = matvec(gate_, h2);
-    const std::vector<double> u = matvec(up_, h2);
-    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
-    const std::vector<double> mlp = matvec(down_, g);
+    const std::vector<double> mlp = moe_ ? moe(h2) : dense_(h2);
     for (size_t i = 0; i < x1.size(); ++i) x1[i] += mlp[i];
     return matvec(lm_head_, rmsnorm(x1, norm_, c_.rms_norm_eps));
   }
 
  private:
+  // down(silu(gate x) * up x), the weights dequantized to double.
+  struct SwiGlu {
+    std::vector<double> gate, up, down;
+    SwiGlu() = default;
+    SwiGlu(const SafetensorsFile& f, const std::string& p)
+        : gate(read_weight(f, p + "gate_proj")), up(read_weight(f, p + "up_proj")), down(read_weight(f, p + "down_proj")) {}
+    std::vector<double> operator()(const std::vector<double>& x) const {
+      std::vector<double> g = matvec(gate, x);
+      const std::vector<double> u = matvec(up, x);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+      return matvec(down, g);
+    }
+  };
+
+  // DeepSeek-V3's MoE (model.py Gate, MoE) with one expert group: sigmoid scores, the top
+  // num_experts_per_tok by score + e_score_correction_bias (the lower index first on a tie),
+  // weighted by their unbiased scores (normalised with norm_topk_prob) times
+  // routed_scaling_factor, plus the shared experts.
+  std::vector<double> moe(const std::vector<double>& x) const {
+    const std::vector<double> logits = matvec(router_, x);
+    std::vector<double> score(logits.size()), choice(logits.size());
+    for (size_t e = 0; e < logits.size(); ++e) {
+      score[e] = 1 / (1 + std::exp(-logits[e]));
+      choice[e] = score[e] + router_bias_[e];
+    }
+    std::vector<int> order(logits.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return choice[size_t(a)] > choice[size_t(b)]; });
+    order.resize(size_t(c_.num_experts_per_tok));
+    double sum = 0;
+    for (int e : order) sum += score[size_t(e)];
+    std::vector<double> out = c_.n_shared_experts > 0 ? shared_(x) : std::vector<double>(x.size(), 0.0);
+    for (int e : order) {
+      const double w = (c_.norm_topk_prob ? score[size_t(e)] / sum : score[size_t(e)]) * c_.routed_scaling_factor;
+      const std::vector<double> y = experts_[size_t(e)](x);
+      for (size_t i = 0; i < out.size(); ++i) out[i] += w * y[i];
+    }
+    return out;
+  }
+
   std::vector<double> embedding(int64_t t) const {
     const int64_t D = c_.hidden_size;
     return std::vector<double>(embed_.begin() + ids_[size_t(t)] * D, embed_.begin() + (ids_[size_t(t)] + 1) * D);
-  }
-
-  // DeepSeek's YaRN (model.py precompute_freqs_cis, yarn_get_mscale) in long double.
-  void rope_setup() {
-    const int64_t dim = c_.qk_rope_head_dim;
-    const long double base = c_.rope_theta, pi = 3.141592653589793238462643383279502884L;
-    const RopeScaling& rs = c_.rope_scaling;
-    auto mscale = [](long double f, long double m) { return f <= 1 ? 1.0L : 0.1L * m * std::log(f) + 1.0L; };
-    long double low = 0, high = 0;
-    if (rs.yarn) {
-      auto corr = [&](long double rot) {
-        return (long double)(dim) * std::log((long double)(rs.original_max_position_embeddings) / (rot * 2 * pi)) /
-               (2 * std::log(base));
-      };
-      low = std::max(std::floor(corr(rs.beta_fast)), 0.0L);
-      high = std::min(std::ceil(corr(rs.beta_slow)), (long double)(dim - 1));
-      if (low == high) high += 0.001L;
-      attention_factor_ = mscale(rs.factor, rs.mscale) / mscale(rs.factor, rs.mscale_all_dim);
-    }
-    for (int64_t i = 0; i < dim / 2; ++i) {
-      const long double freq = 1 / std::pow(base, (long double)(2 * i) / (long double)(dim));
-      if (!rs.yarn) {
-        inv_freq_.push_back(freq);
-        continue;
-      }
-      const long double ramp = std::clamp(((long double)(i) - low) / (high - low), 0.0L, 1.0L);
-      inv_freq_.push_back(freq / (long double)(rs.factor) * ramp + freq * (1 - ramp));
-    }
-    scale_ = 1.0 / std::sqrt(double(c_.qk_head_dim()));
-    if (rs.yarn && rs.mscale_all_dim != 0) scale_ *= double(mscale(rs.factor, rs.mscale_all_dim) * mscale(rs.factor, rs.mscale_all_dim));
-  }
-
-  void rotate(double* v, int64_t pos) const {
-    for (size_t i = 0; i < inv_freq_.size(); ++i) {
-      const long double a = (long double)(pos) * inv_freq_[i];
-      const double c = double(std::cos(a) * attention_factor_), s = double(std::sin(a) * attention_factor_);
-      const double x = v[2 * i], y = v[2 * i + 1];
-      v[2 * i] = x * c - y * s;
-      v[2 * i + 1] = x * s + y * c;
-    }
   }
 
   // Every position's key and value per head: k_nope = W_UK c_KV, v = W_UV c_KV, k_pe rotated.
@@ -277,7 +380,7 @@ class Reference {
       const std::vector<double> ckv =
           rmsnorm(std::vector<double>(kv.begin(), kv.begin() + kvr), kv_a_norm_, c_.rms_norm_eps);
       std::copy(kv.begin() + kvr, kv.end(), k_pe_.begin() + j * rope);
-      rotate(k_pe_.data() + j * rope, j);
+      rope_.rotate(k_pe_.data() + j * rope, j);
       const std::vector<double> kvb = matvec(kv_b_, ckv);  // [H, nope + v]
       for (int64_t h = 0; h < H; ++h) {
         std::copy_n(kvb.begin() + h * (nope + vd), nope, k_nope_.begin() + (h * N + j) * nope);
@@ -288,11 +391,12 @@ class Reference {
 
   ModelConfig c_;
   std::vector<int32_t> ids_;
-  std::vector<double> embed_, norm_, lm_head_, in_norm_, post_norm_, q_a_, q_a_norm_, q_b_, kv_a_, kv_a_norm_, kv_b_, o_,
-      gate_, up_, down_;
-  std::vector<long double> inv_freq_;
-  long double attention_factor_ = 1;
-  double scale_ = 1;
+  std::vector<double> embed_, norm_, lm_head_, in_norm_, post_norm_, q_a_, q_a_norm_, q_b_, kv_a_, kv_a_norm_, kv_b_, o_;
+  bool moe_ = false;
+  SwiGlu dense_, shared_;
+  std::vector<SwiGlu> experts_;
+  std::vector<double> router_, router_bias_;
+  YarnRope rope_;
   std::vector<double> k_nope_, k_pe_, v_;
 };
 
@@ -440,8 +544,8 @@ void check_family(const std::string& family, RandomWeights weights = RandomWeigh
       report(c.name + " (" + attn_path_name(c.path) + ")", c.rows, kF32Tolerance);
     std::printf("  paths %.1f s\n", seconds_since(t0));
   } else {
-    // Quantized weights: the reference dequantizes them as the loader does; the extend and
-    // decode paths read them at length.
+    // Quantized weights (block FP8, INT4 experts): the reference dequantizes them itself
+    // (read_weight); the extend and decode paths read them at length.
     for (auto& c : run.continued({"extend", "decode"}))
       report(c.name + " (" + attn_path_name(c.path) + ")", c.rows, kF32Tolerance);
     return;
@@ -470,6 +574,7 @@ TEST(LongContext, DeepSeekV3YarnEveryPath) { check_family("deepseek-v3"); }
 TEST(LongContext, KimiK25YarnEveryPath) { check_family("kimi-k2.5"); }
 TEST(LongContext, Glm47FlashEveryPath) { check_family("glm-4.7-flash"); }
 TEST(LongContext, DeepSeekV3BlockFp8Weights) { check_family("deepseek-v3", RandomWeights::FP8); }
+TEST(LongContext, KimiK25Int4Experts) { check_family("kimi-k2.5-moe", RandomWeights::INT4_EXPERTS); }
 
 // ---- DeepSeek Sparse Attention ----
 
@@ -487,6 +592,159 @@ json dsa_config(const std::string& fixture, int64_t max_positions) {
   return c;
 }
 
+// The lightning indexer of a one-layer DSA checkpoint (model/indexer.h) in float64, from the
+// checkpoint's tensors, written apart from model/indexer.cpp:
+//   x = RMSNorm(embedding) (layer 0's normed input), qr = q_a_layernorm(q_a_proj(x)),
+//   q[h] = wq_b(qr)[h], k = LayerNorm(wk(x)) (weight, bias, eps 1e-6),
+//   RoPE on the FIRST qk_rope_head_dim values of q[h] and k with the MLA's YaRN frequencies
+//   (YarnRope), in halves (NeoX) unless indexer_rope_interleave,
+//   w[h] = weights_proj(x)[h] * n_heads^-0.5 * head_dim^-0.5,
+//   I[t, s] = sum_h w[t, h] relu(q[t, h] . k[s]) over s <= t.
+// The Hadamard rotation of q and k is left out: the Walsh-Hadamard matrix scaled head_dim^-0.5 is
+// orthogonal, so q . k, and every score, is the same exactly (the model applies it, and rounds).
+class IndexReference {
+ public:
+  IndexReference(const std::string& dir, const std::vector<int32_t>& ids)
+      : c_(ModelConfig::load(dir)), ids_(ids), rope_(c_), Hi_(c_.index_n_heads), D_(c_.index_head_dim) {
+    SafetensorsFile f(dir + "/model.safetensors");
+    const std::string a = "model.layers.0.self_attn.", ix = a + "indexer.";
+    embed_ = read_weight(f, "model.embed_tokens");
+    in_norm_ = read_weight(f, "model.layers.0.input_layernorm");
+    q_a_ = read_weight(f, a + "q_a_proj");
+    q_a_norm_ = read_weight(f, a + "q_a_layernorm");
+    wq_b_ = read_weight(f, ix + "wq_b");
+    wk_ = read_weight(f, ix + "wk");
+    k_norm_ = read_weight(f, ix + "k_norm.weight");
+    k_bias_ = read_weight(f, ix + "k_norm.bias");
+    weights_proj_ = read_weight(f, ix + "weights_proj");
+    const int64_t N = int64_t(ids_.size());
+    k_.resize(size_t(N * D_));
+    std::vector<double> k_norms(static_cast<size_t>(N));
+#pragma omp parallel for schedule(static)
+    for (int64_t s = 0; s < N; ++s) {
+      std::vector<double> k = matvec(wk_, normed_input(s));
+      double mu = 0, var = 0;
+      for (double v : k) mu += v;
+      mu /= double(D_);
+      for (double v : k) var += (v - mu) * (v - mu);
+      var /= double(D_);
+      for (int64_t i = 0; i < D_; ++i) k[size_t(i)] = (k[size_t(i)] - mu) / std::sqrt(var + 1e-6) * k_norm_[size_t(i)] + k_bias_[size_t(i)];
+      rotate(k.data(), s);
+      double n2 = 0;
+      for (double v : k) n2 += v * v;
+      k_norms[size_t(s)] = std::sqrt(n2);
+      std::copy(k.begin(), k.end(), k_.begin() + s * D_);
+    }
+    max_k_norm_ = *std::max_element(k_norms.begin(), k_norms.end());
+  }
+
+  int64_t topk() const { return c_.index_topk; }
+
+  // I[t, s] for s = 0..t, and in *scale sum_h |w[t, h]| |q[t, h]| max_s |k[s]| (the max over the
+  // whole sequence): by Cauchy-Schwarz a
+  // bound on every |I[t, s]|, and the size float32 rounding of the terms is relative to.
+  std::vector<double> scores(int64_t t, double* scale) const {
+    const std::vector<double> x = normed_input(t);
+    std::vector<double> q = matvec(wq_b_, rmsnorm(matvec(q_a_, x), q_a_norm_, c_.rms_norm_eps));
+    std::vector<double> w = matvec(weights_proj_, x);
+    *scale = 0;
+    for (int64_t h = 0; h < Hi_; ++h) {
+      double* qh = q.data() + h * D_;
+      rotate(qh, t);
+      w[size_t(h)] /= std::sqrt(double(Hi_)) * std::sqrt(double(D_));
+      double n2 = 0;
+      for (int64_t i = 0; i < D_; ++i) n2 += qh[i] * qh[i];
+      *scale += std::fabs(w[size_t(h)]) * std::sqrt(n2) * max_k_norm_;
+    }
+    std::vector<double> out(size_t(t + 1));
+    for (int64_t s = 0; s <= t; ++s) {
+      const double* k = k_.data() + s * D_;
+      double sum = 0;
+      for (int64_t h = 0; h < Hi_; ++h) {
+        const double* qh = q.data() + h * D_;
+        double d = 0;
+        for (int64_t i = 0; i < D_; ++i) d += qh[i] * k[i];
+        sum += w[size_t(h)] * std::max(d, 0.0);
+      }
+      out[size_t(s)] = sum;
+    }
+    return out;
+  }
+
+ private:
+  std::vector<double> normed_input(int64_t t) const {
+    const int64_t H = c_.hidden_size, id = ids_[size_t(t)];
+    return rmsnorm(std::vector<double>(embed_.begin() + id * H, embed_.begin() + (id + 1) * H), in_norm_, c_.rms_norm_eps);
+  }
+  void rotate(double* v, int64_t pos) const { rope_.rotate(v, pos, !c_.indexer_rope_interleave); }
+
+  ModelConfig c_;
+  std::vector<int32_t> ids_;
+  YarnRope rope_;
+  int64_t Hi_, D_;
+  std::vector<double> embed_, in_norm_, q_a_, q_a_norm_, wq_b_, wk_, k_norm_, k_bias_, weights_proj_;
+  std::vector<double> k_;  // [N, D]: every position's key, rotated
+  double max_k_norm_ = 0;
+};
+
+// How far the model's float32 selection may stray from the float64 reference's: a position may
+// be in one and not the other only where its reference score is within kIndexTieTolerance x scale
+// (IndexReference::scores) of the k-th largest. If the model's scores are within e of the
+// reference's, a swap of positions a (in the reference's top-k) and b (not) needs I[b] + e >=
+// I[a] - e, so both lie within 2e of the k-th score. The model's scores (Indexer::project, then
+// cpu::index_scores on the pool's float32 keys; float32 rounding through the norms, the
+// projections of 64 and 48 terms, the LayerNorm, RoPE, the Hadamard's 5 butterfly levels, the
+// 32-term dots and the 8-head sum) were measured within 1.2e-7 x scale of this reference at
+// 8,192 tokens for both fixtures, so 2e is about 2.4e-7; 1e-6 leaves room for other summation
+// orders (SIMD widths, thread splits). It stays below the spacing of neighbouring scores near
+// the k-th (about 5e-6 x scale at 8,192 tokens), so a swap a few ranks deep fails, and a wrong
+// rope pairing, frequency, norm or scale, which moves scores by a fair fraction of the scale,
+// fails by far.
+constexpr double kIndexTieTolerance = 1e-6;
+
+struct SelectionStats {
+  int64_t queries = 0, selected = 0, common = 0, swaps = 0;
+  int64_t near_ties = 0;  // positions besides the k-th within the tolerance of its score (could swap)
+  double worst = 0;  // the largest |score - k-th score| / scale over the symmetric differences
+};
+
+// Compares the model's selection of query t (count positions at sel) with the reference's top-k.
+void compare_selection(const IndexReference& ref, int64_t t, const int32_t* sel, int64_t count, SelectionStats& st) {
+  const int64_t K = std::min(ref.topk(), t + 1);
+  ASSERT_EQ(count, K) << "query " << t;
+  double scale = 0;
+  const std::vector<double> sc = ref.scores(t, &scale);
+  std::vector<int32_t> order(sc.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::nth_element(order.begin(), order.begin() + (K - 1), order.end(),
+                   [&](int32_t a, int32_t b) { return sc[size_t(a)] > sc[size_t(b)] || (sc[size_t(a)] == sc[size_t(b)] && a < b); });
+  const double kth = sc[size_t(order[size_t(K - 1)])];
+  std::vector<char> in_ref(sc.size(), 0), in_model(sc.size(), 0);
+  for (int64_t i = 0; i < K; ++i) in_ref[size_t(order[size_t(i)])] = 1;
+  for (int64_t i = 0; i < count; ++i) {
+    ASSERT_TRUE(sel[i] >= 0 && sel[i] <= t) << "query " << t << " selects position " << sel[i];
+    in_model[size_t(sel[i])] = 1;
+  }
+  st.queries++;
+  st.selected += K;
+  int64_t beyond = 0;  // positions of the symmetric difference farther than the tolerance from the k-th
+  size_t worst_pos = 0;
+  double worst = 0;
+  for (size_t s = 0; s < sc.size(); ++s) {
+    if (int32_t(s) != order[size_t(K - 1)] && std::fabs(sc[s] - kth) <= kIndexTieTolerance * scale) st.near_ties++;
+    if (in_ref[s] && in_model[s]) st.common++;
+    if (in_ref[s] == in_model[s]) continue;
+    st.swaps += in_model[s];  // both sets hold K: each extra position of the model's swaps out one of the reference's
+    const double off = std::fabs(sc[s] - kth) / scale;
+    beyond += off > kIndexTieTolerance;
+    if (off > worst) worst = off, worst_pos = s;
+  }
+  st.worst = std::max(st.worst, worst);
+  EXPECT_EQ(beyond, 0) << "query " << t << ": " << beyond << " positions selected by one side only beyond the tolerance;"
+                       << " the worst, " << worst_pos << (in_model[worst_pos] ? " (the model's)" : " (the reference's)")
+                       << ", scores " << sc[worst_pos] << " against the k-th " << kth << " (scale " << scale << ")";
+}
+
 void check_sparse(const std::string& fixture, int64_t max_positions) {
   const json config = dsa_config(fixture, max_positions);
   const int64_t N = tokens(8192, max_positions);
@@ -498,16 +756,52 @@ void check_sparse(const std::string& fixture, int64_t max_positions) {
   LongRun run(dir.str(), N, 13);
   // The reference: the same prefix, then the last tokens with every query against its top-k in
   // float64 (one layer: the prefix's latents and index keys do not depend on the path).
+  // The indexer's selections of those passes (the prefix's and the last tokens') are compared with
+  // IndexReference at the checked positions.
   std::vector<float> ref_rows = run.empty_rows();
+  std::vector<std::vector<Model::Selection>> prefix_sel, last_sel;
   {
     LatentPool pl = run.pool(KvDType::F32);
     PageTable seq;
     ForwardOptions fo = LongRun::on(AttnPath::Auto);
+    run.model->set_capture_selection(&prefix_sel);
     run.pass(pl, seq, 0, run.split(), fo, ref_rows);
     fo.reference_attention = true;
+    run.model->set_capture_selection(&last_sel);
     run.pass(pl, seq, run.split(), run.n(), fo, ref_rows);
+    run.model->set_capture_selection(nullptr);
   }
   EXPECT_GT(run.model->dsa_counters().selections, 0) << "the indexer should select at " << N << " tokens";
+  {
+    const auto t1 = std::chrono::steady_clock::now();
+    const IndexReference index_ref(dir.str(), run.ids);
+    const int64_t K = index_ref.topk();
+    ASSERT_EQ(prefix_sel.size(), 1u);
+    ASSERT_EQ(last_sel.size(), 1u);
+    std::vector<int64_t> queries;
+    for (int64_t t : run.checked)
+      if (t >= K) queries.push_back(t);
+    std::vector<SelectionStats> per(queries.size());
+#pragma omp parallel for schedule(dynamic)
+    for (size_t i = 0; i < queries.size(); ++i) {
+      const int64_t t = queries[i];
+      const bool last = t >= run.split();
+      const Model::Selection& s = (last ? last_sel : prefix_sel)[0][0];
+      const int64_t row = last ? t - run.split() : t;
+      compare_selection(index_ref, t, s.pos.data() + row * K, s.count[size_t(row)], per[i]);
+    }
+    SelectionStats st;
+    for (const SelectionStats& p : per) {
+      st.queries += p.queries, st.selected += p.selected, st.common += p.common, st.swaps += p.swaps;
+      st.near_ties += p.near_ties;
+      st.worst = std::max(st.worst, p.worst);
+    }
+    EXPECT_EQ(st.queries, int64_t(queries.size()));
+    std::printf("  indexer top-%lld against float64, %lld queries: recall %.6f (%lld of %lld), %lld swaps"
+                " (worst |score - k-th| %.1e x scale; %lld positions within the tolerance of a k-th) (%.1f s)\n",
+                (long long)K, (long long)st.queries, double(st.common) / double(st.selected), (long long)st.common,
+                (long long)st.selected, (long long)st.swaps, st.worst, (long long)st.near_ties, seconds_since(t1));
+  }
   std::vector<std::vector<double>> ref;
   const size_t first_last = run.checked.size() - size_t(std::min<int64_t>(kLast, N - 1));
   auto last_rows = [&](const std::vector<float>& rows) {
