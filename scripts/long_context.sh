@@ -2,9 +2,10 @@
 # The long-context cases beyond CI's 32,768 tokens (docs/long-context.md): every attention path
 # of the dense families at 131,072 tokens and at each family's max_position_embeddings
 # (DeepSeek-V3 163,840, Kimi K2.5 262,144, GLM-4.7-Flash 202,752), and DeepSeek Sparse Attention
-# (DeepSeek-V3.2, GLM-5) at 65,536 tokens, against the float64 reference of
-# tests/model/test_long_context.cpp. Needs the release build (cmake --preset release; the
-# mla_tests target). THREADS sets the OpenMP threads (default: all cores).
+# (DeepSeek-V3.2, GLM-5) at 65,536 tokens, its indexer's top-k included, against the float64
+# references of tests/model/test_long_context.cpp. Needs the release build (cmake --preset
+# release; the mla_tests target). THREADS sets the OpenMP threads (default: all cores; on cores
+# shared with other work THREADS=1 is much faster: docs/long-context.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=build/mla_tests
