@@ -6,6 +6,39 @@
 
 namespace mla {
 
+namespace {
+
+// A chain's pages from the disk tier for a walk along it: reading page i takes the rest of the
+// segment holding it, so a long prefix is a few large reads instead of one a page.
+class ReadAhead {
+ public:
+  ReadAhead(DiskTier* disk, std::span<const Hash128> keys, std::span<const int32_t> tokens, int64_t page_size)
+      : disk_(disk), keys_(keys), tokens_(tokens), page_size_(size_t(page_size)) {}
+  // Chain page i, checked; null when the disk does not hold it.
+  PageBlockPtr page(size_t i) {
+    if (!disk_) return nullptr;
+    if (i >= first_ + pages_.size()) {
+      pages_ = disk_->read(keys_.subspan(i), tokens_.subspan(i * page_size_));
+      first_ = i;
+    }
+    return i < first_ + pages_.size() ? pages_[i - first_] : nullptr;
+  }
+  // The pages read beyond chain page i.
+  std::span<const PageBlockPtr> beyond(size_t i) const {
+    const size_t from = std::clamp(i + 1, first_, first_ + pages_.size());
+    return std::span(pages_).subspan(from - first_);
+  }
+
+ private:
+  DiskTier* disk_;
+  std::span<const Hash128> keys_;
+  std::span<const int32_t> tokens_;
+  size_t page_size_, first_ = 0;
+  std::vector<PageBlockPtr> pages_;
+};
+
+}  // namespace
+
 PrefixCache::PrefixCache(LatentPool& pool, PrefixCacheOptions opt) : pool_(pool), opt_(std::move(opt)) {
   if (opt_.ram_bytes < 0 || opt_.disk_bytes < 0) throw std::invalid_argument("prompt cache: budgets must not be negative");
   for (auto part : pool_.page_parts(0)) part_bytes_.push_back(int64_t(part.size()));
@@ -26,6 +59,7 @@ PrefixCache::PrefixCache(LatentPool& pool, PrefixCacheOptions opt) : pool_(pool)
     o.page_size = pool_.page_size();
     o.part_bytes = part_bytes_;
     o.max_pending_bytes = opt_.disk_max_pending_bytes;
+    o.segment_pages = opt_.disk_segment_pages;
     o.warn = opt_.warn;
     disk_ = std::make_unique<DiskTier>(std::move(o));
     if (!disk_->readable()) disk_.reset();
@@ -113,9 +147,9 @@ std::vector<std::span<const uint8_t>> PrefixCache::split(const std::vector<uint8
   return parts;
 }
 
-void PrefixCache::persist(const Hash128& key, int32_t page, std::span<const int32_t> tokens) {
-  if (!disk_ || disk_->contains(key)) return;
+PageWrite PrefixCache::pinned_write(const Hash128& key, int32_t page, std::span<const int32_t> tokens) {
   pool_.retain(page);  // the pool page stays as it is until its write is done (poll)
+  ++pins_[page];
   PageWrite w;
   w.key = key;
   w.tokens.assign(tokens.begin(), tokens.end());
@@ -124,18 +158,22 @@ void PrefixCache::persist(const Hash128& key, int32_t page, std::span<const int3
     std::lock_guard lock(written_mu_);
     written_.push_back(page);
   };
-  if (disk_->write(std::move(w))) ++pins_[page];
-  else pool_.drop(page);
+  return w;
+}
+
+void PrefixCache::write_through(std::vector<PageWrite>& run) {
+  if (!run.empty()) disk_->write(std::move(run));
+  run.clear();
 }
 
 void PrefixCache::persist(const PageBlockPtr& block) {
   if (!disk_ || disk_->contains(block->key)) return;
-  PageWrite w;
-  w.key = block->key;
-  w.tokens = block->tokens;
-  w.parts = split(block->bytes);
-  w.keep = block;
-  disk_->write(std::move(w));
+  std::vector<PageWrite> one(1);
+  one[0].key = block->key;
+  one[0].tokens = block->tokens;
+  one[0].parts = split(block->bytes);
+  one[0].keep = block;
+  disk_->write(std::move(one));
 }
 
 void PrefixCache::insert(std::span<const int32_t> tokens, const PageTable& table) {
@@ -144,15 +182,20 @@ void PrefixCache::insert(std::span<const int32_t> tokens, const PageTable& table
   const int64_t pages = std::min<int64_t>(table.length, int64_t(tokens.size())) / ps;
   if (pages == 0) return;
   const std::vector<Hash128> keys = page_keys(tokens, ps, pages);
+  std::vector<PageWrite> run;  // consecutive new pages, written through as one run
   for (int64_t i = 0; i < pages; ++i) {
     const Hash128& key = keys[size_t(i)];
-    if (resident_.count(key)) continue;
     const auto slice = tokens.subspan(size_t(i * ps), size_t(ps));
     const int32_t page = table.pages[size_t(i)];
-    add_resident(key, page, slice);
-    if (ram_) ram_->take(key, slice);  // the tiers hold a page once
-    persist(key, page, slice);
+    const bool fresh = !resident_.count(key);
+    if (fresh) {
+      add_resident(key, page, slice);
+      if (ram_) ram_->take(key, slice);  // the tiers hold a page once
+    }
+    if (fresh && disk_ && !disk_->contains(key)) run.push_back(pinned_write(key, page, slice));
+    else write_through(run);
   }
+  write_through(run);
   touch(keys);
 }
 
@@ -161,8 +204,9 @@ int64_t PrefixCache::match(std::span<const int32_t> tokens, int64_t max_len, Pag
   const int64_t ps = pool_.page_size();
   max_len = std::min<int64_t>(max_len, int64_t(tokens.size()));
   const std::vector<Hash128> keys = page_keys(tokens, ps, std::max<int64_t>(max_len, 0) / ps);
+  ReadAhead disk(disk_.get(), keys, tokens, ps);
+  std::vector<PageWrite> run;  // pages from RAM that the disk lacks, written through
   int64_t got = 0;
-  bool advised = false;
   for (; got < int64_t(keys.size()); ++got) {
     const Hash128& key = keys[size_t(got)];
     const auto slice = tokens.subspan(size_t(got * ps), size_t(ps));
@@ -172,14 +216,11 @@ int64_t PrefixCache::match(std::span<const int32_t> tokens, int64_t max_len, Pag
       out->pages.push_back(it->second.page);
       counters_.hit_tokens[0] += ps;
       counters_.hit_bytes[0] += pool_.bytes_per_page();
+      write_through(run);
       continue;
     }
     PageBlockPtr block = ram_ ? ram_->take(key, slice) : nullptr;
-    if (!block && disk_) {
-      if (!advised) disk_->will_need(std::span(keys).subspan(size_t(got)));
-      advised = true;
-      block = disk_->read(key, slice);
-    }
+    if (!block) block = disk.page(size_t(got));
     if (!block) break;
     while (pool_.free_pages() <= keep_free && evict_one()) {
     }
@@ -192,11 +233,17 @@ int64_t PrefixCache::match(std::span<const int32_t> tokens, int64_t max_len, Pag
     pool_.copy_page_in(page, block->bytes.data());
     if (opt_.on_page_in) opt_.on_page_in(page, block->bytes);
     add_resident(key, page, slice);
-    persist(key, page, slice);  // a page from RAM that the disk does not hold yet
+    if (disk_ && !disk_->contains(key)) run.push_back(pinned_write(key, page, slice));  // a page from RAM
+    else write_through(run);
     const int tier = int(block->source);
     counters_.hit_tokens[tier] += ps;
     counters_.hit_bytes[tier] += int64_t(block->bytes.size());
   }
+  write_through(run);
+  // Pages read from disk beyond where the walk stopped go to RAM, where the next match finds them.
+  if (ram_)
+    for (const PageBlockPtr& block : disk.beyond(size_t(got)))
+      for (const PageBlockPtr& dropped : ram_->put(block)) persist(dropped);
   if (got == 0) return 0;
   out->length = got * ps;
   touch(std::span(keys).first(size_t(got)));
@@ -208,13 +255,10 @@ void PrefixCache::prefetch(std::span<const int32_t> tokens) {
   const int64_t ps = pool_.page_size();
   const std::vector<Hash128> keys = page_keys(tokens, ps, int64_t(tokens.size()) / ps);
   int64_t room = ram_->budget() / 2;
-  std::vector<Hash128> wanted;
-  for (const Hash128& key : keys)
-    if (!resident_key(key) && !ram_->contains(key)) wanted.push_back(key);
-  disk_->will_need(wanted);  // the reads below then overlap instead of waiting one by one
+  ReadAhead disk(disk_.get(), keys, tokens, ps);
   for (size_t i = 0; i < keys.size(); ++i) {
     if (resident_key(keys[i]) || ram_->contains(keys[i])) continue;
-    PageBlockPtr block = disk_->read(keys[i], tokens.subspan(i * size_t(ps), size_t(ps)));
+    const PageBlockPtr block = disk.page(i);
     if (!block || (room -= block->size()) < 0) break;
     for (const PageBlockPtr& dropped : ram_->put(block)) persist(dropped);
   }
@@ -266,6 +310,7 @@ PrefixCacheStats PrefixCache::stats() const {
     s.disk_on = true;
     s.disk_writable = disk_->writable();
     s.disk_files = d.files;
+    s.disk_pages = d.pages;
     s.disk_bytes = d.bytes;
     s.disk_budget = opt_.disk_bytes;
     s.disk_written = d.written;

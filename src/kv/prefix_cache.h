@@ -46,6 +46,7 @@ struct PrefixCacheOptions {
   // (model/fingerprint.h). Required with a disk tier; the cache adds its own format.
   Hash128 fingerprint;
   int64_t disk_max_pending_bytes = int64_t(1) << 30;
+  int64_t disk_segment_pages = 0;  // pages a disk segment holds at most; 0: DiskTier's choice
   std::function<void(const std::string&)> warn;  // default: stderr
   // Called after a page from the RAM or disk tier was copied into the pool: under mpirun the
   // other ranks' pools get the same bytes (engine/lockstep.h).
@@ -60,9 +61,10 @@ struct PrefixCacheStats {
   int64_t pool_pages = 0;             // pages the pool tier holds
   int64_t ram_pages = 0, ram_bytes = 0, ram_budget = 0;
   bool disk_on = false, disk_writable = false;
-  int64_t disk_files = 0, disk_bytes = 0, disk_budget = 0;
-  int64_t disk_written = 0, disk_rejected = 0, disk_skipped = 0, disk_evicted = 0;
-  int64_t disk_read_bytes = 0;  // page files read (hits, prefetches included)
+  int64_t disk_files = 0, disk_bytes = 0, disk_budget = 0;  // segment files under the directory
+  int64_t disk_pages = 0;                                   // pages in this server's folder
+  int64_t disk_written = 0, disk_rejected = 0, disk_skipped = 0, disk_evicted = 0;  // kv/disk_tier.h's Stats
+  int64_t disk_read_bytes = 0;   // bytes read from segment files (hits, prefetches included)
   double disk_read_seconds = 0;  // the time those reads took, checks included
 };
 
@@ -109,8 +111,12 @@ class PrefixCache {
   void touch(std::span<const Hash128> chain);  // most recent first from the chain's first page
   void add_resident(const Hash128& key, int32_t page, std::span<const int32_t> tokens);
   void remove_resident(const Hash128& key);
-  void persist(const Hash128& key, int32_t page, std::span<const int32_t> tokens);  // pool page -> disk
-  void persist(const PageBlockPtr& block);                                          // RAM block -> disk
+  // A pool page's disk write, the page pinned until it is done (poll releases it).
+  PageWrite pinned_write(const Hash128& key, int32_t page, std::span<const int32_t> tokens);
+  // Hands a run of consecutive pages of one chain (only non-empty with a disk tier) to the disk
+  // tier, which writes them as segments, and empties it.
+  void write_through(std::vector<PageWrite>& run);
+  void persist(const PageBlockPtr& block);  // RAM block -> disk
   std::vector<std::span<const uint8_t>> split(const std::vector<uint8_t>& bytes) const;
   bool resident_key(const Hash128& key) const;
 
