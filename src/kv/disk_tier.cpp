@@ -4,9 +4,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,8 +28,11 @@ constexpr const char* kOldSuffix = ".page";  // format version 1, one file a pag
 constexpr const char* kTmpPrefix = ".tmp.";
 constexpr time_t kStaleTmpSeconds = 600;
 constexpr int64_t kBlock = 4096;
-// A read gives every page of a segment its own buffer in one preadv, which takes IOV_MAX.
-constexpr int64_t kMaxSegmentPages = IOV_MAX;
+// Pages a segment holds at most: a table of any size is read whole before the pages.
+constexpr int64_t kMaxSegmentPages = 1024;
+// A read takes its pages in sequential reads of about this size (at least a page), under the
+// kernel's read-ahead window, so that the disk reads the next while one is copied and checked.
+constexpr int64_t kChunkBytes = int64_t(2) << 20;
 
 struct FileHeader {
   char magic[8];
@@ -67,25 +68,6 @@ bool pread_all(int fd, uint8_t* p, size_t n, off_t at) {
     p += r;
     n -= size_t(r);
     at += r;
-  }
-  return true;
-}
-
-// Fills every buffer from the file at `at` on, in order, in as few calls as the kernel allows.
-bool preadv_all(int fd, std::vector<iovec> iov, off_t at) {
-  size_t first = 0;
-  while (first < iov.size()) {
-    const ssize_t r = ::preadv(fd, iov.data() + first, int(iov.size() - first), at);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    at += r;
-    for (size_t got = size_t(r); got > 0;) {
-      const size_t take = std::min(got, iov[first].iov_len);
-      iov[first].iov_base = static_cast<uint8_t*>(iov[first].iov_base) + take;
-      iov[first].iov_len -= take;
-      got -= take;
-      if (iov[first].iov_len == 0) ++first;
-    }
   }
   return true;
 }
@@ -326,42 +308,56 @@ std::vector<PageBlockPtr> DiskTier::read(std::span<const Hash128> keys, std::spa
     index_segment(name, std::move(t.keys));
     return {};
   }
-  std::vector<std::shared_ptr<PageBlock>> blocks(static_cast<size_t>(n));
-  std::vector<iovec> iov(static_cast<size_t>(n));
+  // The pages land in one allocation (new_page_blocks), read in chunks of sequential reads
+  // that the kernel's read-ahead keeps ahead of (one read of the whole range, or advice for it,
+  // measured slower), each chunk checked while it is still in the cache. Each page has its own
+  // checksum: a bad one ends the read, and the pages before it are whole and served.
+  uint8_t* data = nullptr;
+  std::vector<std::shared_ptr<PageBlock>> blocks = new_page_blocks(n, payload_bytes_, &data);
   for (int64_t i = 0; i < n; ++i) {
-    auto b = std::make_shared<PageBlock>();
-    b->key = keys[size_t(i)];
-    b->source = PageSource::Disk;
-    b->tokens.assign(tokens.begin() + i * int64_t(ps), tokens.begin() + (i + 1) * int64_t(ps));
-    b->bytes.resize(size_t(payload_bytes_));
-    iov[size_t(i)] = {b->bytes.data(), b->bytes.size()};
-    blocks[size_t(i)] = std::move(b);
+    PageBlock& b = *blocks[size_t(i)];
+    b.key = keys[size_t(i)];
+    b.source = PageSource::Disk;
+    const auto page_tokens = tokens.subspan(size_t(i) * ps, ps);
+    b.tokens.assign(page_tokens.begin(), page_tokens.end());
   }
-  if (!preadv_all(fd, std::move(iov), off_t(t.payloads_at + slot * payload_bytes_))) {
-    ::close(fd);
-    reject(name, "its payload cannot be read");
-    return {};
-  }
-  // Each page has its own checksum: the pages before a bad one are whole and served.
-  int64_t good = 0;
-  for (; good < n; ++good) {
-    uint64_t sum = 0;
-    size_t at = 0;
-    for (int64_t part : opt_.part_bytes) {
-      sum = hash64(blocks[size_t(good)]->bytes.data() + at, size_t(part), sum);
-      at += size_t(part);
+  const off_t from = off_t(t.payloads_at + slot * payload_bytes_);
+  const int64_t chunk = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(payload_bytes_, 1));
+  std::vector<PageBlockPtr> pages;
+  int64_t read_pages = 0;
+  const char* bad = nullptr;
+  while (!bad && read_pages < n) {
+    const int64_t m = std::min(chunk, n - read_pages);
+    if (!pread_all(fd, data + read_pages * payload_bytes_, size_t(m * payload_bytes_),
+                   from + off_t(read_pages * payload_bytes_))) {
+      bad = "its payload cannot be read";
+      break;
     }
-    if (sum != t.checksums[size_t(slot + good)]) break;
+    read_pages += m;
+    for (int64_t i = read_pages - m; i < read_pages; ++i) {
+      std::shared_ptr<PageBlock>& b = blocks[size_t(i)];
+      uint64_t sum = 0;
+      size_t at = 0;
+      for (int64_t part : opt_.part_bytes) {
+        sum = hash64(b->bytes.data() + at, size_t(part), sum);
+        at += size_t(part);
+      }
+      if (sum != t.checksums[size_t(slot + i)]) {
+        bad = "its payload's checksum is wrong";
+        break;
+      }
+      pages.push_back(std::move(b));
+    }
   }
-  if (good == n) ::futimens(fd, nullptr);  // least recently used by modification time: a hit is a use
+  if (!bad) ::futimens(fd, nullptr);  // least recently used by modification time: a hit is a use
   ::close(fd);
-  if (good < n) reject(name, "its payload's checksum is wrong");
+  if (bad) reject(name, bad);
   std::lock_guard lock(mu_);
-  if (good == n) index_segment(name, std::move(t.keys));
-  stats_.read += good;
-  stats_.read_bytes += t.head_bytes + n * payload_bytes_;
+  if (!bad) index_segment(name, std::move(t.keys));
+  stats_.read += int64_t(pages.size());
+  stats_.read_bytes += t.head_bytes + read_pages * payload_bytes_;
   stats_.read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return {blocks.begin(), blocks.begin() + good};
+  return pages;
 }
 
 int64_t DiskTier::write(std::vector<PageWrite> pages) {

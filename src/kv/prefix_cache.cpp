@@ -137,7 +137,7 @@ void PrefixCache::touch(std::span<const Hash128> chain) {
   }
 }
 
-std::vector<std::span<const uint8_t>> PrefixCache::split(const std::vector<uint8_t>& bytes) const {
+std::vector<std::span<const uint8_t>> PrefixCache::split(std::span<const uint8_t> bytes) const {
   std::vector<std::span<const uint8_t>> parts;
   size_t at = 0;
   for (int64_t b : part_bytes_) {
@@ -272,11 +272,11 @@ bool PrefixCache::evict_one() {
       const Resident& r = resident_.at(key);
       if (pool_.refcount(r.page) != 1) continue;  // a sequence (or a disk write) holds it
       if (ram_) {
-        auto block = std::make_shared<PageBlock>();
+        uint8_t* bytes = nullptr;
+        std::shared_ptr<PageBlock> block = new_page_blocks(1, pool_.bytes_per_page(), &bytes)[0];
         block->key = key;
         block->tokens = r.tokens;
-        block->bytes.resize(size_t(pool_.bytes_per_page()));
-        pool_.copy_page_out(r.page, block->bytes.data());
+        pool_.copy_page_out(r.page, bytes);
         for (const PageBlockPtr& dropped : ram_->put(std::move(block))) persist(dropped);
       }
       remove_resident(key);

@@ -117,7 +117,7 @@ class PrefixCache {
   // tier, which writes them as segments, and empties it.
   void write_through(std::vector<PageWrite>& run);
   void persist(const PageBlockPtr& block);  // RAM block -> disk
-  std::vector<std::span<const uint8_t>> split(const std::vector<uint8_t>& bytes) const;
+  std::vector<std::span<const uint8_t>> split(std::span<const uint8_t> bytes) const;
   bool resident_key(const Hash128& key) const;
 
   LatentPool& pool_;

@@ -561,6 +561,59 @@ TEST(PromptCacheTiers, TheDiskBudgetEvictsWholeSegmentsAndKeepsTheRecentlyUsed) 
   EXPECT_EQ(whole, int64_t(files.size()));
 }
 
+TEST(PromptCacheTiers, PageBlocksShareOneAllocationOfHugePagesWhenLarge) {
+  struct Case {
+    int64_t count, page_bytes;
+    bool huge;  // a mapping aligned to 2 MiB
+  };
+  for (const Case& c : {Case{8, 512 << 10, true}, Case{1, 4096, false}, Case{3, 700000, false}}) {
+    SCOPED_TRACE(std::to_string(c.count) + " x " + std::to_string(c.page_bytes));
+    uint8_t* data = nullptr;
+    auto blocks = new_page_blocks(c.count, c.page_bytes, &data);
+    ASSERT_EQ(int64_t(blocks.size()), c.count);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(data) % (2 << 20) == 0, c.huge);
+    for (int64_t i = 0; i < c.count * c.page_bytes; ++i) data[i] = uint8_t(i / c.page_bytes + 1);
+    std::weak_ptr<void> memory = blocks[0]->memory;
+    for (int64_t i = 0; i < c.count; ++i) {
+      EXPECT_EQ(blocks[size_t(i)]->bytes.data(), data + i * c.page_bytes);
+      EXPECT_EQ(int64_t(blocks[size_t(i)]->bytes.size()), c.page_bytes);
+      EXPECT_EQ(blocks[size_t(i)]->bytes.back(), uint8_t(i + 1));
+    }
+    auto last = blocks.back();
+    blocks.clear();
+    EXPECT_FALSE(memory.expired()) << "the memory lives while a block does";
+    last.reset();
+    EXPECT_TRUE(memory.expired());
+  }
+
+  // Pages of 512 KiB through the disk tier: a segment of eight read into one such allocation.
+  test::TempDir dir("large");
+  DiskTierOptions o;
+  o.dir = dir.str();
+  o.budget_bytes = int64_t(1) << 30;
+  o.fingerprint = Digest().add("large pages").finish();
+  o.page_size = kPage;
+  o.part_bytes = {256 << 10, 256 << 10};
+  const auto tokens = ids(8 * kPage);
+  const auto keys = page_keys(tokens, kPage, 8);
+  std::vector<uint8_t> bytes(size_t(8) << 19);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t(i * 7 + i / 4099);
+  DiskTier disk(o);
+  std::vector<PageWrite> w(8);
+  for (size_t p = 0; p < 8; ++p) {
+    w[p].key = keys[p];
+    w[p].tokens.assign(tokens.begin() + int64_t(p) * kPage, tokens.begin() + int64_t(p + 1) * kPage);
+    w[p].parts = {{bytes.data() + (p << 19), 256 << 10}, {bytes.data() + (p << 19) + (256 << 10), 256 << 10}};
+  }
+  EXPECT_EQ(disk.write(std::move(w)), 8);
+  disk.flush();
+  const auto pages = disk.read(keys, tokens);
+  ASSERT_EQ(pages.size(), 8u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pages[0]->bytes.data()) % (2 << 20), 0u);
+  for (size_t p = 0; p < 8; ++p)
+    EXPECT_TRUE(std::equal(pages[p]->bytes.begin(), pages[p]->bytes.end(), bytes.begin() + int64_t(p << 19))) << p;
+}
+
 TEST(PromptCacheTiers, AnUnwritableDirectoryTurnsTheTierOffWithAWarning) {
   test::TempDir dir("unwritable");
   std::ofstream(dir / "file") << "x";
