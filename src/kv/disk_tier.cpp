@@ -4,11 +4,14 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -30,9 +33,6 @@ constexpr time_t kStaleTmpSeconds = 600;
 constexpr int64_t kBlock = 4096;
 // Pages a segment holds at most: a table of any size is read whole before the pages.
 constexpr int64_t kMaxSegmentPages = 1024;
-// A read takes its pages in sequential reads of about this size (at least a page), under the
-// kernel's read-ahead window, so that the disk reads the next while one is copied and checked.
-constexpr int64_t kChunkBytes = int64_t(2) << 20;
 
 struct FileHeader {
   char magic[8];
@@ -70,6 +70,29 @@ bool pread_all(int fd, uint8_t* p, size_t n, off_t at) {
     at += r;
   }
   return true;
+}
+
+// Reads `bytes` at `at` into the parts, in order (they hold at least that much).
+bool preadv_all(int fd, std::span<const std::span<uint8_t>> parts, off_t at, int64_t bytes) {
+  std::vector<iovec> iov;
+  for (std::span<uint8_t> p : parts) iov.push_back({p.data(), p.size()});
+  size_t first = 0;
+  while (bytes > 0 && first < iov.size()) {
+    const int count = int(std::min<size_t>(iov.size() - first, IOV_MAX));
+    const ssize_t r = ::preadv(fd, iov.data() + first, count, at);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    at += r;
+    bytes -= r;
+    for (size_t left = size_t(r); left > 0 && first < iov.size();) {  // drop what was read
+      const size_t take = std::min(left, iov[first].iov_len);
+      iov[first].iov_base = static_cast<uint8_t*>(iov[first].iov_base) + take;
+      iov[first].iov_len -= take;
+      left -= take;
+      if (iov[first].iov_len == 0) ++first;
+    }
+  }
+  return bytes <= 0;
 }
 
 bool ends_with(const std::string& s, const char* suffix) {
@@ -272,9 +295,9 @@ void DiskTier::scan_own_folder() {
   }
 }
 
-std::vector<PageBlockPtr> DiskTier::read(std::span<const Hash128> keys, std::span<const int32_t> tokens) {
+int64_t DiskTier::read_into(std::span<const Hash128> keys, std::span<const int32_t> tokens, const PageSink& sink) {
   const size_t ps = size_t(opt_.page_size);
-  if (!readable_ || keys.empty() || tokens.size() < keys.size() * ps) return {};
+  if (!readable_ || keys.empty() || tokens.size() < keys.size() * ps) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   // A key the index does not hold may still start a segment another server wrote since.
   Hash128 name = keys[0];
@@ -286,14 +309,14 @@ std::vector<PageBlockPtr> DiskTier::read(std::span<const Hash128> keys, std::spa
   if (fd < 0) {
     std::lock_guard lock(mu_);
     forget_segment(name);
-    return {};
+    return 0;
   }
   Table t;
   const char* why = nullptr;
   if (!read_table(fd, name, &t, &why)) {
     ::close(fd);
     reject(name, why);
-    return {};
+    return 0;
   }
   // The file's own table places the pages: another server's segment may have replaced ours.
   const int64_t slot = std::find(t.keys.begin(), t.keys.end(), keys[0]) - t.keys.begin();
@@ -306,47 +329,26 @@ std::vector<PageBlockPtr> DiskTier::read(std::span<const Hash128> keys, std::spa
     ::close(fd);
     std::lock_guard lock(mu_);
     index_segment(name, std::move(t.keys));
-    return {};
+    return 0;
   }
-  // The pages land in one allocation (new_page_blocks), read in chunks of sequential reads
-  // that the kernel's read-ahead keeps ahead of (one read of the whole range, or advice for it,
-  // measured slower), each chunk checked while it is still in the cache. Each page has its own
-  // checksum: a bad one ends the read, and the pages before it are whole and served.
-  uint8_t* data = nullptr;
-  std::vector<std::shared_ptr<PageBlock>> blocks = new_page_blocks(n, payload_bytes_, &data);
-  for (int64_t i = 0; i < n; ++i) {
-    PageBlock& b = *blocks[size_t(i)];
-    b.key = keys[size_t(i)];
-    b.source = PageSource::Disk;
-    const auto page_tokens = tokens.subspan(size_t(i) * ps, ps);
-    b.tokens.assign(page_tokens.begin(), page_tokens.end());
-  }
+  // Each page is one preadv straight into the parts the sink gives (the latent pool's pages on
+  // a hit: memory already in use, no copy in between), checked there. The reads are
+  // sequential, so the kernel's read-ahead keeps ahead of them.
   const off_t from = off_t(t.payloads_at + slot * payload_bytes_);
-  const int64_t chunk = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(payload_bytes_, 1));
-  std::vector<PageBlockPtr> pages;
-  int64_t read_pages = 0;
+  int64_t done = 0;
   const char* bad = nullptr;
-  while (!bad && read_pages < n) {
-    const int64_t m = std::min(chunk, n - read_pages);
-    if (!pread_all(fd, data + read_pages * payload_bytes_, size_t(m * payload_bytes_),
-                   from + off_t(read_pages * payload_bytes_))) {
+  for (; done < n; ++done) {
+    const std::vector<std::span<uint8_t>> parts = sink(done, n);
+    if (parts.empty()) break;
+    if (!preadv_all(fd, parts, from + off_t(done * payload_bytes_), payload_bytes_)) {
       bad = "its payload cannot be read";
       break;
     }
-    read_pages += m;
-    for (int64_t i = read_pages - m; i < read_pages; ++i) {
-      std::shared_ptr<PageBlock>& b = blocks[size_t(i)];
-      uint64_t sum = 0;
-      size_t at = 0;
-      for (int64_t part : opt_.part_bytes) {
-        sum = hash64(b->bytes.data() + at, size_t(part), sum);
-        at += size_t(part);
-      }
-      if (sum != t.checksums[size_t(slot + i)]) {
-        bad = "its payload's checksum is wrong";
-        break;
-      }
-      pages.push_back(std::move(b));
+    uint64_t sum = 0;
+    for (std::span<uint8_t> part : parts) sum = hash64(part.data(), part.size(), sum);
+    if (sum != t.checksums[size_t(slot + done)]) {
+      bad = "its payload's checksum is wrong";
+      break;
     }
   }
   if (!bad) ::futimens(fd, nullptr);  // least recently used by modification time: a hit is a use
@@ -354,8 +356,86 @@ std::vector<PageBlockPtr> DiskTier::read(std::span<const Hash128> keys, std::spa
   if (bad) reject(name, bad);
   std::lock_guard lock(mu_);
   if (!bad) index_segment(name, std::move(t.keys));
-  stats_.read += int64_t(pages.size());
-  stats_.read_bytes += t.head_bytes + read_pages * payload_bytes_;
+  stats_.read += done;
+  stats_.read_bytes += t.head_bytes + (done + (bad ? 1 : 0)) * payload_bytes_;
+  stats_.read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return done;
+}
+
+std::vector<PageBlockPtr> DiskTier::read(std::span<const Hash128> keys, std::span<const int32_t> tokens) {
+  const size_t ps = size_t(opt_.page_size);
+  std::vector<std::shared_ptr<PageBlock>> blocks;
+  const int64_t got = read_into(keys, tokens, [&](int64_t i, int64_t n) {
+    if (i == 0) {
+      uint8_t* data = nullptr;
+      blocks = new_page_blocks(n, payload_bytes_, &data);
+    }
+    PageBlock& b = *blocks[size_t(i)];
+    b.key = keys[size_t(i)];
+    b.source = PageSource::Disk;
+    b.tokens.assign(tokens.begin() + i * int64_t(ps), tokens.begin() + (i + 1) * int64_t(ps));
+    std::vector<std::span<uint8_t>> parts;
+    uint8_t* at = const_cast<uint8_t*>(b.bytes.data());
+    for (int64_t part : opt_.part_bytes) {
+      parts.emplace_back(at, size_t(part));
+      at += part;
+    }
+    return parts;
+  });
+  return std::vector<PageBlockPtr>(blocks.begin(), blocks.begin() + got);
+}
+
+int64_t DiskTier::warm(std::span<const Hash128> keys) {
+  if (!readable_) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t pages = 0;
+  size_t i = 0;
+  while (i < keys.size()) {
+    Hash128 name;
+    {
+      std::lock_guard lock(mu_);
+      auto it = where_.find(keys[i]);
+      if (it == where_.end()) {
+        ++i;
+        continue;
+      }
+      name = it->second;
+    }
+    const int fd = ::open(path_of(name).c_str(), O_RDONLY | O_CLOEXEC);
+    Table t;
+    const char* why = nullptr;
+    if (fd < 0 || !read_table(fd, name, &t, &why)) {  // the read at admission finds out why
+      if (fd >= 0) ::close(fd);
+      ++i;
+      continue;
+    }
+    const int64_t slot = std::find(t.keys.begin(), t.keys.end(), keys[i]) - t.keys.begin();
+    int64_t n = 0;
+    while (slot + n < t.pages && i + size_t(n) < keys.size() && t.keys[size_t(slot + n)] == keys[i + size_t(n)]) ++n;
+    if (n == 0) {
+      ::close(fd);
+      ++i;
+      continue;
+    }
+    // Mapped and populated: the kernel reads the range into its page cache in large requests,
+    // and nothing is copied; the mapping goes at once, the cached pages stay.
+    const off_t at = off_t(t.payloads_at + slot * payload_bytes_);
+    const off_t aligned = at & ~off_t(kBlock - 1);
+    const size_t len = size_t(at - aligned + n * payload_bytes_);
+    bool populated = false;
+#ifdef MADV_POPULATE_READ
+    if (void* m = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, aligned); m != MAP_FAILED) {
+      populated = ::madvise(m, len, MADV_POPULATE_READ) == 0;
+      ::munmap(m, len);
+    }
+#endif
+    if (!populated) ::posix_fadvise(fd, aligned, off_t(len), POSIX_FADV_WILLNEED);
+    ::close(fd);
+    pages += n;
+    i += size_t(n);
+  }
+  std::lock_guard lock(mu_);
+  stats_.warmed += pages;
   stats_.read_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return pages;
 }

@@ -103,11 +103,21 @@ class DiskTier {
   // Whether a segment this process wrote, found or queued holds the key (another server may
   // have deleted it since).
   bool contains(const Hash128& key) const;
-  // The pages keys[0], keys[1], ... (consecutive pages of one chain; tokens holds their tokens
-  // from keys[0]'s on, page_size a page) as far as the segment holding keys[0] holds them in
-  // that order, each checked; empty when keys[0] is on no segment or its segment is bad (then
-  // deleted).
+  // Where a read puts page i of the n it can read: the page's parts (part_bytes' sizes, in
+  // order) to fill, or none to stop before page i.
+  using PageSink = std::function<std::vector<std::span<uint8_t>>(int64_t i, int64_t n)>;
+  // Reads the pages keys[0], keys[1], ... (consecutive pages of one chain; tokens holds their
+  // tokens from keys[0]'s on, page_size a page) as far as the segment holding keys[0] holds
+  // them in that order, each into the parts the sink gives and checked there. Returns the pages
+  // read and checked, 0 when keys[0] is on no segment or its segment is bad (then deleted); a
+  // page past that count may hold unchecked bytes.
+  int64_t read_into(std::span<const Hash128> keys, std::span<const int32_t> tokens, const PageSink& sink);
+  // The same pages in blocks of their own (one allocation), for tools and tests.
   std::vector<PageBlockPtr> read(std::span<const Hash128> keys, std::span<const int32_t> tokens);
+  // Any thread: has the kernel read the segments' bytes for these pages (those the index holds)
+  // into its page cache, so that a read_into of them copies instead of waiting for the disk.
+  // Returns the pages warmed.
+  int64_t warm(std::span<const Hash128> keys);
   // Queues pages for writing and returns at once: consecutive pages of one chain in order go
   // into segments of up to segment_pages(); a page this tier already holds or queues, or whose
   // size is wrong, breaks the run. `done` runs for every page: on the writer thread once its
@@ -121,7 +131,8 @@ class DiskTier {
     int64_t pages = 0;                           // pages in this folder's segments that the index holds
     int64_t written = 0, written_bytes = 0;      // pages and file bytes written by this process
     int64_t read = 0, read_bytes = 0;            // pages served and the file bytes read for them
-    double read_seconds = 0;                     // spent reading and checking them
+    int64_t warmed = 0;                          // pages warm() brought into the page cache
+    double read_seconds = 0;                     // spent reading and checking them, warming included
     int64_t rejected = 0;                        // segment files that failed a check, deleted
     int64_t skipped = 0;                         // pages not queued (queue full, tier off)
     int64_t evicted = 0;                         // segment files deleted for the budget

@@ -1,38 +1,19 @@
 // HostTier: pages in host RAM, least recently used dropped past the budget (see host_tier.h).
 #include "kv/host_tier.h"
 
-#include <sys/mman.h>
+#include "kv/huge_memory.h"
 
 namespace mla {
 
 namespace {
-
 constexpr size_t kHugePage = size_t(2) << 20;
-
-// A mapping of `bytes` rounded up to huge pages, aligned to one, advised to use them and
-// populated in one call (MADV_POPULATE_WRITE, where the kernel has it); null when it fails.
-std::shared_ptr<void> huge_mapping(size_t bytes) {
-  const size_t len = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  void* m = ::mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) return nullptr;
-  uint8_t* const start = static_cast<uint8_t*>(m);
-  uint8_t* const at = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(m) + kHugePage - 1) & ~(kHugePage - 1));
-  if (at > start) ::munmap(start, size_t(at - start));
-  if (start + len + kHugePage > at + len) ::munmap(at + len, size_t(start + len + kHugePage - (at + len)));
-  ::madvise(at, len, MADV_HUGEPAGE);
-#ifdef MADV_POPULATE_WRITE
-  ::madvise(at, len, MADV_POPULATE_WRITE);
-#endif
-  return std::shared_ptr<void>(at, [len](void* p) { ::munmap(p, len); });
-}
-
 }  // namespace
 
 std::vector<std::shared_ptr<PageBlock>> new_page_blocks(int64_t count, int64_t page_bytes, uint8_t** data) {
   const size_t n = size_t(count * page_bytes);
   const size_t rounded = (n + kHugePage - 1) / kHugePage * kHugePage;
   std::shared_ptr<void> memory;
-  if (n >= kHugePage && rounded - n <= n / 8) memory = huge_mapping(n);
+  if (n >= kHugePage && rounded - n <= n / 8) memory = huge_mapping(n, true);
   if (!memory) memory = std::shared_ptr<void>(new uint8_t[n], std::default_delete<uint8_t[]>());
   *data = static_cast<uint8_t*>(memory.get());
   std::vector<std::shared_ptr<PageBlock>> blocks(static_cast<size_t>(count));

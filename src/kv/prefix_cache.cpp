@@ -6,39 +6,6 @@
 
 namespace mla {
 
-namespace {
-
-// A chain's pages from the disk tier for a walk along it: reading page i takes the rest of the
-// segment holding it, so a long prefix is a few large reads instead of one a page.
-class ReadAhead {
- public:
-  ReadAhead(DiskTier* disk, std::span<const Hash128> keys, std::span<const int32_t> tokens, int64_t page_size)
-      : disk_(disk), keys_(keys), tokens_(tokens), page_size_(size_t(page_size)) {}
-  // Chain page i, checked; null when the disk does not hold it.
-  PageBlockPtr page(size_t i) {
-    if (!disk_) return nullptr;
-    if (i >= first_ + pages_.size()) {
-      pages_ = disk_->read(keys_.subspan(i), tokens_.subspan(i * page_size_));
-      first_ = i;
-    }
-    return i < first_ + pages_.size() ? pages_[i - first_] : nullptr;
-  }
-  // The pages read beyond chain page i.
-  std::span<const PageBlockPtr> beyond(size_t i) const {
-    const size_t from = std::clamp(i + 1, first_, first_ + pages_.size());
-    return std::span(pages_).subspan(from - first_);
-  }
-
- private:
-  DiskTier* disk_;
-  std::span<const Hash128> keys_;
-  std::span<const int32_t> tokens_;
-  size_t page_size_, first_ = 0;
-  std::vector<PageBlockPtr> pages_;
-};
-
-}  // namespace
-
 PrefixCache::PrefixCache(LatentPool& pool, PrefixCacheOptions opt) : pool_(pool), opt_(std::move(opt)) {
   if (opt_.ram_bytes < 0 || opt_.disk_bytes < 0) throw std::invalid_argument("prompt cache: budgets must not be negative");
   for (auto part : pool_.page_parts(0)) part_bytes_.push_back(int64_t(part.size()));
@@ -204,10 +171,29 @@ int64_t PrefixCache::match(std::span<const int32_t> tokens, int64_t max_len, Pag
   const int64_t ps = pool_.page_size();
   max_len = std::min<int64_t>(max_len, int64_t(tokens.size()));
   const std::vector<Hash128> keys = page_keys(tokens, ps, std::max<int64_t>(max_len, 0) / ps);
-  ReadAhead disk(disk_.get(), keys, tokens, ps);
-  std::vector<PageWrite> run;  // pages from RAM that the disk lacks, written through
+  std::vector<PageWrite> run;  // promoted pages that the disk lacks, written through
+  // A free pool page for chain page i, reserved in *out: -1 when none is left beyond keep_free.
+  auto take_page = [&](int64_t i) -> int32_t {
+    while (pool_.free_pages() <= keep_free && evict_one()) {
+    }
+    if (pool_.free_pages() <= keep_free) return -1;
+    pool_.reserve(*out, (i + 1) * ps);
+    return out->pages.back();
+  };
+  // Chain page i, copied into its pool page from RAM or disk, joins the pool tier (promotion).
+  auto promote = [&](int64_t i, CacheTier tier) {
+    const int32_t page = out->pages[size_t(i)];
+    const auto slice = tokens.subspan(size_t(i * ps), size_t(ps));
+    add_resident(keys[size_t(i)], page, slice);
+    if (disk_ && !disk_->contains(keys[size_t(i)]))  // from RAM, or from a segment found bad since
+      run.push_back(pinned_write(keys[size_t(i)], page, slice));
+    else
+      write_through(run);
+    counters_.hit_tokens[int(tier)] += ps;
+    counters_.hit_bytes[int(tier)] += pool_.bytes_per_page();
+  };
   int64_t got = 0;
-  for (; got < int64_t(keys.size()); ++got) {
+  while (got < int64_t(keys.size())) {
     const Hash128& key = keys[size_t(got)];
     const auto slice = tokens.subspan(size_t(got * ps), size_t(ps));
     if (auto it = resident_.find(key); it != resident_.end()) {
@@ -217,33 +203,48 @@ int64_t PrefixCache::match(std::span<const int32_t> tokens, int64_t max_len, Pag
       counters_.hit_tokens[0] += ps;
       counters_.hit_bytes[0] += pool_.bytes_per_page();
       write_through(run);
+      ++got;
       continue;
     }
-    PageBlockPtr block = ram_ ? ram_->take(key, slice) : nullptr;
-    if (!block) block = disk.page(size_t(got));
-    if (!block) break;
-    while (pool_.free_pages() <= keep_free && evict_one()) {
+    if (PageBlockPtr block = ram_ ? ram_->take(key, slice) : nullptr) {
+      const int32_t page = take_page(got);
+      if (page < 0) {
+        ram_->put(block);  // no room: the page stays where it was
+        break;
+      }
+      pool_.copy_page_in(page, block->bytes.data());
+      if (opt_.on_page_in) opt_.on_page_in(page, block->bytes);
+      promote(got++, CacheTier::Ram);
+      continue;
     }
-    if (pool_.free_pages() <= keep_free) {
-      if (ram_) ram_->put(block);  // no room: the page stays where it was
-      break;
+    if (!disk_) break;
+    // The pages that the segment holding this one holds next, read straight into pool pages
+    // (no copy in between), up to a page a higher tier holds or the pool's room.
+    const int64_t first = got;
+    const int64_t n = disk_->read_into(std::span(keys).subspan(size_t(first)), tokens.subspan(size_t(first * ps)),
+                                       [&](int64_t i, int64_t) -> std::vector<std::span<uint8_t>> {
+                                         const Hash128& k = keys[size_t(first + i)];
+                                         if (i > 0 && (resident_.count(k) || (ram_ && ram_->contains(k)))) return {};
+                                         const int32_t page = take_page(first + i);
+                                         if (page < 0) return {};
+                                         return pool_.page_parts_to_fill(page);
+                                       });
+    if (int64_t(out->pages.size()) > first + n) {  // a page that failed its check
+      pool_.drop(out->pages.back());
+      out->pages.pop_back();
     }
-    pool_.reserve(*out, (got + 1) * ps);
-    const int32_t page = out->pages.back();
-    pool_.copy_page_in(page, block->bytes.data());
-    if (opt_.on_page_in) opt_.on_page_in(page, block->bytes);
-    add_resident(key, page, slice);
-    if (disk_ && !disk_->contains(key)) run.push_back(pinned_write(key, page, slice));  // a page from RAM
-    else write_through(run);
-    const int tier = int(block->source);
-    counters_.hit_tokens[tier] += ps;
-    counters_.hit_bytes[tier] += int64_t(block->bytes.size());
+    std::vector<uint8_t> bytes(opt_.on_page_in ? size_t(pool_.bytes_per_page()) : 0);
+    for (int64_t i = first; i < first + n; ++i) {
+      if (opt_.on_page_in) {
+        pool_.copy_page_out(out->pages[size_t(i)], bytes.data());
+        opt_.on_page_in(out->pages[size_t(i)], bytes);
+      }
+      promote(i, CacheTier::Disk);
+    }
+    got = first + n;
+    if (n == 0) break;
   }
   write_through(run);
-  // Pages read from disk beyond where the walk stopped go to RAM, where the next match finds them.
-  if (ram_)
-    for (const PageBlockPtr& block : disk.beyond(size_t(got)))
-      for (const PageBlockPtr& dropped : ram_->put(block)) persist(dropped);
   if (got == 0) return 0;
   out->length = got * ps;
   touch(std::span(keys).first(size_t(got)));
@@ -251,17 +252,11 @@ int64_t PrefixCache::match(std::span<const int32_t> tokens, int64_t max_len, Pag
 }
 
 void PrefixCache::prefetch(std::span<const int32_t> tokens) {
-  if (!disk_ || !ram_) return;
+  if (!disk_) return;
   const int64_t ps = pool_.page_size();
-  const std::vector<Hash128> keys = page_keys(tokens, ps, int64_t(tokens.size()) / ps);
-  int64_t room = ram_->budget() / 2;
-  ReadAhead disk(disk_.get(), keys, tokens, ps);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (resident_key(keys[i]) || ram_->contains(keys[i])) continue;
-    const PageBlockPtr block = disk.page(i);
-    if (!block || (room -= block->size()) < 0) break;
-    for (const PageBlockPtr& dropped : ram_->put(block)) persist(dropped);
-  }
+  std::vector<Hash128> keys = page_keys(tokens, ps, int64_t(tokens.size()) / ps);
+  std::erase_if(keys, [&](const Hash128& k) { return resident_key(k) || (ram_ && ram_->contains(k)); });
+  disk_->warm(keys);
 }
 
 bool PrefixCache::evict_one() {

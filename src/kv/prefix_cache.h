@@ -17,8 +17,9 @@
 // there (into RAM when that tier is on). Only full pages are kept, so a sequence that extends a
 // cached one recomputes at most its last partial page.
 //
-// Threads: everything runs on the engine's stepping thread except prefetch, which a submitting
-// thread calls to read a prompt's pages from disk into RAM before the request is admitted.
+// A page from disk is read straight into its pool page and checked there; a submitting thread
+// first has the kernel read the prompt's segments into its page cache (prefetch), so that the
+// engine's stepping thread, which does everything else, copies instead of waiting for the disk.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -64,8 +65,8 @@ struct PrefixCacheStats {
   int64_t disk_files = 0, disk_bytes = 0, disk_budget = 0;  // segment files under the directory
   int64_t disk_pages = 0;                                   // pages in this server's folder
   int64_t disk_written = 0, disk_rejected = 0, disk_skipped = 0, disk_evicted = 0;  // kv/disk_tier.h's Stats
-  int64_t disk_read_bytes = 0;   // bytes read from segment files (hits, prefetches included)
-  double disk_read_seconds = 0;  // the time those reads took, checks included
+  int64_t disk_read_bytes = 0;   // bytes read from segment files for hits
+  double disk_read_seconds = 0;  // the time those reads took, checks and prefetches' warming included
 };
 
 class PrefixCache {
@@ -83,8 +84,8 @@ class PrefixCache {
   // into *out (which must be empty) and its length returned; 0 (and *out unchanged) on a miss.
   // Pages read back from RAM or disk take free pool pages while more than keep_free are left.
   int64_t match(std::span<const int32_t> tokens, int64_t max_len, PageTable* out, int64_t keep_free = 0);
-  // Any thread: reads the prompt's cached pages that only the disk holds into the RAM tier
-  // (at most half its budget), so that admitting it copies instead of reading.
+  // Any thread: has the disk tier warm the prompt's pages that neither the pool nor RAM holds
+  // (DiskTier::warm), so that admitting it copies from the page cache instead of reading.
   void prefetch(std::span<const int32_t> tokens);
   // Gives up the least recently used pool page no sequence holds (into the RAM tier when it is
   // on). False when there is none.

@@ -1,13 +1,15 @@
 // The prompt cache's RAM and disk tiers over a small latent pool of two layers with indexer keys
 // (every part of a page): pages move from the pool to RAM to disk and back bit for bit, a
-// restart reads the disk, a page inside a segment is found, prefetch fills RAM from another
-// thread; and nothing wrong is ever served: flipped, truncated and foreign segments are dropped
+// restart reads the disk, a page inside a segment is found, prefetch warms the page cache from
+// another thread; and nothing wrong is ever served: flipped, truncated and foreign segments are dropped
 // and recomputed (a bad page ends a read, the pages before it are used), a SIGKILL mid-write
 // leaves no half entry, two caches on one directory never corrupt it, every budget holds (the
 // disk's by whole segments), and an unwritable or full disk turns the tier off with a warning
 // instead of failing.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/time.h>
@@ -170,27 +172,6 @@ TEST(PromptCacheTiers, ARestartReadsThePagesBackFromDisk) {
   EXPECT_EQ(another.match(tokens, 12, &none), 0) << "another checkpoint's fingerprint: another folder";
 }
 
-TEST(PromptCacheTiers, PrefetchFillsRamFromDiskOnAnotherThread) {
-  test::TempDir dir("prefetch");
-  const auto tokens = ids(12);
-  {
-    LatentPool pool = make_pool(8);
-    PrefixCache cache(pool, tiers(0, dir.str(), int64_t(1) << 30));
-    PageTable a = written(pool, tokens);
-    cache.insert(tokens, a);
-    pool.release(a);
-  }
-  LatentPool pool = make_pool(8);
-  PrefixCache cache(pool, tiers(int64_t(1) << 20, dir.str(), int64_t(1) << 30));
-  std::thread([&] { cache.prefetch(tokens); }).join();
-  EXPECT_EQ(cache.ram()->blocks(), 3);
-  PageTable t;
-  EXPECT_EQ(cache.match(tokens, 12, &t), 12);
-  EXPECT_EQ(cache.stats().hit_tokens[int(CacheTier::Disk)], 12) << "pages prefetched from disk count as the disk's";
-  EXPECT_EQ(cache.disk()->stats().read, 3) << "each page read once";
-  pool.release(t);
-}
-
 // Writes the full pages of `tokens` into dir through a cache, finished.
 void write_pages(const std::string& dir, const std::vector<int32_t>& tokens) {
   LatentPool pool = make_pool(16);
@@ -205,6 +186,50 @@ std::vector<uint8_t> computed(const std::vector<int32_t>& tokens, int64_t pages)
   LatentPool pool = make_pool(16);
   PageTable t = written(pool, tokens);
   return page_bytes(pool, t, pages);
+}
+
+// The share of a file's 4 KiB blocks in the page cache from byte `from` on (mincore).
+double cached_share(const fs::path& file, int64_t from) {
+  const int fd = ::open(file.c_str(), O_RDONLY);
+  const size_t size = size_t(fs::file_size(file));
+  void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  const size_t block = size_t(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in((size + block - 1) / block);
+  ::mincore(m, size, in.data());
+  ::munmap(m, size);
+  const size_t first = size_t(from) / block;
+  return double(std::count_if(in.begin() + long(first), in.end(), [](unsigned char c) { return c & 1; })) /
+         double(in.size() - first);
+}
+
+TEST(PromptCacheTiers, PrefetchWarmsThePageCacheOnAnotherThreadAndAdmissionReadsIntoThePool) {
+  test::TempDir dir("prefetch");
+  const auto tokens = ids(12);
+  write_pages(dir.str(), tokens);
+  const fs::path file = segment_files(dir.str()).at(0);
+  const int64_t payloads_at = DiskTier::payload_offset(3, kPage);
+  {  // out of the page cache (a clean file's pages go at once)
+    const int fd = ::open(file.c_str(), O_RDONLY);
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  const double before = cached_share(file, payloads_at);
+  LatentPool pool = make_pool(8);
+  PrefixCache cache(pool, tiers(int64_t(1) << 20, dir.str(), int64_t(1) << 30));
+  std::thread([&] { cache.prefetch(tokens); }).join();
+  EXPECT_EQ(cache.disk()->stats().warmed, 3);
+  EXPECT_EQ(cache.disk()->stats().read, 0) << "warming copies nothing";
+  EXPECT_EQ(cache.ram()->blocks(), 0) << "nor fills the RAM tier";
+  if (before < 0.5) EXPECT_EQ(cached_share(file, payloads_at), 1.0) << "every payload block in the page cache";
+  else std::printf("the kernel kept the segment cached (%.2f): the page cache is not checked\n", before);
+  PageTable t;
+  EXPECT_EQ(cache.match(tokens, 12, &t), 12);
+  EXPECT_EQ(page_bytes(pool, t, 3), computed(tokens, 3)) << "read straight into the pool, bit for bit";
+  EXPECT_EQ(cache.stats().hit_tokens[int(CacheTier::Disk)], 12);
+  EXPECT_EQ(cache.disk()->stats().read, 3) << "each page read once";
+  pool.release(t);
 }
 
 TEST(PromptCacheTiers, FlippedTruncatedAndForeignSegmentsAreDroppedAndRecomputed) {
