@@ -1,7 +1,7 @@
 // The prefix cache's second tier: pages that left the latent pool, kept in host RAM up to a
 // budget of bytes and dropped least recently used first (kv/prefix_cache.h moves pages here
 // when the pool needs room, and back into the pool on a hit). Thread-safe: the engine thread
-// moves pages in and out, a submitting thread prefetches pages from the disk tier into it.
+// moves pages in and out, a submitting thread asks which pages it holds (prefetch).
 #pragma once
 #include <algorithm>
 #include <cstdint>
