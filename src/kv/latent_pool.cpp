@@ -105,7 +105,12 @@ LatentPool::LatentPool(int64_t num_layers, int64_t kvr, int64_t rope, int64_t nu
   const int64_t index_bytes = index_dim > 0 ? rounded(num_pages * page_size * index_row_bytes_) : 0;
   const size_t total = size_t(num_layers * (layer_bytes + index_bytes));
   memory_bytes_ = int64_t(total);
-  if (total >= (size_t(2) << 20)) memory_ = huge_mapping(total, true);
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr bool kMapped = false;  // AddressSanitizer checks the bounds of heap blocks, not of mappings
+#else
+  constexpr bool kMapped = true;
+#endif
+  if (kMapped && total >= (size_t(2) << 20)) memory_ = huge_mapping(total, true);
   if (!memory_) memory_ = std::shared_ptr<void>(new uint8_t[std::max<size_t>(total, 1)](), std::default_delete<uint8_t[]>());
   uint8_t* at = static_cast<uint8_t*>(memory_.get());
   for (int64_t l = 0; l < num_layers; ++l, at += layer_bytes) layers_.push_back(at);
