@@ -14,6 +14,9 @@ same tokens. Each request asks for one token: its wall time is the time to the f
             sessions' pages move to RAM between their turns)
   alone     the warm turn's new tokens prefilled on their own (a fresh prompt of that length):
             the target is warm <= 1.1 x alone
+  at depth  the same new tokens at their real depth: cold TTFT of this turn less the previous
+            turn's (what a perfect cache leaves: the new tokens attend to every cached token,
+            which a fresh prompt of their length does not), and warm / at depth
   restart   mla serve --cache-dir, restarted before every turn with the page cache dropped
             (root only; said when not): the context read from disk
   llama     llama-server (--llama-server, --gguf) with its own prompt cache (--cache-ram), the
@@ -247,7 +250,7 @@ def main():
         llama = True
 
     print("\nper turn, TTFT in seconds (prompt tokens/s of the tokens computed); warm/alone target <= 1.1x")
-    hdr = "turn sess  tokens  cached |   cold        |   warm        | alone  warm/alone | restart cached  TTFT | "
+    hdr = "turn sess  tokens  cached |   cold        |   warm        | alone  warm/alone | at depth  warm/it | restart cached  TTFT | "
     print(hdr + ("llama cached  TTFT   mla/llama" if llama else ""))
     for t, s in order:
         cold = res[("cold", t)]
@@ -257,6 +260,11 @@ def main():
         line = "%4d %4d %7d %7d | %6.2f (%5.0f) | %6.2f (%5.0f) | " % (
             t, s, w[1], w[2], cold[0], cold[1] / cold[0], w[0], (w[1] - w[2]) / w[0])
         line += ("%5.2f  %5.2fx     | " % (al[0], w[0] / al[0])) if al else "  -       -       | "
+        if t > 0:  # the new tokens' cost at their depth, from consecutive cold turns
+            at = cold[0] - res[("cold", t - 1)][0]
+            line += "%7.2f   %5.2fx | " % (at, w[0] / at)
+        else:
+            line += "   -         -    | "
         line += "%7d %6.2f | " % (r[2], r[0])
         if llama:
             l = res[("llama", t, s)]

@@ -1,7 +1,29 @@
 // HostTier: pages in host RAM, least recently used dropped past the budget (see host_tier.h).
 #include "kv/host_tier.h"
 
+#include "kv/huge_memory.h"
+
 namespace mla {
+
+namespace {
+constexpr size_t kHugePage = size_t(2) << 20;
+}  // namespace
+
+std::vector<std::shared_ptr<PageBlock>> new_page_blocks(int64_t count, int64_t page_bytes, uint8_t** data) {
+  const size_t n = size_t(count * page_bytes);
+  const size_t rounded = (n + kHugePage - 1) / kHugePage * kHugePage;
+  std::shared_ptr<void> memory;
+  if (n >= kHugePage && rounded - n <= n / 8) memory = huge_mapping(n, true);
+  if (!memory) memory = std::shared_ptr<void>(new uint8_t[n], std::default_delete<uint8_t[]>());
+  *data = static_cast<uint8_t*>(memory.get());
+  std::vector<std::shared_ptr<PageBlock>> blocks(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    blocks[size_t(i)] = std::make_shared<PageBlock>();
+    blocks[size_t(i)]->bytes = {*data + i * page_bytes, size_t(page_bytes)};
+    blocks[size_t(i)]->memory = memory;
+  }
+  return blocks;
+}
 
 std::vector<PageBlockPtr> HostTier::put(PageBlockPtr block) {
   std::vector<PageBlockPtr> dropped;

@@ -1,7 +1,7 @@
 // The prefix cache's second tier: pages that left the latent pool, kept in host RAM up to a
 // budget of bytes and dropped least recently used first (kv/prefix_cache.h moves pages here
 // when the pool needs room, and back into the pool on a hit). Thread-safe: the engine thread
-// moves pages in and out, a submitting thread prefetches pages from the disk tier into it.
+// moves pages in and out, a submitting thread asks which pages it holds (prefetch).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -24,13 +24,22 @@ struct PageBlock {
   Hash128 key;
   PageSource source = PageSource::Ram;
   std::vector<int32_t> tokens;
-  std::vector<uint8_t> bytes;
+  std::span<const uint8_t> bytes;  // in `memory`
+  std::shared_ptr<void> memory;    // owns the bytes; blocks allocated together share it
   int64_t size() const { return int64_t(bytes.size() + tokens.size() * sizeof(int32_t)); }
   bool holds(std::span<const int32_t> t) const {
     return t.size() == tokens.size() && std::equal(t.begin(), t.end(), tokens.begin());
   }
 };
 using PageBlockPtr = std::shared_ptr<const PageBlock>;
+
+// `count` blocks of `page_bytes` uninitialised bytes each, laid out one after another from
+// *data, for the caller to fill; they share one allocation, freed with the last of them. When
+// it is large (2 MiB and more, and not an eighth larger rounded to 2 MiB), it is a mapping of
+// transparent huge pages: the first touch of fresh memory costs a fault per 4 KiB page, and on
+// a VM with shadow page tables that cost more than reading the disk (docs/prompt-cache.md);
+// with 2 MiB pages it is 512 times fewer. Otherwise, or when the mapping fails, the heap.
+std::vector<std::shared_ptr<PageBlock>> new_page_blocks(int64_t count, int64_t page_bytes, uint8_t** data);
 
 class HostTier {
  public:

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "kv/huge_memory.h"
 #include "tensor/dtype.h"
 #include "tensor/quantize.h"
 
@@ -96,16 +97,41 @@ LatentPool::LatentPool(int64_t num_layers, int64_t kvr, int64_t rope, int64_t nu
       index_row_bytes_(index_row_bytes(index_dim, dtype)), index_pow2_scales_(index_pow2_scales) {
   if (num_layers <= 0 || kvr <= 0 || rope < 0 || num_pages < 0 || page_size <= 0 || index_dim < 0)
     throw std::invalid_argument("LatentPool: bad geometry");
-  if (index_dim > 0) {
-    index_layers_.resize(size_t(num_layers));
-    for (auto& l : index_layers_) l.assign(size_t(num_pages * page_size * index_row_bytes_), 0);
-  }
   if (num_pages > INT32_MAX) throw std::invalid_argument("LatentPool: too many pages");
-  layers_.resize(size_t(num_layers));
-  for (auto& l : layers_) l.assign(size_t(num_pages * page_size * row_bytes_), 0);
+  // One zeroed allocation, populated now: on 2 MiB pages when large (kv/huge_memory.h), since
+  // attention streams it and a prompt cache hit copies pages into it.
+  auto rounded = [](int64_t n) { return (n + 63) / 64 * 64; };
+  const int64_t layer_bytes = rounded(num_pages * page_size * row_bytes_);
+  const int64_t index_bytes = index_dim > 0 ? rounded(num_pages * page_size * index_row_bytes_) : 0;
+  const size_t total = size_t(num_layers * (layer_bytes + index_bytes));
+  memory_bytes_ = int64_t(total);
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr bool kMapped = false;  // AddressSanitizer checks the bounds of heap blocks, not of mappings
+#else
+  constexpr bool kMapped = true;
+#endif
+  if (kMapped && total >= (size_t(2) << 20)) memory_ = huge_mapping(total, true);
+  if (!memory_) memory_ = std::shared_ptr<void>(new uint8_t[std::max<size_t>(total, 1)](), std::default_delete<uint8_t[]>());
+  uint8_t* at = static_cast<uint8_t*>(memory_.get());
+  for (int64_t l = 0; l < num_layers; ++l, at += layer_bytes) layers_.push_back(at);
+  if (index_dim > 0)
+    for (int64_t l = 0; l < num_layers; ++l, at += index_bytes) index_layers_.push_back(at);
   free_.resize(size_t(num_pages));
   for (int64_t i = 0; i < num_pages; ++i) free_[size_t(i)] = int32_t(num_pages - 1 - i);  // pop_back gives page 0 first
   refs_.assign(size_t(num_pages), 0);
+}
+
+LatentPool::LatentPool(const LatentPool& o)
+    : LatentPool(o.num_layers_, o.kv_lora_rank_, o.rope_dim_, o.num_pages_, o.page_size_, o.dtype_, o.index_dim_,
+                 o.index_pow2_scales_) {
+  std::memcpy(memory_.get(), o.memory_.get(), size_t(memory_bytes_));
+  free_ = o.free_;
+  refs_ = o.refs_;
+}
+
+LatentPool& LatentPool::operator=(const LatentPool& o) {
+  if (this != &o) *this = LatentPool(o);
+  return *this;
 }
 
 int64_t LatentPool::pages_needed(const PageTable& seq, int64_t new_length) const {
@@ -196,25 +222,33 @@ void LatentPool::copy_page_out(int32_t page, uint8_t* out) const {
 }
 
 void LatentPool::copy_page_in(int32_t page, const uint8_t* in) {
-  if (refs_.at(size_t(page)) > 1) throw std::logic_error("LatentPool::copy_page_in: the page is shared");
-  for (std::span<const uint8_t> part : page_parts(page)) {
-    std::memcpy(const_cast<uint8_t*>(part.data()), in, part.size());
+  for (std::span<uint8_t> part : page_parts_to_fill(page)) {
+    std::memcpy(part.data(), in, part.size());
     in += part.size();
   }
 }
 
+std::vector<std::span<uint8_t>> LatentPool::page_parts_to_fill(int32_t page) {
+  if (refs_.at(size_t(page)) > 1) throw std::logic_error("LatentPool: a shared page cannot be filled");
+  std::vector<std::span<uint8_t>> parts;
+  for (int64_t l = 0; l < num_layers_; ++l) parts.emplace_back(row_ptr(l, page, 0), size_t(page_size_ * row_bytes_));
+  for (int64_t l = 0; l < int64_t(index_layers_.size()); ++l)
+    parts.emplace_back(index_ptr(l, page, 0), size_t(page_size_ * index_row_bytes_));
+  return parts;
+}
+
 uint8_t* LatentPool::row_ptr(int64_t layer, int32_t page, int64_t slot) {
-  return layers_[size_t(layer)].data() + (int64_t(page) * page_size_ + slot) * row_bytes_;
+  return layers_[size_t(layer)] + (int64_t(page) * page_size_ + slot) * row_bytes_;
 }
 const uint8_t* LatentPool::row_ptr(int64_t layer, int32_t page, int64_t slot) const {
-  return layers_[size_t(layer)].data() + (int64_t(page) * page_size_ + slot) * row_bytes_;
+  return layers_[size_t(layer)] + (int64_t(page) * page_size_ + slot) * row_bytes_;
 }
 
 uint8_t* LatentPool::index_ptr(int64_t layer, int32_t page, int64_t slot) {
-  return index_layers_[size_t(layer)].data() + (int64_t(page) * page_size_ + slot) * index_row_bytes_;
+  return index_layers_[size_t(layer)] + (int64_t(page) * page_size_ + slot) * index_row_bytes_;
 }
 const uint8_t* LatentPool::index_ptr(int64_t layer, int32_t page, int64_t slot) const {
-  return index_layers_[size_t(layer)].data() + (int64_t(page) * page_size_ + slot) * index_row_bytes_;
+  return index_layers_[size_t(layer)] + (int64_t(page) * page_size_ + slot) * index_row_bytes_;
 }
 
 void LatentPool::check_position(const PageTable& seq, int64_t pos, const char* what) const {

@@ -9,6 +9,7 @@
 // fp8_act_scale, power-of-two scales where index_pow2_scales, the checkpoint's scale_fmt ue8m0).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,6 +30,10 @@ class LatentPool {
  public:
   LatentPool(int64_t num_layers, int64_t kv_lora_rank, int64_t rope_dim, int64_t num_pages, int64_t page_size = 64,
              KvDType dtype = KvDType::BF16, int64_t index_dim = 0, bool index_pow2_scales = false);
+  LatentPool(const LatentPool& other);  // a copy of every page
+  LatentPool& operator=(const LatentPool& other);
+  LatentPool(LatentPool&&) = default;
+  LatentPool& operator=(LatentPool&&) = default;
   // Pages that fit in a budget of bytes (all layers).
   static int64_t pages_for_budget(double bytes, int64_t num_layers, int64_t kv_lora_rank, int64_t rope_dim,
                                   int64_t page_size, KvDType dtype, int64_t index_dim = 0);
@@ -67,6 +72,8 @@ class LatentPool {
   std::vector<std::span<const uint8_t>> page_parts(int32_t page) const;
   void copy_page_out(int32_t page, uint8_t* out) const;
   void copy_page_in(int32_t page, const uint8_t* in);
+  // The same parts of a page no two sequences share, to fill in place (a read from disk).
+  std::vector<std::span<uint8_t>> page_parts_to_fill(int32_t page);
 
   // One token's row: c (kv_lora_rank floats) and k_pe (rope_dim floats), at position pos.
   void write(int64_t layer, const PageTable& seq, int64_t pos, const float* c, const float* k_pe);
@@ -81,7 +88,7 @@ class LatentPool {
   void gather_index(int64_t layer, const PageTable& seq, int64_t s0, int64_t n, float* out) const;
   // The indexer keys of one layer as stored, [num_pages, page_size, index_bytes_per_row()]: the
   // indexer's kernels read a sequence's keys through its page table (cpu::IndexKeyPages).
-  const uint8_t* index_data(int64_t layer) const { return index_layers_.at(size_t(layer)).data(); }
+  const uint8_t* index_data(int64_t layer) const { return index_layers_.at(size_t(layer)); }
   int64_t index_bytes_per_row() const { return index_row_bytes_; }
 
  private:
@@ -95,10 +102,12 @@ class LatentPool {
   int64_t num_layers_, kv_lora_rank_, rope_dim_, num_pages_, page_size_;
   KvDType dtype_;
   int64_t row_bytes_;
-  std::vector<std::vector<uint8_t>> layers_;
+  int64_t memory_bytes_ = 0;
+  std::shared_ptr<void> memory_;  // every layer's rows, then every layer's indexer keys (huge pages)
+  std::vector<uint8_t*> layers_;   // [num_pages, page_size, row] per layer, in memory_
   int64_t index_dim_ = 0, index_row_bytes_ = 0;
   bool index_pow2_scales_ = false;
-  std::vector<std::vector<uint8_t>> index_layers_;  // [num_pages, page_size, index row] per layer
+  std::vector<uint8_t*> index_layers_;  // [num_pages, page_size, index row] per layer, in memory_
   std::vector<int32_t> free_;
   std::vector<int> refs_;
 };

@@ -26,6 +26,7 @@ PrefixCache::PrefixCache(LatentPool& pool, PrefixCacheOptions opt) : pool_(pool)
     o.page_size = pool_.page_size();
     o.part_bytes = part_bytes_;
     o.max_pending_bytes = opt_.disk_max_pending_bytes;
+    o.segment_pages = opt_.disk_segment_pages;
     o.warn = opt_.warn;
     disk_ = std::make_unique<DiskTier>(std::move(o));
     if (!disk_->readable()) disk_.reset();
@@ -103,7 +104,7 @@ void PrefixCache::touch(std::span<const Hash128> chain) {
   }
 }
 
-std::vector<std::span<const uint8_t>> PrefixCache::split(const std::vector<uint8_t>& bytes) const {
+std::vector<std::span<const uint8_t>> PrefixCache::split(std::span<const uint8_t> bytes) const {
   std::vector<std::span<const uint8_t>> parts;
   size_t at = 0;
   for (int64_t b : part_bytes_) {
@@ -113,9 +114,9 @@ std::vector<std::span<const uint8_t>> PrefixCache::split(const std::vector<uint8
   return parts;
 }
 
-void PrefixCache::persist(const Hash128& key, int32_t page, std::span<const int32_t> tokens) {
-  if (!disk_ || disk_->contains(key)) return;
+PageWrite PrefixCache::pinned_write(const Hash128& key, int32_t page, std::span<const int32_t> tokens) {
   pool_.retain(page);  // the pool page stays as it is until its write is done (poll)
+  ++pins_[page];
   PageWrite w;
   w.key = key;
   w.tokens.assign(tokens.begin(), tokens.end());
@@ -124,18 +125,22 @@ void PrefixCache::persist(const Hash128& key, int32_t page, std::span<const int3
     std::lock_guard lock(written_mu_);
     written_.push_back(page);
   };
-  if (disk_->write(std::move(w))) ++pins_[page];
-  else pool_.drop(page);
+  return w;
+}
+
+void PrefixCache::write_through(std::vector<PageWrite>& run) {
+  if (!run.empty()) disk_->write(std::move(run));
+  run.clear();
 }
 
 void PrefixCache::persist(const PageBlockPtr& block) {
   if (!disk_ || disk_->contains(block->key)) return;
-  PageWrite w;
-  w.key = block->key;
-  w.tokens = block->tokens;
-  w.parts = split(block->bytes);
-  w.keep = block;
-  disk_->write(std::move(w));
+  std::vector<PageWrite> one(1);
+  one[0].key = block->key;
+  one[0].tokens = block->tokens;
+  one[0].parts = split(block->bytes);
+  one[0].keep = block;
+  disk_->write(std::move(one));
 }
 
 void PrefixCache::insert(std::span<const int32_t> tokens, const PageTable& table) {
@@ -144,15 +149,20 @@ void PrefixCache::insert(std::span<const int32_t> tokens, const PageTable& table
   const int64_t pages = std::min<int64_t>(table.length, int64_t(tokens.size())) / ps;
   if (pages == 0) return;
   const std::vector<Hash128> keys = page_keys(tokens, ps, pages);
+  std::vector<PageWrite> run;  // consecutive new pages, written through as one run
   for (int64_t i = 0; i < pages; ++i) {
     const Hash128& key = keys[size_t(i)];
-    if (resident_.count(key)) continue;
     const auto slice = tokens.subspan(size_t(i * ps), size_t(ps));
     const int32_t page = table.pages[size_t(i)];
-    add_resident(key, page, slice);
-    if (ram_) ram_->take(key, slice);  // the tiers hold a page once
-    persist(key, page, slice);
+    const bool fresh = !resident_.count(key);
+    if (fresh) {
+      add_resident(key, page, slice);
+      if (ram_) ram_->take(key, slice);  // the tiers hold a page once
+    }
+    if (fresh && disk_ && !disk_->contains(key)) run.push_back(pinned_write(key, page, slice));
+    else write_through(run);
   }
+  write_through(run);
   touch(keys);
 }
 
@@ -161,9 +171,29 @@ int64_t PrefixCache::match(std::span<const int32_t> tokens, int64_t max_len, Pag
   const int64_t ps = pool_.page_size();
   max_len = std::min<int64_t>(max_len, int64_t(tokens.size()));
   const std::vector<Hash128> keys = page_keys(tokens, ps, std::max<int64_t>(max_len, 0) / ps);
+  std::vector<PageWrite> run;  // promoted pages that the disk lacks, written through
+  // A free pool page for chain page i, reserved in *out: -1 when none is left beyond keep_free.
+  auto take_page = [&](int64_t i) -> int32_t {
+    while (pool_.free_pages() <= keep_free && evict_one()) {
+    }
+    if (pool_.free_pages() <= keep_free) return -1;
+    pool_.reserve(*out, (i + 1) * ps);
+    return out->pages.back();
+  };
+  // Chain page i, copied into its pool page from RAM or disk, joins the pool tier (promotion).
+  auto promote = [&](int64_t i, CacheTier tier) {
+    const int32_t page = out->pages[size_t(i)];
+    const auto slice = tokens.subspan(size_t(i * ps), size_t(ps));
+    add_resident(keys[size_t(i)], page, slice);
+    if (disk_ && !disk_->contains(keys[size_t(i)]))  // from RAM, or from a segment found bad since
+      run.push_back(pinned_write(keys[size_t(i)], page, slice));
+    else
+      write_through(run);
+    counters_.hit_tokens[int(tier)] += ps;
+    counters_.hit_bytes[int(tier)] += pool_.bytes_per_page();
+  };
   int64_t got = 0;
-  bool advised = false;
-  for (; got < int64_t(keys.size()); ++got) {
+  while (got < int64_t(keys.size())) {
     const Hash128& key = keys[size_t(got)];
     const auto slice = tokens.subspan(size_t(got * ps), size_t(ps));
     if (auto it = resident_.find(key); it != resident_.end()) {
@@ -172,31 +202,49 @@ int64_t PrefixCache::match(std::span<const int32_t> tokens, int64_t max_len, Pag
       out->pages.push_back(it->second.page);
       counters_.hit_tokens[0] += ps;
       counters_.hit_bytes[0] += pool_.bytes_per_page();
+      write_through(run);
+      ++got;
       continue;
     }
-    PageBlockPtr block = ram_ ? ram_->take(key, slice) : nullptr;
-    if (!block && disk_) {
-      if (!advised) disk_->will_need(std::span(keys).subspan(size_t(got)));
-      advised = true;
-      block = disk_->read(key, slice);
+    if (PageBlockPtr block = ram_ ? ram_->take(key, slice) : nullptr) {
+      const int32_t page = take_page(got);
+      if (page < 0) {
+        ram_->put(block);  // no room: the page stays where it was
+        break;
+      }
+      pool_.copy_page_in(page, block->bytes.data());
+      if (opt_.on_page_in) opt_.on_page_in(page, block->bytes);
+      promote(got++, CacheTier::Ram);
+      continue;
     }
-    if (!block) break;
-    while (pool_.free_pages() <= keep_free && evict_one()) {
+    if (!disk_) break;
+    // The pages that the segment holding this one holds next, read straight into pool pages
+    // (no copy in between), up to a page a higher tier holds or the pool's room.
+    const int64_t first = got;
+    const int64_t n = disk_->read_into(std::span(keys).subspan(size_t(first)), tokens.subspan(size_t(first * ps)),
+                                       [&](int64_t i, int64_t) -> std::vector<std::span<uint8_t>> {
+                                         const Hash128& k = keys[size_t(first + i)];
+                                         if (i > 0 && (resident_.count(k) || (ram_ && ram_->contains(k)))) return {};
+                                         const int32_t page = take_page(first + i);
+                                         if (page < 0) return {};
+                                         return pool_.page_parts_to_fill(page);
+                                       });
+    if (int64_t(out->pages.size()) > first + n) {  // a page that failed its check
+      pool_.drop(out->pages.back());
+      out->pages.pop_back();
     }
-    if (pool_.free_pages() <= keep_free) {
-      if (ram_) ram_->put(block);  // no room: the page stays where it was
-      break;
+    std::vector<uint8_t> bytes(opt_.on_page_in ? size_t(pool_.bytes_per_page()) : 0);
+    for (int64_t i = first; i < first + n; ++i) {
+      if (opt_.on_page_in) {
+        pool_.copy_page_out(out->pages[size_t(i)], bytes.data());
+        opt_.on_page_in(out->pages[size_t(i)], bytes);
+      }
+      promote(i, CacheTier::Disk);
     }
-    pool_.reserve(*out, (got + 1) * ps);
-    const int32_t page = out->pages.back();
-    pool_.copy_page_in(page, block->bytes.data());
-    if (opt_.on_page_in) opt_.on_page_in(page, block->bytes);
-    add_resident(key, page, slice);
-    persist(key, page, slice);  // a page from RAM that the disk does not hold yet
-    const int tier = int(block->source);
-    counters_.hit_tokens[tier] += ps;
-    counters_.hit_bytes[tier] += int64_t(block->bytes.size());
+    got = first + n;
+    if (n == 0) break;
   }
+  write_through(run);
   if (got == 0) return 0;
   out->length = got * ps;
   touch(std::span(keys).first(size_t(got)));
@@ -204,20 +252,11 @@ int64_t PrefixCache::match(std::span<const int32_t> tokens, int64_t max_len, Pag
 }
 
 void PrefixCache::prefetch(std::span<const int32_t> tokens) {
-  if (!disk_ || !ram_) return;
+  if (!disk_) return;
   const int64_t ps = pool_.page_size();
-  const std::vector<Hash128> keys = page_keys(tokens, ps, int64_t(tokens.size()) / ps);
-  int64_t room = ram_->budget() / 2;
-  std::vector<Hash128> wanted;
-  for (const Hash128& key : keys)
-    if (!resident_key(key) && !ram_->contains(key)) wanted.push_back(key);
-  disk_->will_need(wanted);  // the reads below then overlap instead of waiting one by one
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (resident_key(keys[i]) || ram_->contains(keys[i])) continue;
-    PageBlockPtr block = disk_->read(keys[i], tokens.subspan(i * size_t(ps), size_t(ps)));
-    if (!block || (room -= block->size()) < 0) break;
-    for (const PageBlockPtr& dropped : ram_->put(block)) persist(dropped);
-  }
+  std::vector<Hash128> keys = page_keys(tokens, ps, int64_t(tokens.size()) / ps);
+  std::erase_if(keys, [&](const Hash128& k) { return resident_key(k) || (ram_ && ram_->contains(k)); });
+  disk_->warm(keys);
 }
 
 bool PrefixCache::evict_one() {
@@ -228,11 +267,11 @@ bool PrefixCache::evict_one() {
       const Resident& r = resident_.at(key);
       if (pool_.refcount(r.page) != 1) continue;  // a sequence (or a disk write) holds it
       if (ram_) {
-        auto block = std::make_shared<PageBlock>();
+        uint8_t* bytes = nullptr;
+        std::shared_ptr<PageBlock> block = new_page_blocks(1, pool_.bytes_per_page(), &bytes)[0];
         block->key = key;
         block->tokens = r.tokens;
-        block->bytes.resize(size_t(pool_.bytes_per_page()));
-        pool_.copy_page_out(r.page, block->bytes.data());
+        pool_.copy_page_out(r.page, bytes);
         for (const PageBlockPtr& dropped : ram_->put(std::move(block))) persist(dropped);
       }
       remove_resident(key);
@@ -266,6 +305,7 @@ PrefixCacheStats PrefixCache::stats() const {
     s.disk_on = true;
     s.disk_writable = disk_->writable();
     s.disk_files = d.files;
+    s.disk_pages = d.pages;
     s.disk_bytes = d.bytes;
     s.disk_budget = opt_.disk_bytes;
     s.disk_written = d.written;

@@ -17,8 +17,9 @@
 // there (into RAM when that tier is on). Only full pages are kept, so a sequence that extends a
 // cached one recomputes at most its last partial page.
 //
-// Threads: everything runs on the engine's stepping thread except prefetch, which a submitting
-// thread calls to read a prompt's pages from disk into RAM before the request is admitted.
+// A page from disk is read straight into its pool page and checked there; a submitting thread
+// first has the kernel read the prompt's segments into its page cache (prefetch), so that the
+// engine's stepping thread, which does everything else, copies instead of waiting for the disk.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -46,6 +47,7 @@ struct PrefixCacheOptions {
   // (model/fingerprint.h). Required with a disk tier; the cache adds its own format.
   Hash128 fingerprint;
   int64_t disk_max_pending_bytes = int64_t(1) << 30;
+  int64_t disk_segment_pages = 0;  // pages a disk segment holds at most; 0: DiskTier's choice
   std::function<void(const std::string&)> warn;  // default: stderr
   // Called after a page from the RAM or disk tier was copied into the pool: under mpirun the
   // other ranks' pools get the same bytes (engine/lockstep.h).
@@ -60,10 +62,11 @@ struct PrefixCacheStats {
   int64_t pool_pages = 0;             // pages the pool tier holds
   int64_t ram_pages = 0, ram_bytes = 0, ram_budget = 0;
   bool disk_on = false, disk_writable = false;
-  int64_t disk_files = 0, disk_bytes = 0, disk_budget = 0;
-  int64_t disk_written = 0, disk_rejected = 0, disk_skipped = 0, disk_evicted = 0;
-  int64_t disk_read_bytes = 0;  // page files read (hits, prefetches included)
-  double disk_read_seconds = 0;  // the time those reads took, checks included
+  int64_t disk_files = 0, disk_bytes = 0, disk_budget = 0;  // segment files under the directory
+  int64_t disk_pages = 0;                                   // pages in this server's folder
+  int64_t disk_written = 0, disk_rejected = 0, disk_skipped = 0, disk_evicted = 0;  // kv/disk_tier.h's Stats
+  int64_t disk_read_bytes = 0;   // bytes read from segment files for hits
+  double disk_read_seconds = 0;  // the time those reads took, checks and prefetches' warming included
 };
 
 class PrefixCache {
@@ -81,8 +84,8 @@ class PrefixCache {
   // into *out (which must be empty) and its length returned; 0 (and *out unchanged) on a miss.
   // Pages read back from RAM or disk take free pool pages while more than keep_free are left.
   int64_t match(std::span<const int32_t> tokens, int64_t max_len, PageTable* out, int64_t keep_free = 0);
-  // Any thread: reads the prompt's cached pages that only the disk holds into the RAM tier
-  // (at most half its budget), so that admitting it copies instead of reading.
+  // Any thread: has the disk tier warm the prompt's pages that neither the pool nor RAM holds
+  // (DiskTier::warm), so that admitting it copies from the page cache instead of reading.
   void prefetch(std::span<const int32_t> tokens);
   // Gives up the least recently used pool page no sequence holds (into the RAM tier when it is
   // on). False when there is none.
@@ -109,9 +112,13 @@ class PrefixCache {
   void touch(std::span<const Hash128> chain);  // most recent first from the chain's first page
   void add_resident(const Hash128& key, int32_t page, std::span<const int32_t> tokens);
   void remove_resident(const Hash128& key);
-  void persist(const Hash128& key, int32_t page, std::span<const int32_t> tokens);  // pool page -> disk
-  void persist(const PageBlockPtr& block);                                          // RAM block -> disk
-  std::vector<std::span<const uint8_t>> split(const std::vector<uint8_t>& bytes) const;
+  // A pool page's disk write, the page pinned until it is done (poll releases it).
+  PageWrite pinned_write(const Hash128& key, int32_t page, std::span<const int32_t> tokens);
+  // Hands a run of consecutive pages of one chain (only non-empty with a disk tier) to the disk
+  // tier, which writes them as segments, and empties it.
+  void write_through(std::vector<PageWrite>& run);
+  void persist(const PageBlockPtr& block);  // RAM block -> disk
+  std::vector<std::span<const uint8_t>> split(std::span<const uint8_t> bytes) const;
   bool resident_key(const Hash128& key) const;
 
   LatentPool& pool_;

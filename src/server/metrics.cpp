@@ -83,15 +83,15 @@ std::string metrics_text(const ServerMetrics& m, const Admission& admission, con
   family("mla_prompt_cache_budget_bytes", "bytes each tier may hold (0: off)", "gauge", "tier",
          {{"ram", pc.ram_budget}, {"disk", pc.disk_budget}});
   family("mla_prompt_cache_pages", "pages each tier holds", "gauge", "tier",
-         {{"pool", pc.pool_pages}, {"ram", pc.ram_pages}, {"disk", pc.disk_files}});
-  line("mla_prompt_cache_disk_writes_total", "page files written", "counter", pc.disk_written);
-  line("mla_prompt_cache_disk_rejected_total", "page files that failed a check, deleted and recomputed", "counter",
+         {{"pool", pc.pool_pages}, {"ram", pc.ram_pages}, {"disk", pc.disk_pages}});
+  line("mla_prompt_cache_disk_writes_total", "pages written to disk", "counter", pc.disk_written);
+  line("mla_prompt_cache_disk_rejected_total", "segment files that failed a check, deleted and recomputed", "counter",
        pc.disk_rejected);
   line("mla_prompt_cache_disk_skipped_total", "page writes not queued (queue full, tier off)", "counter",
        pc.disk_skipped);
-  line("mla_prompt_cache_disk_evicted_total", "page files deleted for the disk budget", "counter", pc.disk_evicted);
-  line("mla_prompt_cache_disk_read_bytes_total", "bytes of page files read", "counter", pc.disk_read_bytes);
-  line("mla_prompt_cache_disk_read_seconds_total", "seconds spent reading and checking page files", "counter",
+  line("mla_prompt_cache_disk_evicted_total", "segment files deleted for the disk budget", "counter", pc.disk_evicted);
+  line("mla_prompt_cache_disk_read_bytes_total", "bytes read from segment files", "counter", pc.disk_read_bytes);
+  line("mla_prompt_cache_disk_read_seconds_total", "seconds spent reading and checking segment files", "counter",
        pc.disk_read_seconds);
   line("mla_prompt_cache_disk_writable", "1 while the disk tier writes", "gauge", pc.disk_writable ? 1 : 0);
   family("mla_batches_total", "forward passes by attention path", "counter", "path",

@@ -1,7 +1,7 @@
 // `mla serve` with the prompt cache on disk, as an agent meets it: a server restarted on the
 // same --cache-dir answers the next turn from disk with the output a cold server gives and
 // reports the cached tokens on chat completions, completions, messages and responses and in
-// /metrics; a SIGKILL right after a turn, flipped page files and another cache format on the
+// /metrics; a SIGKILL right after a turn, flipped segment files and another cache format on the
 // same directory never change an answer.
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kv/disk_tier.h"
 #include "server/serve_process.h"
 #include "test_util.h"
 
@@ -167,15 +168,21 @@ TEST_F(PromptCacheServe, AKillCorruptFilesAndAnotherFormatNeverChangeAnAnswer) {
     EXPECT_EQ(metric(s.metrics(), "mla_prompt_cache_disk_rejected_total"), 0);
     EXPECT_EQ(s.stop(), 0);
   }
-  // Every page file spoiled: one flipped byte each.
+  // Every segment file spoiled: one flipped byte in its first page.
   int64_t files = 0;
   for (auto& e : fs::recursive_directory_iterator(cache))
-    if (e.path().extension() == ".page") {
+    if (e.path().extension() == ".seg") {
       std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-      f.seekg(-5, std::ios::end);
+      uint32_t page_size = 0;
+      uint64_t pages = 0;
+      f.seekg(12);  // the header: magic, version, page size, page count (kv/disk_tier.cpp)
+      f.read(reinterpret_cast<char*>(&page_size), 4);
+      f.read(reinterpret_cast<char*>(&pages), 8);
+      const int64_t at = DiskTier::payload_offset(int64_t(pages), page_size) + 5;
+      f.seekg(at);
       char ch;
       f.get(ch);
-      f.seekp(-5, std::ios::end);
+      f.seekp(at);
       f.put(char(ch ^ 1));
       ++files;
     }
