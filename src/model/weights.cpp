@@ -63,7 +63,10 @@ class Loader {
       L.kv_b = matrix(a + "kv_b_proj", H * (nope + vd), kvr);
       L.o = matrix(a + "o_proj", c.hidden_size, H * vd);
       absorb(L);
-      if (c.dsa() && !c.indexer_shared[size_t(l)]) {
+      // The MTP module's layer (l == num_hidden_layers) attends densely (model/mtp.cpp): its
+      // indexer, where the checkpoint has one, is not loaded (indexer_shared lists only the
+      // decoder layers; reading it at l == num_hidden_layers read past its end).
+      if (c.dsa() && l < c.num_hidden_layers && !c.indexer_shared[size_t(l)]) {
         const std::string ip = a + "indexer.";
         IndexerWeights& I = L.indexer;
         I.present = true;

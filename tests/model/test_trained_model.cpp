@@ -2,7 +2,10 @@
 // tools/train/train_mla.py) loads through the normal loader and reproduces the numpy reference's
 // logits (tests/fixtures/mla-tiny-en/golden.safetensors, from tools/train/make_golden.py) in
 // prefill and decode on both attention paths; its tokenizer encodes the demo's prompt to the
-// golden prompt ids.
+// golden prompt ids. Its DeepSeek-V3.2 variant (models/mla-tiny-en-v32: the same weights plus
+// the lightning indexer tools/train/train_indexer.py trained) reproduces the DSA reference's
+// logits (reference/dsa_reference.py through make_golden.py) on sequences several times its
+// index_topk.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -23,6 +26,10 @@ constexpr float kLogitTol = 1e-3f;
 
 std::string model_dir() { return (test::source_dir() / "models" / "mla-tiny-en").string(); }
 std::string golden_path() { return (test::source_dir() / "tests" / "fixtures" / "mla-tiny-en" / "golden.safetensors").string(); }
+std::string v32_dir() { return (test::source_dir() / "models" / "mla-tiny-en-v32").string(); }
+std::string v32_golden_path() {
+  return (test::source_dir() / "tests" / "fixtures" / "mla-tiny-en-v32" / "golden.safetensors").string();
+}
 
 TEST(TrainedModel, GoldenLogitsPrefillAndDecodeBothPaths) {
   auto model = Model::load(model_dir());
@@ -31,6 +38,30 @@ TEST(TrainedModel, GoldenLogitsPrefillAndDecodeBothPaths) {
     auto ids = test::read_ids(*golden.find("seq" + std::to_string(j) + "_ids"));
     auto want = test::read_f32(*golden.find("seq" + std::to_string(j) + "_logits"));
     ASSERT_EQ(want.size(), ids.size() * size_t(model->config().vocab_size));
+    for (const char* mode : {"prefill", "decode"})
+      for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
+        RunOptions opt;
+        opt.mode = RunMode::parse(mode);
+        opt.path = path;
+        auto got = run_logits(*model, ids, opt);
+        EXPECT_LE(test::max_abs_diff(got, want), kLogitTol) << "seq" << j << " " << mode << " " << attn_path_name(path);
+      }
+  }
+}
+
+// The golden sequence (the start of the held-out validation text, 88 tokens plus 8 greedy ones) is
+// six times index_topk long, so most rows attend a selection; the reference breaks exact ties
+// (keys that every indexer head's ReLU scores 0) by the lower position first, as the engine does.
+TEST(TrainedModel, V32GoldenLogitsSparseAttentionBothPaths) {
+  auto model = Model::load(v32_dir());
+  ASSERT_TRUE(model->config().dsa());
+  SafetensorsFile golden(v32_golden_path());
+  ASSERT_NE(golden.find("seq0_ids"), nullptr);
+  for (int j = 0; golden.find("seq" + std::to_string(j) + "_ids"); ++j) {
+    auto ids = test::read_ids(*golden.find("seq" + std::to_string(j) + "_ids"));
+    auto want = test::read_f32(*golden.find("seq" + std::to_string(j) + "_logits"));
+    ASSERT_EQ(want.size(), ids.size() * size_t(model->config().vocab_size));
+    ASSERT_GT(int64_t(ids.size()), 3 * model->config().index_topk);
     for (const char* mode : {"prefill", "decode"})
       for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
         RunOptions opt;

@@ -264,7 +264,9 @@ class Attention(nn.Module):
         self.o_proj = lin(self.H * self.vd, D)
         self.scale = (self.nope + self.rd) ** -0.5
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, mask, probs=None):
+        """mask: True where a query may not attend ([T, T], or [B, 1, T, T] per sequence); probs: a
+        list that receives the attention probabilities [B, H, T, T] (float32)."""
         B, T, _ = x.shape
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))).view(B, T, self.H, self.nope + self.rd)
         q_nope, q_pe = q[..., :self.nope], rope(q[..., self.nope:], cos, sin)
@@ -274,8 +276,10 @@ class Attention(nn.Module):
         kvx = self.kv_b_proj(c).view(B, T, self.H, self.nope + self.vd)
         k_nope, v = kvx[..., :self.nope], kvx[..., self.nope:]
         s = torch.einsum("bthd,bshd->bhts", q_nope, k_nope) + torch.einsum("bthd,bsd->bhts", q_pe, k_pe)
-        s = (s.float() * self.scale).masked_fill(mask, float("-inf"))
-        o = torch.einsum("bhts,bshd->bthd", s.softmax(-1).to(v.dtype), v)
+        p = (s.float() * self.scale).masked_fill(mask, float("-inf")).softmax(-1)
+        if probs is not None:
+            probs.append(p)
+        o = torch.einsum("bhts,bshd->bthd", p.to(v.dtype), v)
         return self.o_proj(o.reshape(B, T, self.H * self.vd))
 
 
@@ -431,12 +435,13 @@ def bf16_bytes(t):
     return t.detach().float().contiguous().to(torch.bfloat16).view(torch.int16).numpy().tobytes()
 
 
-def write_safetensors(path, tensors):
-    """tensors: name -> float tensor, stored as BF16. Format: u64 header length, JSON header, data."""
+def write_safetensors(path, tensors, f32=()):
+    """tensors: name -> float tensor, stored as BF16 (F32 for the names in f32). Format: u64 header
+    length, JSON header, data."""
     hdr, blobs, off = {}, [], 0
     for k in sorted(tensors):
-        b = bf16_bytes(tensors[k])
-        hdr[k] = {"dtype": "BF16", "shape": list(tensors[k].shape), "data_offsets": [off, off + len(b)]}
+        b = tensors[k].detach().float().contiguous().numpy().tobytes() if k in f32 else bf16_bytes(tensors[k])
+        hdr[k] = {"dtype": "F32" if k in f32 else "BF16", "shape": list(tensors[k].shape), "data_offsets": [off, off + len(b)]}
         blobs.append(b)
         off += len(b)
     hdr["__metadata__"] = {"format": "pt"}
@@ -447,6 +452,27 @@ def write_safetensors(path, tensors):
         f.write(h)
         for b in blobs:
             f.write(b)
+
+
+def read_safetensors(path):
+    """name -> float32 tensor, from a file of BF16 and F32 tensors (what write_safetensors writes)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        hdr = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, v in hdr.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        if v["dtype"] == "BF16":
+            arr = (np.frombuffer(data[a:b], np.uint16).astype(np.uint32) << 16).view(np.float32)
+        elif v["dtype"] == "F32":
+            arr = np.frombuffer(data[a:b], np.float32)
+        else:
+            raise ValueError(f"{path}: {k} is {v['dtype']}, not BF16 or F32")
+        out[k] = torch.from_numpy(arr.reshape(v["shape"]).copy())
+    return out
 
 
 def export(model, cfg, out_dir, bpe, merges, gen):
