@@ -31,6 +31,18 @@ std::string v32_golden_path() {
   return (test::source_dir() / "tests" / "fixtures" / "mla-tiny-en-v32" / "golden.safetensors").string();
 }
 
+// Prefill and decode, each through both attention paths, give the golden logits of sequence j.
+void expect_logits_every_path(Model& model, const std::vector<int32_t>& ids, const std::vector<float>& want, int j) {
+  for (const char* mode : {"prefill", "decode"})
+    for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
+      RunOptions opt;
+      opt.mode = RunMode::parse(mode);
+      opt.path = path;
+      auto got = run_logits(model, ids, opt);
+      EXPECT_LE(test::max_abs_diff(got, want), kLogitTol) << "seq" << j << " " << mode << " " << attn_path_name(path);
+    }
+}
+
 TEST(TrainedModel, GoldenLogitsPrefillAndDecodeBothPaths) {
   auto model = Model::load(model_dir());
   SafetensorsFile golden(golden_path());
@@ -38,14 +50,7 @@ TEST(TrainedModel, GoldenLogitsPrefillAndDecodeBothPaths) {
     auto ids = test::read_ids(*golden.find("seq" + std::to_string(j) + "_ids"));
     auto want = test::read_f32(*golden.find("seq" + std::to_string(j) + "_logits"));
     ASSERT_EQ(want.size(), ids.size() * size_t(model->config().vocab_size));
-    for (const char* mode : {"prefill", "decode"})
-      for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
-        RunOptions opt;
-        opt.mode = RunMode::parse(mode);
-        opt.path = path;
-        auto got = run_logits(*model, ids, opt);
-        EXPECT_LE(test::max_abs_diff(got, want), kLogitTol) << "seq" << j << " " << mode << " " << attn_path_name(path);
-      }
+    expect_logits_every_path(*model, ids, want, j);
   }
 }
 
@@ -62,14 +67,7 @@ TEST(TrainedModel, V32GoldenLogitsSparseAttentionBothPaths) {
     auto want = test::read_f32(*golden.find("seq" + std::to_string(j) + "_logits"));
     ASSERT_EQ(want.size(), ids.size() * size_t(model->config().vocab_size));
     ASSERT_GT(int64_t(ids.size()), 3 * model->config().index_topk);
-    for (const char* mode : {"prefill", "decode"})
-      for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
-        RunOptions opt;
-        opt.mode = RunMode::parse(mode);
-        opt.path = path;
-        auto got = run_logits(*model, ids, opt);
-        EXPECT_LE(test::max_abs_diff(got, want), kLogitTol) << "seq" << j << " " << mode << " " << attn_path_name(path);
-      }
+    expect_logits_every_path(*model, ids, want, j);
   }
 }
 
