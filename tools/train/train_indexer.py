@@ -43,7 +43,7 @@ import torch.nn as nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from corpus import build_corpus  # noqa: E402
-from train_mla import N_SPECIAL, Bpe, Model, lin, read_safetensors, write_safetensors  # noqa: E402
+from train_mla import N_SPECIAL, Bpe, Model, learning_rate, lin, read_safetensors, write_safetensors  # noqa: E402
 
 # The corpus train_mla.py built for models/mla-tiny-en (its train_stdout.log): documents, bytes,
 # training tokens, validation tokens.
@@ -394,11 +394,7 @@ def main():
     print(json.dumps(rows[-1]), flush=True)
     step = 0
     for step in range(1, a.steps + 1):
-        progress = step / a.steps
-        if train_budget:
-            progress = max(progress, (time.time() - t_train) / train_budget)
-        progress = min(progress, 1.0)
-        lr = a.lr * min(1.0, step / a.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        lr = learning_rate(a, step, t_train, train_budget)
         for g in opt.param_groups:
             g["lr"] = lr
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):

@@ -48,6 +48,16 @@ N_SPECIAL = 2
 GPT2_SPLIT = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+""")
 
 
+def learning_rate(a, step, t_train, train_budget):
+    """Linear warm-up over a.warmup steps, then cosine decay to 0.1 of a.lr; the decay follows
+    the steps done or the time spent of the budget (seconds, 0: none), whichever is further."""
+    progress = step / a.steps
+    if train_budget:
+        progress = max(progress, (time.time() - t_train) / train_budget)
+    progress = min(progress, 1.0)
+    return a.lr * min(1.0, step / a.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
 def bytes_to_unicode():
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
     cs = bs[:]
@@ -596,11 +606,7 @@ def main():
         sys.exit("--max-minutes leaves no time to train")
     step = 0
     for step in range(1, a.steps + 1):
-        progress = step / a.steps
-        if train_budget:
-            progress = max(progress, (time.time() - t_train) / train_budget)
-        progress = min(progress, 1.0)
-        lr = a.lr * min(1.0, step / a.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        lr = learning_rate(a, step, t_train, train_budget)
         for g in opt.param_groups:
             g["lr"] = lr
         # Matrix products in bf16 through oneDNN (Debian's torch has only the reference BLAS for
