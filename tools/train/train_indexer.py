@@ -31,7 +31,6 @@ Run by hand, never by CI. See README.md beside this file. Needs Debian's python3
 import argparse
 import csv
 import json
-import math
 import os
 import shutil
 import sys
