@@ -24,6 +24,13 @@ int run(int argc, char** argv) {
                "mla bench"};
   mla::bench::Options o;
   app.add_option("--dir", o.dir, "checkpoint folder (default: <tmp>/mla-bench-v2lite-<L>L-<weights>); reused when present");
+  app.add_option("-m,--model", o.model,
+                 "instead of the random checkpoint: measure this one, its weights as stored (--dir, --layers, "
+                 "--weights and --config describe the random one and do not apply)");
+  app.add_option("--text", o.text,
+                 "a text file: every section feeds consecutive tokens of it (the checkpoint's tokenizer) instead of "
+                 "random ids, so that a trained model routes its experts and its MTP module drafts as on real text")
+      ->check(CLI::ExistingFile);
   app.add_option("--layers", o.layers, "layers (the first dense, the rest MoE)");
   std::string config_file;
   app.add_option("--config", config_file,

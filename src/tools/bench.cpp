@@ -29,6 +29,7 @@
 #include "backend/cpu/weight_memory.h"
 #include "engine/engine.h"
 #include "tensor/dtype.h"
+#include "tokenizer/tokenizer.h"
 #include "tools/checkpoint_writer.h"
 #include "model/model.h"
 #include "kv/latent_pool.h"
@@ -74,6 +75,13 @@ double held_routed_bytes(const ModelWeights& w) {
   for (const auto& L : w.layers) layer(L);
   for (const auto& M : w.mtp) layer(M.layer);
   return n;
+}
+
+// Whether the routed experts this process holds are INT4 / INT8 groups (the prompt's VNNI path).
+bool held_int_experts(const ModelWeights& w) {
+  for (const auto& L : w.layers)
+    if (const Mlp* e = first_held_expert(L)) return is_int_group(e->gate.format);
+  return false;
 }
 
 // Faults in every page of a weight view so timed runs do not pay for first touches.
@@ -711,65 +719,74 @@ Report run(const Options& opt) {
   ctx.int8_activations = opt.int8_activations;
   rep.threads = ctx.num_threads();
 
-  rep.dir = opt.dir.empty() ? (std::filesystem::temp_directory_path() /
-                               ("mla-bench-v2lite-" + std::to_string(opt.layers) + "L-" + opt.weights))
-                                  .string()
-                            : opt.dir;
-  const std::string stamp = rep.dir + "/mla-bench.json";
-  // The checkpoint's config at n layers: the benchmark's own unless the caller gave one.
-  auto checkpoint_config = [&](int64_t n) {
-    if (opt.checkpoint_config.is_null()) return bench_checkpoint_config(n);
-    nlohmann::json c = opt.checkpoint_config;
-    c["num_hidden_layers"] = n;
-    return c;
-  };
-  const nlohmann::json want = {{"config", opt.checkpoint_config.is_null() ? nlohmann::json("v2_lite") : opt.checkpoint_config},
-                               {"layers", opt.layers}, {"weights", opt.weights}, {"seed", 1}};
-  if (!opt.checkpoint_config.is_null()) {
-    const ModelConfig given = ModelConfig::from_json(checkpoint_config(opt.layers), "the benchmark's checkpoint config");
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "the given config's shape (hidden %lld, %lld routed experts, top-%lld)",
-                  (long long)given.hidden_size, (long long)given.n_routed_experts, (long long)given.num_experts_per_tok);
-    rep.shape = buf;
-  }
-  auto holds_ours = [&] {
-    if (!std::filesystem::exists(rep.dir + "/config.json")) return false;
-    nlohmann::json have;
-    if (std::ifstream f(stamp); f) f >> have;
-    if (have != want)
-      throw std::runtime_error(rep.dir + " holds a checkpoint that is not the benchmark's " + want.dump() +
-                               " (mla-bench.json says " + have.dump() + "); choose another --dir");
-    return true;
-  };
-  // Under mpirun rank 0 writes a missing checkpoint and the others wait for it here: the
-  // ranks' collectives wait without a timeout until the model is loaded.
-  if (ranks.lead()) {
-    if (holds_ours()) {
-      say("reusing the checkpoint in " + rep.dir);
-    } else {
-      say("writing a random " + opt.weights + " checkpoint of " + rep.shape + " with " + std::to_string(opt.layers) +
-          " layers to " + rep.dir + " ...");
-      auto t0 = Clock::now();
-      RandomCheckpointOptions ro;
-      ro.weights = kind;
-      ro.seed = 1;
-      ro.shards = 4;
-      ro.progress = !quiet;
-      write_random_checkpoint(rep.dir, checkpoint_config(opt.layers), ro);
-      std::ofstream(stamp) << want.dump() << "\n";
-      rep.write_seconds = seconds_since(t0);
+  rep.own_model = !opt.model.empty();
+  if (rep.own_model) {
+    if (!opt.dir.empty() || !opt.checkpoint_config.is_null())
+      throw std::invalid_argument("--model measures a checkpoint as it is: --dir and --config describe the random one");
+    if (!std::filesystem::exists(opt.model + "/config.json"))
+      throw std::invalid_argument("--model " + opt.model + ": no config.json there");
+    rep.dir = opt.model;
+    rep.shape = "the checkpoint's own shape";
+  } else {
+    rep.dir = opt.dir.empty() ? (std::filesystem::temp_directory_path() /
+                                 ("mla-bench-v2lite-" + std::to_string(opt.layers) + "L-" + opt.weights))
+                                    .string()
+                              : opt.dir;
+    const std::string stamp = rep.dir + "/mla-bench.json";
+    // The checkpoint's config at n layers: the benchmark's own unless the caller gave one.
+    auto checkpoint_config = [&](int64_t n) {
+      if (opt.checkpoint_config.is_null()) return bench_checkpoint_config(n);
+      nlohmann::json c = opt.checkpoint_config;
+      c["num_hidden_layers"] = n;
+      return c;
+    };
+    const nlohmann::json want = {{"config", opt.checkpoint_config.is_null() ? nlohmann::json("v2_lite") : opt.checkpoint_config},
+                                 {"layers", opt.layers}, {"weights", opt.weights}, {"seed", 1}};
+    if (!opt.checkpoint_config.is_null()) {
+      const ModelConfig given = ModelConfig::from_json(checkpoint_config(opt.layers), "the benchmark's checkpoint config");
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "the given config's shape (hidden %lld, %lld routed experts, top-%lld)",
+                    (long long)given.hidden_size, (long long)given.n_routed_experts, (long long)given.num_experts_per_tok);
+      rep.shape = buf;
     }
-    if (!std::filesystem::exists(rep.dir + "/mtp.safetensors")) {
-      say("adding an MTP module (mtp.safetensors) ...");
-      add_mtp_module(rep.dir, opt.layers, checkpoint_config(opt.layers + 1), kind);
+    auto holds_ours = [&] {
+      if (!std::filesystem::exists(rep.dir + "/config.json")) return false;
+      nlohmann::json have;
+      if (std::ifstream f(stamp); f) f >> have;
+      if (have != want)
+        throw std::runtime_error(rep.dir + " holds a checkpoint that is not the benchmark's " + want.dump() +
+                                 " (mla-bench.json says " + have.dump() + "); choose another --dir");
+      return true;
+    };
+    // Under mpirun rank 0 writes a missing checkpoint and the others wait for it here: the
+    // ranks' collectives wait without a timeout until the model is loaded.
+    if (ranks.lead()) {
+      if (holds_ours()) {
+        say("reusing the checkpoint in " + rep.dir);
+      } else {
+        say("writing a random " + opt.weights + " checkpoint of " + rep.shape + " with " + std::to_string(opt.layers) +
+            " layers to " + rep.dir + " ...");
+        auto t0 = Clock::now();
+        RandomCheckpointOptions ro;
+        ro.weights = kind;
+        ro.seed = 1;
+        ro.shards = 4;
+        ro.progress = !quiet;
+        write_random_checkpoint(rep.dir, checkpoint_config(opt.layers), ro);
+        std::ofstream(stamp) << want.dump() << "\n";
+        rep.write_seconds = seconds_since(t0);
+      }
+      if (!std::filesystem::exists(rep.dir + "/mtp.safetensors")) {
+        say("adding an MTP module (mtp.safetensors) ...");
+        add_mtp_module(rep.dir, opt.layers, checkpoint_config(opt.layers + 1), kind);
+      }
     }
+    ranks.sync();
+    if (!ranks.lead() && (!holds_ours() || !std::filesystem::exists(rep.dir + "/mtp.safetensors")))
+      throw std::runtime_error("no benchmark checkpoint in " + rep.dir + " on this rank's host: rank 0 writes it on its own; "
+                               "give --dir a folder every host shares, or write it on each host first (mla bench --dir "
+                               "... without mpirun)");
   }
-  ranks.sync();
-  if (!ranks.lead() && (!holds_ours() || !std::filesystem::exists(rep.dir + "/mtp.safetensors")))
-    throw std::runtime_error("no benchmark checkpoint in " + rep.dir + " on this rank's host: rank 0 writes it on its own; "
-                             "give --dir a folder every host shares, or write it on each host first (mla bench --dir "
-                             "... without mpirun)");
-
   auto t0 = Clock::now();
   auto model = Model::load(rep.dir, ctx, false, opt.quantize, /*with_mtp=*/true);
   volatile uint64_t sink = touch_all(model->weights());
@@ -790,11 +807,41 @@ Report run(const Options& opt) {
     if (ranks.many()) rep.rank_rows = gather_rank_figures(ranks, mine);
   };
 
+  if (rep.own_model) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%s (%lld layers, hidden %lld, %lld routed experts, top-%lld)", c.model_type.c_str(),
+                  (long long)c.num_hidden_layers, (long long)c.hidden_size, (long long)c.n_routed_experts,
+                  (long long)c.num_experts_per_tok);
+    rep.shape = buf;
+  }
+
+  // The ids every section feeds: random, or consecutive tokens of --text (wrapping at its end).
   std::mt19937 rng(42);
   std::uniform_int_distribution<int32_t> tok(0, int32_t(c.vocab_size - 1));
+  std::vector<int32_t> text;
+  size_t text_at = 0;
+  if (!opt.text.empty()) {
+    std::ifstream f(opt.text, std::ios::binary);
+    if (!f) throw std::invalid_argument("--text " + opt.text + ": cannot read it");
+    const std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    text = Tokenizer::load(rep.dir).encode(s, false);
+    for (int32_t t : text)
+      if (t < 0 || t >= c.vocab_size)
+        throw std::invalid_argument("--text: token " + std::to_string(t) + " is outside the model's vocabulary of " +
+                                    std::to_string(c.vocab_size) + ": the tokenizer is not the model's");
+    if (text.size() < 2) throw std::invalid_argument("--text " + opt.text + ": fewer than 2 tokens");
+    rep.text = opt.text + " (" + std::to_string(text.size()) + " tokens)";
+  }
   auto ids = [&](int64_t n) {
     std::vector<int32_t> v(static_cast<size_t>(n));
-    for (auto& x : v) x = tok(rng);
+    for (auto& x : v) {
+      if (text.empty()) {
+        x = tok(rng);
+      } else {
+        x = text[text_at];
+        text_at = (text_at + 1) % text.size();
+      }
+    }
     return v;
   };
   std::vector<float> logits;
@@ -1062,8 +1109,9 @@ Report run(const Options& opt) {
     const bool int_experts = opt.quantize.experts
                                  ? (*opt.quantize.experts == quant::QuantFormat::INT4 ||
                                     *opt.quantize.experts == quant::QuantFormat::INT8)
-                                 : kind == RandomWeights::INT4_EXPERTS || kind == RandomWeights::INT4_FP8 ||
-                                       kind == RandomWeights::INT8;
+                             : rep.own_model ? held_int_experts(model->weights())
+                                             : kind == RandomWeights::INT4_EXPERTS || kind == RandomWeights::INT4_FP8 ||
+                                                   kind == RandomWeights::INT8;
     const cpu::PeakPath path = cpu::prompt_peak_path(ctx, int_experts);
     rep.peak_path = cpu::peak_path_name(path);
     const int64_t peak_iters = cpu::peak_iters(path, 20);
@@ -1171,8 +1219,8 @@ Report run(const Options& opt) {
 std::string format_report(const Report& r) {
   std::ostringstream o;
   char buf[256];
-  o << "mla bench: " << r.shape << ", random " << r.weights << " weights, precision " << r.precision << ", "
-    << r.threads << " threads";
+  o << "mla bench: " << r.shape << (r.own_model ? ", its weights as stored" : ", random " + r.weights + " weights")
+    << ", precision " << r.precision << ", " << r.threads << " threads";
   if (r.ranks > 1) o << " per rank, " << r.ranks << " ranks (expert-parallel under mpirun; rank 0's timings)";
   for (const char* v : {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"})
     if (const char* e = std::getenv(v)) o << ", " << v << "=" << e;
@@ -1184,6 +1232,7 @@ std::string format_report(const Report& r) {
   }
   std::snprintf(buf, sizeof buf, ", loaded and paged in in %.1f s\n", r.load_seconds);
   o << buf;
+  o << "ids fed: " << (r.text.empty() ? std::string("random") : "consecutive tokens of " + r.text) << "\n";
   std::snprintf(buf, sizeof buf, "resident memory: %.2f GiB RSS (%.2f GiB anonymous, %.2f GiB file-mapped)",
                 double(r.rss_bytes) / (1 << 30), double(r.rss_anon_bytes) / (1 << 30), double(r.rss_file_bytes) / (1 << 30));
   o << buf;

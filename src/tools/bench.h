@@ -113,6 +113,14 @@ ActiveWeights active_weights(const ModelWeights& w, const ModelConfig& c);
 
 struct Options {
   std::string dir;                // checkpoint folder: written when it holds no config.json
+  // A checkpoint of the user's to measure instead of the random one (its weights as stored,
+  // nothing written; the random checkpoint's options --dir, --layers, --weights, --config do not
+  // apply). Without an MTP module the MTP rows are skipped, saying so.
+  std::string model;
+  // A text file: every section feeds consecutive tokens of it (the checkpoint's tokenizer,
+  // wrapping at its end) instead of random ids, so a trained model routes, drafts and accepts
+  // as on real text. Empty: random ids.
+  std::string text;
   int64_t layers = 6;
   std::string weights = "bf16";   // bf16 | fp8 | int4 | int4-fp8 (INT4 experts, FP8 projections)
   int threads = 0;                // 0: all
@@ -227,6 +235,8 @@ struct RankFigures {
 struct Report {
   std::string dir, weights, precision;
   std::string shape = "DeepSeek-V2-Lite shape";  // the checkpoint's config, in words
+  bool own_model = false;                         // Options::model: the user's weights, not random ones
+  std::string text;                               // Options::text, and its token count in words
   int threads = 0;
   int64_t prompt_tokens = 0, context = 0;
   double bandwidth_gbps = 0;

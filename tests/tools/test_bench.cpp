@@ -2,6 +2,7 @@
 // the bytes the benchmark counts as a token's active weights.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 
 #include "tools/bench.h"
@@ -92,6 +93,55 @@ TEST(Bench, EveryWeightFormatRunsTheWholeBenchFromAnEmptyDirectory) {
   }
 }
 
+
+
+// mla bench --model DIR --text FILE: the trained checkpoint that ships with mla, measured as
+// stored, fed consecutive tokens of English text. Its MTP module drafts its own greedy
+// continuation (held-out acceptance 0.73-0.88, tools/train/README.md; a random module's is near
+// 0), and the random checkpoint's options are refused beside --model. About 2 s.
+TEST(Bench, ModelAndTextMeasureATrainedCheckpointOnRealText) {
+  test::TempDir tmp("bench-model");
+  const std::string text = tmp / "text.txt";
+  std::ofstream(text) << "vim: Vi IMproved - enhanced vi editor\nVim is an almost compatible version of the UNIX "
+                         "editor Vi. Many new features have been added: multi level undo, syntax highlighting, "
+                         "command line history, on-line help, filename completion, block operations.\n"
+                         "python3-requests: elegant and simple HTTP library for Python3, built for human beings\n";
+  bench::Options o;
+  o.model = (test::source_dir() / "models" / "mla-tiny-en").string();
+  o.text = text;
+  o.threads = 2;
+  o.runs = 1;
+  o.decode_tokens = 8;
+  o.context = 16;
+  o.prompt_tokens = 0;
+  o.batches = {1};
+  o.batch_steps = 1;
+  o.spec_tokens = 24;
+  o.draft_head = "bf16";
+  o.bandwidth_bytes = size_t(1) << 20;
+  o.huge_pages = "off";
+  o.scaling = false;
+  o.quiet = true;
+  bench::Report rep;
+  ASSERT_NO_THROW(rep = bench::run(o));
+  EXPECT_TRUE(rep.own_model);
+  EXPECT_NE(rep.text.find("tokens)"), std::string::npos) << rep.text;
+  ASSERT_TRUE(rep.have_mtp) << rep.mtp_missing;
+  EXPECT_TRUE(rep.mtp.identical);
+  EXPECT_GT(rep.mtp.acceptance, 0.3);
+  EXPECT_GT(rep.spec_costs.verify.experts_per_layer, rep.spec_costs.plain.experts_per_layer);
+  const std::string report = bench::format_report(rep);
+  EXPECT_NE(report.find("deepseek_v3 (4 layers, hidden 256, 16 routed experts, top-4), its weights as stored"),
+            std::string::npos) << report;
+  EXPECT_NE(report.find("ids fed: consecutive tokens of " + text), std::string::npos) << report;
+
+  bench::Options bad = o;
+  bad.dir = tmp / "other";
+  EXPECT_THROW(bench::run(bad), std::invalid_argument);
+  bad = o;
+  bad.model = tmp / "none";
+  EXPECT_THROW(bench::run(bad), std::invalid_argument);
+}
 
 // mla bench --depth: a row per depth, the prompt and the decode run after that many cached
 // tokens, the attention's share of a decode step and the cache bytes it attends over; with

@@ -267,6 +267,14 @@ constexpr float kFp8FastPost = 72057594037927936.0f;       // 2^56: the sums (2^
 constexpr float kFp8FastFix = 1.0f / 18446744073709551616.0f;  // 2^-64: the subnormals' sums
 
 inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+// The same on 16 lanes (round to nearest even; NaN stays NaN).
+inline __m512 round_bf16(__m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))),
+                                     _mm512_set1_epi32(int32_t(0xffff0000u)));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_castsi512_ps(r), f);
+}
 
 // The products of the FP8 subnormal codes among the step's 64 bytes (mask: exponent field 0),
 // which VDPBF16PS reads as zero: fix[t] += code * scale * x, x as the kernel holds it (times
@@ -358,8 +366,29 @@ struct FastRows {
   }
 
   // v plus row `row` times token t over the columns past the last step of 64, on bf16 activations.
+  // A matrix narrower than 64 columns (the W_UK^T of a model with qk_nope_head_dim 32) is all
+  // tail: 16 lanes at a time for the float formats, element by element for the others.
   float add_tail(float v, int64_t row, int64_t t) const {
-    for (int64_t k = S * kStep; k < W->cols; ++k) v += element(*W, row, k) * round_bf16(x[t * ldx + k]);
+    const int64_t k0 = S * kStep, cols = W->cols;
+    if (k0 >= cols) return v;
+    const float* xr = x + t * ldx;
+    const uint8_t* p = static_cast<const uint8_t*>(W->data) + size_t(row) * W->row_bytes();
+    if (W->format == WeightFormat::BF16 || W->format == WeightFormat::F32 || W->format == WeightFormat::F16) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t k = k0; k < cols; k += 16) {
+        const __mmask16 m = cols - k >= 16 ? __mmask16(0xffff) : __mmask16((1u << (cols - k)) - 1);
+        __m512 w;
+        if (W->format == WeightFormat::BF16)
+          w = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p + 2 * k)), 16));
+        else if (W->format == WeightFormat::F16)
+          w = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p + 2 * k));
+        else
+          w = _mm512_maskz_loadu_ps(m, p + 4 * k);
+        acc = _mm512_fmadd_ps(w, round_bf16(_mm512_maskz_loadu_ps(m, xr + k)), acc);
+      }
+      return v + _mm512_reduce_add_ps(acc);
+    }
+    for (int64_t k = k0; k < cols; ++k) v += element(*W, row, k) * round_bf16(xr[k]);
     return v;
   }
 
