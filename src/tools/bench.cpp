@@ -1403,10 +1403,9 @@ std::string format_report(const Report& r) {
     }
     if (r.have_mtp) {
       row_line("the MTP module's drafts (gate off):", r.mtp, true);
-      std::snprintf(buf, sizeof buf,
-                    "  MTP draft cost: %.2f ms per verify step, %.2f of a plain decode step (acceptance on random "
-                    "weights %.2f)\n",
-                    r.mtp_draft_ms, r.mtp_cost_ratio, r.mtp_acceptance);
+      std::snprintf(buf, sizeof buf, "  MTP draft cost: %.2f ms per verify step, %.2f of a plain decode step (acceptance %s %.2f)\n",
+                    r.mtp_draft_ms, r.mtp_cost_ratio, r.own_model ? "on the checkpoint's weights" : "on random weights",
+                    r.mtp_acceptance);
       o << buf;
     } else if (!r.mtp_missing.empty()) {
       o << "  MTP rows skipped: " << r.mtp_missing << "\n";

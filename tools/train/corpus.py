@@ -71,3 +71,15 @@ def shuffled_documents(seed):
     docs = [d for d in docs if d.isascii() and len(d) >= 20]
     random.Random(seed).shuffle(docs)
     return docs
+
+
+if __name__ == "__main__":
+    # The held-out validation documents as one text file (what `mla bench --text` reads):
+    #   /usr/bin/python3 tools/train/corpus.py /tmp/heldout.txt
+    import sys
+
+    docs = build_corpus(4000000, 1)
+    held_out = docs[: max(1, len(docs) // 50)]
+    with open(sys.argv[1], "w") as f:
+        f.write("\n".join(held_out))
+    print(f"{len(held_out)} held-out documents of {len(docs)}, {sum(map(len, held_out))} bytes -> {sys.argv[1]}")

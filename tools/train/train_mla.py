@@ -321,9 +321,8 @@ class MoE(nn.Module):
         self.shared_experts = Mlp(c["hidden_size"], c["n_shared_experts"] * c["moe_intermediate_size"])
         self.load = torch.zeros(self.E)
 
-    def forward(self, x):
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
+    def route(self, x):
+        """x [N, D] -> the sigmoid scores [N, E] and the K experts chosen per row [N, K]."""
         N = x.shape[0]
         # The router in float32 even under bf16 autocast: the routing must be the one inference computes.
         with torch.autocast("cpu", enabled=False):
@@ -334,7 +333,14 @@ class MoE(nn.Module):
             keep = torch.zeros_like(g, dtype=torch.bool).scatter_(1, g.topk(self.tg, -1).indices, True)
             choice = choice.masked_fill(~keep.repeat_interleave(self.E // self.ng, 1), float("-inf"))
             idx = choice.topk(self.K, -1).indices
-            self.load += torch.bincount(idx.flatten(), minlength=self.E).float()
+        return scores, idx
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        N = x.shape[0]
+        scores, idx = self.route(x)
+        self.load += torch.bincount(idx.flatten(), minlength=self.E).float()
         w = scores.gather(1, idx)
         w = w / (w.sum(-1, keepdim=True) + 1e-20) * self.scale
         out = self.shared_experts(x).float()
