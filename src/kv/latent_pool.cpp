@@ -277,6 +277,22 @@ void LatentPool::gather(int64_t layer, const PageTable& seq, int64_t s0, int64_t
   }
 }
 
+void LatentPool::gather_bf16(int64_t layer, const PageTable& seq, int64_t s0, int64_t n, uint16_t* out) const {
+  if (dtype_ != KvDType::BF16)
+    throw std::logic_error(std::string("gather_bf16: the pool stores ") + kv_dtype_name(dtype_) + " rows, not bf16");
+  const int64_t dim = row_dim();
+  if (n <= 0) return;
+  check_position(seq, s0, "gather_bf16");
+  check_position(seq, s0 + n - 1, "gather_bf16");
+  // A page's rows lie together: one copy per page's run.
+  for (int64_t s = s0; s < s0 + n;) {
+    const int64_t slot = s % page_size_, run = std::min(page_size_ - slot, s0 + n - s);
+    std::memcpy(out + (s - s0) * dim, row_ptr(layer, seq.pages[size_t(s / page_size_)], slot),
+                size_t(run * dim) * sizeof(uint16_t));
+    s += run;
+  }
+}
+
 void LatentPool::decode_row(const uint8_t* row, float* o) const {
   const int64_t at = decode_values(dtype_, row, kv_lora_rank_, o);
   decode_values(k_pe_dtype(dtype_), row + at, rope_dim_, o + kv_lora_rank_);

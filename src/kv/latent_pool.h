@@ -79,6 +79,9 @@ class LatentPool {
   void write(int64_t layer, const PageTable& seq, int64_t pos, const float* c, const float* k_pe);
   // Rows [s0, s0+n) as float32, out[n, kv_lora_rank + rope_dim].
   void gather(int64_t layer, const PageTable& seq, int64_t s0, int64_t n, float* out) const;
+  // Rows [s0, s0+n) of a bf16 pool as stored, out[n, kv_lora_rank + rope_dim] bf16 values (the
+  // fast precision's bf16 attention reads them so); throws for the other dtypes.
+  void gather_bf16(int64_t layer, const PageTable& seq, int64_t s0, int64_t n, uint16_t* out) const;
   // Rows at the n listed positions, out[n, kv_lora_rank + rope_dim] (sparse attention's gather).
   void gather_at(int64_t layer, const PageTable& seq, const int32_t* positions, int64_t n, float* out) const;
 

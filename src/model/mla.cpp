@@ -123,6 +123,11 @@ void MlaAttention::absorb(const cpu::Context& ctx, const LayerWeights& W, const 
   // One captured reference: the std::function holds it without allocating.
   const SeqKeys* from = &k;
   a.gather = [from](int64_t s0, int64_t cnt, float* rows) { from->pool->gather(from->layer, *from->seq, s0, cnt, rows); };
+  // A bf16 cache's rows as stored, for the fast precision's bf16 kernel (cpu::absorb_kernel).
+  if (k.pool->dtype() == KvDType::BF16)
+    a.gather_bf16 = [from](int64_t s0, int64_t cnt, uint16_t* rows) {
+      from->pool->gather_bf16(from->layer, *from->seq, s0, cnt, rows);
+    };
   if (ctx.one_token_kernels && n > 1) {
     // Each query as a decode step would take it: its own keys, its own thread split.
     for (int64_t t = 0; t < n; ++t) {

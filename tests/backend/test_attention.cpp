@@ -176,6 +176,108 @@ TEST(AttentionAbsorb, KeysSplitAcrossThreadsMatchTheReference) {
   }
 }
 
+// The fast precision's bf16 kernel over a bf16 cache's rows as stored. The keys are exact (the
+// cache holds bf16); the scaled queries and the softmax weights are rounded to bf16, a relative
+// error uniform within +-2^-9 each. A score's error is then a sum of independent terms q_i k_i
+// e_i, rms 2^-9 sqrt(1/3) scale sqrt(sum_i (q_i k_i)^2) <= 2^-9 0.58 scale |q| max|k|; ds = 4
+// rms bounds it (as for the AMX expand kernel below). The output moves by 2 ds max|v| through the
+// softmax and 2^-9 max|v| from the rounded weights, the lse by ds; the float32 sums add the
+// float32 bound above.
+void check_absorb_bf16(const AbsorbCase& c) {
+  SCOPED_TRACE(name(c));
+  cpu::Context ctx = threads(c.threads);
+  ctx.precision = cpu::Precision::Fast;
+  std::mt19937 rng(uint32_t(c.H * 131 + c.T * 17 + c.cached + c.page_size * 7 + 5));
+  const int64_t S = c.cached + c.T, dim = c.kvr + c.rope, other = S / 2 + 5;
+  const int64_t pages = (S + c.page_size - 1) / c.page_size + (other + c.page_size - 1) / c.page_size + 2;
+  LatentPool pool(2, c.kvr, c.rope, pages, c.page_size, KvDType::BF16);
+  test::poison_pool(pool);
+  auto tables = test::random_page_tables(pool, {other, S}, rng);
+  test::fill_rows(pool, 1, tables[0], other, c.kvr, rng);
+  test::fill_rows(pool, 1, tables[1], S, c.kvr, rng);
+  const PageTable& seq = tables[1];
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> q_lat(size_t(c.T * c.H * c.kvr)), q_pe(size_t(c.T * c.H * c.rope));
+  for (auto& x : q_lat) x = nd(rng) * 0.3f;
+  for (auto& x : q_pe) x = nd(rng);
+  const float scale = 1.0f / std::sqrt(float(192));
+  cpu::AbsorbArgs a{q_lat.data(), q_pe.data(), c.H * c.rope, c.rope, nullptr, c.T, S, c.H, c.kvr, c.rope, c.cached, 0, scale};
+  std::vector<float> want(size_t(c.T * c.H * c.kvr)), want_lse(size_t(c.T * c.H));
+  cpu::ref::attention_absorb(a, cpu::ref::LatentRows(pool, 1, seq), want.data(), want_lse.data());
+  a.gather = [&](int64_t s0, int64_t n, float* out) { pool.gather(1, seq, s0, n, out); };
+  a.gather_bf16 = [&](int64_t s0, int64_t n, uint16_t* out) { pool.gather_bf16(1, seq, s0, n, out); };
+  ASSERT_EQ(cpu::absorb_kernel(ctx, a), cpu::AbsorbKernel::Dpbf16);
+
+  std::vector<float> rows(size_t(S * dim)), qrow(static_cast<size_t>(dim));
+  pool.gather(1, seq, 0, S, rows.data());
+  double q_norm = 0, k_norm = 0, k_max = 0, v_max = 0;
+  for (int64_t r = 0; r < c.T * c.H; ++r) {
+    std::copy_n(q_lat.data() + r * c.kvr, c.kvr, qrow.data());
+    std::copy_n(q_pe.data() + r * c.rope, c.rope, qrow.data() + c.kvr);
+    q_norm = std::max(q_norm, norm(qrow.data(), dim));
+  }
+  for (int64_t j = 0; j < S; ++j) {
+    k_norm = std::max(k_norm, norm(rows.data() + j * dim, dim));
+    for (int64_t i = 0; i < dim; ++i) k_max = std::max(k_max, double(std::fabs(rows[size_t(j * dim + i)])));
+    for (int64_t i = 0; i < c.kvr; ++i) v_max = std::max(v_max, double(std::fabs(rows[size_t(j * dim + i)])));
+  }
+  const auto [tol, lse_tol] = f32_bounds(q_norm, k_norm, v_max, dim, S, scale);
+  const double ds = 4 * std::ldexp(1.0, -9) * 0.58 * scale * q_norm * k_max;
+  std::vector<float> got(want.size(), -7.0f), got_lse(want_lse.size(), -7.0f);
+  cpu::attention_absorb(ctx, a, got.data(), got_lse.data());
+  EXPECT_CLOSE(got, want, tol + (2 * ds + std::ldexp(1.0, -9)) * v_max, "out_lat");
+  EXPECT_CLOSE(got_lse, want_lse, lse_tol + ds, "lse");
+  // Sharper: against the reference on the queries the kernel multiplies (scaled, rounded to bf16,
+  // scaled back), only the weights' rounding is left: the output within 2^-9 max|v| of it, the
+  // lse (summed from the unrounded weights) within the float32 bound. A key left out of either
+  // product, or a wrong one in it, moves the lse or the output past these.
+  std::vector<float> q_lat_r(q_lat), q_pe_r(q_pe);
+  for (auto* v : {&q_lat_r, &q_pe_r})
+    for (auto& x : *v) x = bf16_to_f32(f32_to_bf16(x * scale)) / scale;
+  cpu::AbsorbArgs r = a;
+  r.q_lat = q_lat_r.data(), r.q_pe = q_pe_r.data();
+  std::vector<float> want_r(want.size()), want_r_lse(want_lse.size());
+  cpu::ref::attention_absorb(r, cpu::ref::LatentRows(pool, 1, seq), want_r.data(), want_r_lse.data());
+  EXPECT_CLOSE(got, want_r, tol + std::ldexp(1.0, -9) * v_max, "out_lat against the rounded queries");
+  EXPECT_CLOSE(got_lse, want_r_lse, lse_tol, "lse against the rounded queries");
+  // The bf16 kernel ran, not the float32 one: their lse differ (one key's output is that key's
+  // row in both).
+  std::vector<float> f32(want.size()), f32_lse(want_lse.size());
+  cpu::attention_absorb(threads(c.threads), a, f32.data(), f32_lse.data());
+  EXPECT_GT(diff(got_lse, f32_lse, 0).max_abs, 0.0);
+}
+
+// Decode (one token of 16 or 128 heads), a verify pass's few tokens, a prompt's many, page sizes
+// that cut the key blocks anywhere, key counts that leave a partial block of 32 and an odd last
+// key, the split across threads from 1024 keys on, and a small latent (kv_lora 64, rope 32).
+TEST(AttentionAbsorb, Bf16KernelOnABf16CacheMatchesTheReference) {
+  for (const auto& [H, T, cached, page, thr] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int>>{
+           {16, 1, 0, 64, 1}, {16, 1, 37, 7, 1}, {128, 1, 300, 64, 1}, {16, 2, 255, 16, 1}, {3, 5, 250, 1, 1},
+           {8, 17, 40, 64, 1}, {16, 1, 1100, 64, 2}, {4, 3, 2600, 16, 2}})
+    check_absorb_bf16({H, 512, 64, T, cached, page, KvDType::BF16, thr});
+  check_absorb_bf16({4, 64, 32, 6, 301, 16, KvDType::BF16, 1});
+}
+
+// The bf16 kernel runs only in the fast precision, over a bf16 cache's rows, where its shapes
+// allow; everything else stays on float32.
+TEST(AttentionAbsorb, KernelChoice) {
+  cpu::AbsorbArgs a{nullptr, nullptr, 0, 0, nullptr, 1, 1, 16, 512, 64, 0, 0, 1.0f};
+  cpu::Context fast;
+  fast.precision = cpu::Precision::Fast;
+  EXPECT_EQ(cpu::absorb_kernel(fast, a), cpu::AbsorbKernel::F32);  // no bf16 rows to read
+  a.gather_bf16 = [](int64_t, int64_t, uint16_t*) {};
+  EXPECT_EQ(cpu::absorb_kernel(fast, a), cpu::AbsorbKernel::Dpbf16);
+  EXPECT_EQ(cpu::absorb_kernel(cpu::Context{}, a), cpu::AbsorbKernel::F32);  // precise: float32 always
+  a.rope = 16;  // 528 values a row: not a multiple of 32
+  EXPECT_EQ(cpu::absorb_kernel(fast, a), cpu::AbsorbKernel::F32);
+  a.rope = 56, a.kv_lora = 520;  // 576 values a row, but kv_lora not a multiple of 16
+  EXPECT_EQ(cpu::absorb_kernel(fast, a), cpu::AbsorbKernel::F32);
+  LatentPool fp8(1, 512, 64, 2, 64, KvDType::FP8);
+  PageTable seq;
+  std::vector<uint16_t> out(576);
+  EXPECT_THROW(fp8.gather_bf16(0, seq, 0, 1, out.data()), std::logic_error);
+}
+
 // ---- expand --------------------------------------------------------------------------------
 
 struct ExpandProblem {

@@ -2,6 +2,8 @@
 
 #include <omp.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -9,6 +11,8 @@
 #include <vector>
 
 #include "backend/cpu/amx.h"
+#include "backend/cpu/decode_avx512.h"
+#include "backend/cpu/dpbf16_gemm.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/small_gemm.h"
@@ -168,11 +172,82 @@ constexpr int64_t kSplitKeys = 1024;
 // of 16 tokens x 16 heads: ~15-25% faster in bench/attention_paths) but allocates on every call.
 constexpr int64_t kSmallGemmRows = 128;
 
+// The weights p [M, n] (ldp apart) as bf16 pairs of consecutive keys: out[r * np + i] holds
+// (p[r, 2i], p[r, 2i + 1]) in its low and high half, np = (n + 1) / 2, a missing odd key 0.
+void weight_pairs(const float* p, int64_t M, int64_t n, int64_t ldp, uint32_t* out) {
+  const int64_t np = (n + 1) / 2;
+  for (int64_t r = 0; r < M; ++r) {
+    const float* pr = p + r * ldp;
+    uint16_t* o = reinterpret_cast<uint16_t*>(out + r * np);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(pr + j)));
+    for (; j < n; ++j) o[j] = f32_to_bf16(pr[j]);
+    if (n % 2) o[n] = 0;
+  }
+}
+
+// acc[r, c] += sum over keys j < n of p[r, j] v[j, c], r < R, c < kvr (kvr % 16 == 0), from the
+// weights in bf16 pairs (weight_pairs, np per row) and the bf16 rows v (ldv apart; row n readable
+// when n is odd, its products then times 0). For 16 columns at a time, the rows of two
+// consecutive keys are interleaved into one register's dwords, (v[j, c], v[j + 1, c]) in lane c,
+// and each query row's pair of weights, broadcast, multiplies them on VDPBF16PS: R accumulators
+// of 16 columns, one float32 chain each.
+template <int R>
+void pv_rows_dpbf16(const uint32_t* pairs, int64_t np, const uint16_t* v, int64_t ldv, int64_t kvr, float* acc,
+                    int64_t ldacc) {
+  alignas(64) static const uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i idx = _mm512_load_si512(kInterleave);
+  for (int64_t c0 = 0; c0 < kvr; c0 += 16) {
+    __m512 s[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_ps();
+    const uint16_t* row = v + c0;
+    for (int64_t i = 0; i < np; ++i, row += 2 * ldv) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + ldv));
+      const __m512bh x = avx512::as_bh(_mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)));
+      for (int r = 0; r < R; ++r)
+        s[r] = _mm512_dpbf16_ps(s[r], avx512::as_bh(_mm512_set1_epi32(int32_t(pairs[r * np + i]))), x);
+    }
+    for (int r = 0; r < R; ++r) {
+      float* o = acc + r * ldacc + c0;
+      _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), s[r]));
+    }
+  }
+}
+
+void pv_dpbf16(const uint32_t* pairs, int64_t M, int64_t np, const uint16_t* v, int64_t ldv, int64_t kvr, float* acc) {
+  for (int64_t r0 = 0; r0 < M; r0 += 16) {
+    const uint32_t* pr = pairs + r0 * np;
+    float* ar = acc + r0 * kvr;
+    switch (std::min<int64_t>(16, M - r0)) {
+#define MLA_PV_CASE(n) \
+  case n: pv_rows_dpbf16<n>(pr, np, v, ldv, kvr, ar, kvr); break;
+      MLA_PV_CASE(1) MLA_PV_CASE(2) MLA_PV_CASE(3) MLA_PV_CASE(4) MLA_PV_CASE(5) MLA_PV_CASE(6) MLA_PV_CASE(7)
+      MLA_PV_CASE(8) MLA_PV_CASE(9) MLA_PV_CASE(10) MLA_PV_CASE(11) MLA_PV_CASE(12) MLA_PV_CASE(13)
+      MLA_PV_CASE(14) MLA_PV_CASE(15) MLA_PV_CASE(16)
+#undef MLA_PV_CASE
+    }
+  }
+}
+
 }  // namespace
+
+const char* absorb_kernel_name(AbsorbKernel k) { return k == AbsorbKernel::Dpbf16 ? "dpbf16" : "f32"; }
+
+bool dpbf16_absorb_supported(const AbsorbArgs& a) {
+  return a.gather_bf16 && (a.kv_lora + a.rope) % 32 == 0 && a.kv_lora % 16 == 0;
+}
+
+AbsorbKernel absorb_kernel(const Context& ctx, const AbsorbArgs& a) {
+  return ctx.fast() && dpbf16_absorb_supported(a) ? AbsorbKernel::Dpbf16 : AbsorbKernel::F32;
+}
 
 void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, float* lse) {
   const int64_t dim = a.kv_lora + a.rope, kvr = a.kv_lora, H = a.H;
-  if (!a.latent && !a.gather) throw std::invalid_argument("attention_absorb: no latent rows and no gather");
+  const bool bf16 = absorb_kernel(ctx, a) == AbsorbKernel::Dpbf16;
+  if (!bf16 && !a.latent && !a.gather) throw std::invalid_argument("attention_absorb: no latent rows and no gather");
   // Token blocks bound the score block (rows x kKeyBlock) and the accumulators (rows x kv_lora).
   const int64_t tb = std::max<int64_t>(1, std::min<int64_t>(a.T, kScoreBudget / (H * std::max(kKeyBlock, kvr))));
   const int64_t nblocks = (a.S + kKeyBlock - 1) / kKeyBlock;
@@ -182,8 +257,13 @@ void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, f
   // Kept between calls (no allocation per decode step). The references are this thread's
   // buffers also inside the parallel region below, where the thread_local names are the workers'.
   thread_local std::vector<float> q_buf, parts_buf, part_lse_buf;
+  thread_local std::vector<uint16_t> qb_buf;
+  thread_local std::vector<uint32_t> qpairs_buf;
   std::vector<float>&Q = q_buf, &parts = parts_buf, &part_lse = part_lse_buf;
+  std::vector<uint16_t>& Qb = qb_buf;          // Dpbf16: the scaled queries in bf16
+  std::vector<uint32_t>& Qpairs = qpairs_buf;  // and as the paired kernel's activations
   Q.resize(size_t(tb * H * dim));
+  if (bf16) Qb.resize(size_t(tb * H * dim)), Qpairs.resize(size_t(tb * H * dim / 2));
   parts.resize(size_t(nthr > 1 ? nthr * tb * H * kvr : 0));
   part_lse.resize(size_t(nthr > 1 ? nthr * tb * H : 0));
   for (int64_t t0 = 0; t0 < a.T; t0 += tb) {
@@ -196,11 +276,18 @@ void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, f
         const float* qp = a.q_pe + (t0 + t) * a.ld_qpe + h * a.head_stride_qpe;
         std::copy(qp, qp + a.rope, dst + kvr);
       }
+    if (bf16) {
+      for (int64_t i = 0; i < M * dim; ++i) Qb[size_t(i)] = f32_to_bf16(Q[size_t(i)] * a.scale);
+      pack_activation_pairs(Qb.data(), M, dim, dim, Qpairs.data());
+    }
     // One thread's share: key blocks [b0, b1) into acc [M, kv_lora] and its lse [M].
     auto run = [&](int64_t b0, int64_t b1, float* acc, float* row_lse) {
       const vec::FlushDenormals flush;
       thread_local std::vector<float> C, P, m, l;
-      if (a.gather) C.resize(static_cast<size_t>(kKeyBlock * dim));
+      thread_local std::vector<uint16_t> Cb;     // Dpbf16: the block's rows as stored, zero rows to a multiple of 32
+      thread_local std::vector<uint32_t> pairs;  // Dpbf16: the block's weights in bf16 pairs
+      if (bf16) Cb.resize(static_cast<size_t>((kKeyBlock + 32) * dim)), pairs.resize(size_t(M * (kKeyBlock / 2)));
+      else if (a.gather) C.resize(static_cast<size_t>(kKeyBlock * dim));
       P.resize(static_cast<size_t>(M * kKeyBlock));
       m.assign(static_cast<size_t>(M), kNegInf);
       l.assign(static_cast<size_t>(M), 0.0f);
@@ -211,10 +298,20 @@ void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, f
         const int64_t last_visible = a.q_pos0 + t0 + nt - 1 - a.k_pos0;
         if (j0 > last_visible) break;
         const float* rows = a.latent ? a.latent + j0 * dim : C.data();
-        if (!a.latent) a.gather(j0, n, C.data());
-        // One shared key per cached token for all heads: scores [M, n] = Q rows^T.
-        if (M <= kSmallGemmRows) gemm_nt_f32(M, n, dim, a.scale, Q.data(), dim, rows, dim, 0.0f, P.data(), n);
-        else sgemm(ctx, false, true, M, n, dim, a.scale, Q.data(), dim, rows, dim, 0.0f, P.data(), n);
+        if (bf16) {
+          // Scores [M, n] on VDPBF16PS, 32 keys at a time (the last group padded with zero rows).
+          a.gather_bf16(j0, n, Cb.data());
+          const int64_t n32 = (n + 31) / 32 * 32;
+          std::fill(Cb.begin() + n * dim, Cb.begin() + n32 * dim, uint16_t(0));
+          for (int64_t r0 = 0; r0 < n; r0 += 32)
+            dpbf16_gemm_pairs_rows32(Qpairs.data(), M, dim, Cb.data() + r0 * dim, dim, std::min<int64_t>(32, n - r0),
+                                     false, P.data() + r0, n);
+        } else {
+          if (!a.latent) a.gather(j0, n, C.data());
+          // One shared key per cached token for all heads: scores [M, n] = Q rows^T.
+          if (M <= kSmallGemmRows) gemm_nt_f32(M, n, dim, a.scale, Q.data(), dim, rows, dim, 0.0f, P.data(), n);
+          else sgemm(ctx, false, true, M, n, dim, a.scale, Q.data(), dim, rows, dim, 0.0f, P.data(), n);
+        }
         for (int64_t r = 0; r < M; ++r) {
           float* p = P.data() + r * n;
           const int64_t vis = std::clamp<int64_t>(a.q_pos0 + t0 + r / H - a.k_pos0 + 1 - j0, 0, n);
@@ -233,7 +330,10 @@ void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, f
             for (float* o = acc + r * kvr; o < acc + (r + 1) * kvr; ++o) *o *= keep;
         }
         // One shared value: acc [M, kv_lora] += P c_KV.
-        if (M <= kSmallGemmRows) gemm_nn_f32(M, kvr, n, 1.0f, P.data(), n, rows, dim, 1.0f, acc, kvr);
+        if (bf16) {
+          weight_pairs(P.data(), M, n, n, pairs.data());
+          pv_dpbf16(pairs.data(), M, (n + 1) / 2, Cb.data(), dim, kvr, acc);
+        } else if (M <= kSmallGemmRows) gemm_nn_f32(M, kvr, n, 1.0f, P.data(), n, rows, dim, 1.0f, acc, kvr);
         else sgemm(ctx, false, false, M, kvr, n, 1.0f, P.data(), n, rows, dim, 1.0f, acc, kvr);
       }
       for (int64_t r = 0; r < M; ++r) {

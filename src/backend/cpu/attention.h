@@ -50,12 +50,29 @@ struct AbsorbArgs {
   // Writes keys [s0, s0 + n) as float32 rows of kv_lora + rope (e.g. LatentPool::gather); called
   // from several threads at once on disjoint ranges. Used when latent is null.
   std::function<void(int64_t s0, int64_t n, float* out)> gather = nullptr;
+  // The same keys as the bf16 rows a bf16 cache stores (LatentPool::gather_bf16); where given,
+  // the fast precision runs the bf16 kernel over them (absorb_kernel).
+  std::function<void(int64_t s0, int64_t n, uint16_t* out)> gather_bf16 = nullptr;
 };
 // out_lat: [T, H, kv_lora] (weighted sums of c_KV); lse: [T, H].
 // The keys go in blocks with an online softmax (running max and sum per row); long key ranges
 // are split across ctx's threads, each thread's partial result merged by log-sum-exp, so decoding
 // on a long cache uses every core and never holds more than a block of keys in float32.
+// Runs absorb_kernel(ctx, a)'s kernel.
 void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, float* lse);
+
+// The two kernels of the absorb path:
+//  F32:    the keys as float32 rows (gather or latent), float32 products;
+//  Dpbf16: the keys as stored in a bf16 cache (gather_bf16), products on VDPBF16PS: the scaled
+//          queries and the softmax weights rounded to bf16, every sum in float32, the softmax in
+//          float32 between the two products. It needs gather_bf16, (kv_lora + rope) % 32 == 0 and
+//          kv_lora % 16 == 0.
+// attention_absorb picks Dpbf16 in the fast precision where it can run, else F32 (which needs
+// latent or gather).
+enum class AbsorbKernel { F32, Dpbf16 };
+const char* absorb_kernel_name(AbsorbKernel k);
+bool dpbf16_absorb_supported(const AbsorbArgs& a);
+AbsorbKernel absorb_kernel(const Context& ctx, const AbsorbArgs& a);
 
 // acc <- the exact merge of (acc, acc_lse) with (part, part_lse): rows of d values.
 void merge_partial(float* acc, float* acc_lse, const float* part, const float* part_lse, int64_t rows, int64_t d);
