@@ -103,20 +103,33 @@ std::string name(const AbsorbCase& c) {
          kv_dtype_name(c.dtype) + " threads" + std::to_string(c.threads);
 }
 
-// Two ragged sequences in one poisoned pool with random page tables; the second (cached + T
-// keys) is attended, from the pool through the gather callback and from its gathered rows.
+// Two ragged sequences in one poisoned pool of c's geometry and dtype, with random page tables
+// and random rows in layer 1: `other` keys, then the attended one's cached + T.
+struct TwoSequences {
+  LatentPool pool;
+  std::vector<PageTable> tables;
+};
+TwoSequences two_sequences(const AbsorbCase& c, int64_t other, std::mt19937& rng) {
+  const int64_t S = c.cached + c.T;
+  const int64_t pages = (S + c.page_size - 1) / c.page_size + (other + c.page_size - 1) / c.page_size + 2;
+  TwoSequences t{LatentPool(2, c.kvr, c.rope, pages, c.page_size, c.dtype), {}};
+  test::poison_pool(t.pool);
+  t.tables = test::random_page_tables(t.pool, {other, S}, rng);
+  test::fill_rows(t.pool, 1, t.tables[0], other, c.kvr, rng);
+  test::fill_rows(t.pool, 1, t.tables[1], S, c.kvr, rng);
+  return t;
+}
+
+// The second of two sequences (two_sequences) is attended, from the pool through the gather
+// callback and from its gathered rows.
 void check_absorb(const AbsorbCase& c) {
   SCOPED_TRACE(name(c));
   const cpu::Context ctx = threads(c.threads);
   std::mt19937 rng(uint32_t(c.H * 131 + c.T * 17 + c.cached + c.page_size * 7 + int(c.dtype)));
-  const int64_t S = c.cached + c.T, dim = c.kvr + c.rope, other = 2 * S / 3 + 3;
-  const int64_t pages = (S + c.page_size - 1) / c.page_size + (other + c.page_size - 1) / c.page_size + 2;
-  LatentPool pool(2, c.kvr, c.rope, pages, c.page_size, c.dtype);
-  test::poison_pool(pool);
-  auto tables = test::random_page_tables(pool, {other, S}, rng);
-  test::fill_rows(pool, 1, tables[0], other, c.kvr, rng);
-  test::fill_rows(pool, 1, tables[1], S, c.kvr, rng);
-  const PageTable& seq = tables[1];
+  const int64_t S = c.cached + c.T, dim = c.kvr + c.rope;
+  TwoSequences two = two_sequences(c, 2 * S / 3 + 3, rng);
+  const LatentPool& pool = two.pool;
+  const PageTable& seq = two.tables[1];
 
   std::normal_distribution<float> nd(0.0f, 1.0f);
   // q_lat and q_pe, q_pe inside rows of [H, 2 rope] (stride between heads 2 rope, as q's layout).
@@ -188,14 +201,10 @@ void check_absorb_bf16(const AbsorbCase& c) {
   cpu::Context ctx = threads(c.threads);
   ctx.precision = cpu::Precision::Fast;
   std::mt19937 rng(uint32_t(c.H * 131 + c.T * 17 + c.cached + c.page_size * 7 + 5));
-  const int64_t S = c.cached + c.T, dim = c.kvr + c.rope, other = S / 2 + 5;
-  const int64_t pages = (S + c.page_size - 1) / c.page_size + (other + c.page_size - 1) / c.page_size + 2;
-  LatentPool pool(2, c.kvr, c.rope, pages, c.page_size, KvDType::BF16);
-  test::poison_pool(pool);
-  auto tables = test::random_page_tables(pool, {other, S}, rng);
-  test::fill_rows(pool, 1, tables[0], other, c.kvr, rng);
-  test::fill_rows(pool, 1, tables[1], S, c.kvr, rng);
-  const PageTable& seq = tables[1];
+  const int64_t S = c.cached + c.T, dim = c.kvr + c.rope;
+  TwoSequences two = two_sequences(c, S / 2 + 5, rng);
+  const LatentPool& pool = two.pool;
+  const PageTable& seq = two.tables[1];
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> q_lat(size_t(c.T * c.H * c.kvr)), q_pe(size_t(c.T * c.H * c.rope));
   for (auto& x : q_lat) x = nd(rng) * 0.3f;
