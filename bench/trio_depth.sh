@@ -14,25 +14,30 @@
 #             for the D cached tokens; 1 warm-up + 1 timed run)
 #   mainline: llama-bench -m GGUF -t T -p 512 -n 64 -d D1,D2,.. -r 1 -o json (it prefills each
 #             depth for real, untimed)
-#   ik:       its llama-bench has no -d. Decode at D: -gp D,64 (64 tokens timed after an untimed
-#             D-token prompt). Prompt at D: 512 / (time of a D+512-token prompt - time of a
-#             D-token prompt), both from -p D,D+512 -n 0 in the same run; exact when D is a
-#             multiple of its 512-token ubatch (the last ubatch is then the 512 tokens at depth D),
-#             noisier the larger D (a difference of two long runs). All in one llama-bench run.
+#   ik:       its llama-bench has no -d; its llama-sweep-bench measures what -d does: it fills
+#             the cache 512 tokens (-ub) at a time up to -c, and at every --sweep-stride-th
+#             window times 64 decode steps (-n) after the N_KV tokens there, then the window's
+#             512-token prompt at that depth. llama-sweep-bench -m GGUF -t T -c MAXDEPTH+512
+#             -ub 512 -b 512 -n 64 --sweep-stride GCD(DEPTHS)/512 --output-format jsonl; the
+#             rows at N_KV = each depth. Depths must be multiples of 512. (An earlier version
+#             took ik's prompt at depth as 512 / (time of a D+512-token prompt - time of a
+#             D-token prompt) from llama-bench: on a 2-vCPU VM the difference of two 30-60 s runs
+#             was below their spread, and came out negative in 2 of 5 rounds.)
 # Each round runs the three engines one after the other, the first of them rotating from round
 # to round. weights -> GGUF (in $PEER_DIR/gguf), as bench_trio.sh pairs them:
 #   bf16 -> v2lite-6L-bf16.gguf, fp8 -> v2lite-6L-q8_0-bf16io.gguf, int4 -> v2lite-6L-q4exps-bf16.gguf
 # -G gives ik its own file (e.g. experts in its IQ4_KS quant, which mainline cannot read).
 # How long a round takes: the peers prefill every depth for real, mainline once per depth, ik
-# three times (D, D+512 and the -gp prompt), after a load that repacks the weights (-rtr).
+# once up to the deepest, after a load that repacks the weights (-rtr).
 # -d 0,512 -t 1 took 2.5 minutes a round (mla 46 s, mainline 36 s, ik 64 s) on a 2-vCPU AMD EPYC
 # VM beside another benchmark; the default 0,8192,32768 takes tens of minutes a round, most of
 # it the peers' 32k prefills (raise TIMEOUT if a run is cut off).
-# ik's prompt at depth 0 is its first 512-token prompt after a 1-token warm-up (as in
-# bench_trio.sh); at D > 0 the one-off costs of a first prompt are in both runs and cancel.
+# ik's prompt at depth 0 is its first 512-token window after a 1-token warm-up.
 # Env: MLA (default <root>/bench/trio_mla.sh; it runs $MLA_BIN, default <root>/build/mla),
 #      MLA_DIR (mla's checkpoint folder, default mla's own <tmp>/mla-bench-v2lite-6L-<W>),
-#      ML_BENCH, IK_BENCH (binaries), PEER_DIR (default /tmp/mla-peer),
+#      ML_BENCH, IK_SWEEP (binaries; IK_SWEEP default $PEER_DIR/ik_llama.cpp/build/bin/
+#      llama-sweep-bench: cmake --build $PEER_DIR/ik_llama.cpp/build --target llama-sweep-bench),
+#      PEER_DIR (default /tmp/mla-peer),
 #      IK_EXTRA (default "-mla 3 -fa 1 -fmoe 1 -rtr 1", ik's best CPU setting for these files),
 #      LL_EXTRA (extra mainline flags), TIMEOUT (seconds per engine per round, default 1800),
 #      LOG_DIR (where every run's raw output is kept; default a new folder under $PEER_DIR).
@@ -58,9 +63,13 @@ done
   { echo "trio_depth: -n, -t and TIMEOUT take positive integers" >&2; exit 2; }
 [[ $DEPTHS =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "trio_depth: -d takes depths like 0,8192,32768" >&2; exit 2; }
 IFS=, read -r -a DL <<< "$DEPTHS"
+STRIDE=0
 for d in "${DL[@]}"; do
-  (( d % PP == 0 )) || echo "trio_depth: warning: depth $d is not a multiple of $PP: ik's prompt figure there is approximate" >&2
+  (( d % PP == 0 )) || { echo "trio_depth: depth $d is not a multiple of $PP (ik's sweep measures whole windows of $PP)" >&2; exit 2; }
+  a=$STRIDE b=$((d / PP)); while ((b)); do t=$((a % b)); a=$b; b=$t; done; STRIDE=$a  # gcd
 done
+((STRIDE > 0)) || STRIDE=1
+MAXD=$(printf '%s\n' "${DL[@]}" | sort -n | tail -1)
 if [[ -z $GGUF ]]; then
   case $WEIGHTS in
     bf16) GGUF=$PEER_DIR/gguf/v2lite-${LAYERS}L-bf16.gguf ;;
@@ -72,7 +81,7 @@ fi
 [[ -z $IKGGUF ]] && IKGGUF=$GGUF
 MLA=${MLA:-$ROOT/bench/trio_mla.sh}
 ML=${ML_BENCH:-$PEER_DIR/llama.cpp/build/bin/llama-bench}
-IK=${IK_BENCH:-$PEER_DIR/ik_llama.cpp/build/bin/llama-bench}
+IK=${IK_SWEEP:-$PEER_DIR/ik_llama.cpp/build/bin/llama-sweep-bench}
 PY=/usr/bin/python3
 [[ -x $PY ]] || PY=python3
 if [[ -n ${LOG_DIR:-} ]]; then LOG=$LOG_DIR; mkdir -p "$LOG" || exit 1
@@ -80,10 +89,9 @@ else LOG=$(mktemp -d "$PEER_DIR/logs-depth.XXXXXX" 2>/dev/null || mktemp -d "${T
 MLA_ARGS=(bench --layers "$LAYERS" --weights "$WEIGHTS" --threads "$THREADS" --runs 1 --depth "$DEPTHS"
           --prompt-tokens "$PP" --decode-tokens "$TG")
 [[ -n ${MLA_DIR:-} ]] && MLA_ARGS+=(--dir "$MLA_DIR")
-# ik: the prompt lengths D and D+512 (0 is no run: its time is 0), and a -gp per depth.
-IK_P=$(for d in "${DL[@]}"; do ((d > 0)) && echo "$d"; echo $((d + PP)); done | sort -nu | paste -sd,)
-IK_ARGS=(-m "$IKGGUF" -t "$THREADS" -p "$IK_P" -n 0 -r 1 -o json)
-for d in "${DL[@]}"; do IK_ARGS+=(-gp "$d,$TG"); done
+# ik: one sweep to the deepest depth, a measured window every STRIDE windows of 512.
+IK_ARGS=(-m "$IKGGUF" -t "$THREADS" -c $((MAXD + PP)) -ub "$PP" -b "$PP" -n "$TG" --sweep-stride "$STRIDE"
+         --output-format jsonl)
 # shellcheck disable=SC2206
 IK_ARGS+=(${IK_EXTRA})
 # shellcheck disable=SC2206
@@ -127,22 +135,19 @@ try:
             if m and int(m.group(2)) == 1 and int(m.group(1)) in res:
                 f = lambda s: float(s.split()[0]) if s != "-" else float("nan")
                 res[int(m.group(1))] = [f(m.group(3)), f(m.group(4))]
-    else:
-        rows = json.load(open(path))
-        if eng == "mainline":
-            for x in rows:
-                d = x.get("n_depth", 0)
-                if d not in res: continue
-                if x["n_prompt"] == pp and x["n_gen"] == 0: res[d][0] = x["avg_ts"]
-                if x["n_prompt"] == 0 and x["n_gen"] == tg: res[d][1] = x["avg_ts"]
-        else:  # ik: pp rows give times (ns) per prompt length; -gp D,TG rows the decode rate at D
-            t = {0: 0.0}
-            for x in rows:
-                if x["n_gen"] == 0 and x["n_prompt"] > 0: t[x["n_prompt"]] = float(x["avg_ns"])
-                if x["n_gen"] == tg and x["n_prompt"] in res: res[x["n_prompt"]][1] = x["avg_ts"]
-            for d in depths:
-                if d in t and d + pp in t and t[d + pp] > t[d]:
-                    res[d][0] = pp * 1e9 / (t[d + pp] - t[d])
+    elif eng == "mainline":
+        for x in json.load(open(path)):
+            d = x.get("n_depth", 0)
+            if d not in res: continue
+            if x["n_prompt"] == pp and x["n_gen"] == 0: res[d][0] = x["avg_ts"]
+            if x["n_prompt"] == 0 and x["n_gen"] == tg: res[d][1] = x["avg_ts"]
+    else:  # ik: llama-sweep-bench's jsonl rows, one per measured window
+        for line in open(path, errors="replace"):
+            line = line.strip()
+            if not line.startswith("{"): continue
+            x = json.loads(line)
+            if x.get("n_kv") in res and x.get("pp") == pp and x.get("tg") == tg:
+                res[x["n_kv"]] = [x["speed_pp"], x["speed_tg"]]
 except Exception as e:
     import os
     if os.path.exists(path) and os.path.getsize(path) > 0:
@@ -158,7 +163,7 @@ run_engine() {  # run_engine ENGINE ROUND: runs it, keeps its output, appends it
   case $e in
     mla)      out=$LOG/mla.$r.txt;  timeout -k 30 "$TIMEOUT" "$MLA" "${MLA_ARGS[@]}" > "$out" 2> "$LOG/mla.$r.err" ;;
     mainline) out=$LOG/ml.$r.json;  timeout -k 30 "$TIMEOUT" "$ML" "${ML_ARGS[@]}" > "$out" 2> "$LOG/ml.$r.err" ;;
-    ik)       out=$LOG/ik.$r.json;  timeout -k 30 "$TIMEOUT" "$IK" "${IK_ARGS[@]}" > "$out" 2> "$LOG/ik.$r.err" ;;
+    ik)       out=$LOG/ik.$r.jsonl;  timeout -k 30 "$TIMEOUT" "$IK" "${IK_ARGS[@]}" > "$out" 2> "$LOG/ik.$r.err" ;;
   esac
   rc=$?
   SECS[$e]=$(( $(date +%s) - t0 ))
@@ -178,7 +183,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
     run_engine "$e" "$r"
   done
   if ((r == 1)); then  # what the peers' binaries say they were built from
-    for f in ml ik; do
+    for f in ml; do
       [[ -s $LOG/$f.1.json ]] && "$PY" - "$LOG/$f.1.json" "$f" <<'PYEOF'
 import json, sys
 try:
