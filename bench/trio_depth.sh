@@ -38,7 +38,9 @@
 #      ML_BENCH, IK_SWEEP (binaries; IK_SWEEP default $PEER_DIR/ik_llama.cpp/build/bin/
 #      llama-sweep-bench: cmake --build $PEER_DIR/ik_llama.cpp/build --target llama-sweep-bench),
 #      PEER_DIR (default /tmp/mla-peer),
-#      IK_EXTRA (default "-mla 3 -fa 1 -fmoe 1 -rtr 1", ik's best CPU setting for these files),
+#      IK_EXTRA (default "-mla 3 -fa 1 -rtr": ik's best CPU setting for these files, llama-bench's
+#      "-mla 3 -fa 1 -fmoe 1 -rtr 1" in the common options' spelling, where fused MoE is on by
+#      default and -rtr takes no value),
 #      LL_EXTRA (extra mainline flags), TIMEOUT (seconds per engine per round, default 1800),
 #      LOG_DIR (where every run's raw output is kept; default a new folder under $PEER_DIR).
 # A failed or timed-out run gives nan in its cells and the script goes on.
@@ -47,7 +49,7 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PEER_DIR=${PEER_DIR:-/tmp/mla-peer}
-IK_EXTRA=${IK_EXTRA--mla 3 -fa 1 -fmoe 1 -rtr 1}
+IK_EXTRA=${IK_EXTRA--mla 3 -fa 1 -rtr}
 TIMEOUT=${TIMEOUT:-1800}
 WEIGHTS=bf16 ROUNDS=5 THREADS=2 DEPTHS=0,8192,32768 GGUF="" IKGGUF="" LAYERS=6 SKIPML=0 SKIPIK=0
 PP=512 TG=64
