@@ -143,7 +143,7 @@ try:
             if d not in res: continue
             if x["n_prompt"] == pp and x["n_gen"] == 0: res[d][0] = x["avg_ts"]
             if x["n_prompt"] == 0 and x["n_gen"] == tg: res[d][1] = x["avg_ts"]
-    else:  # ik: llama-sweep-bench's jsonl rows, one per measured window
+    else:  # ik: llama-sweep-bench's jsonl rows, one per measured window, among its log lines
         for line in open(path, errors="replace"):
             line = line.strip()
             if not line.startswith("{"): continue
@@ -165,11 +165,11 @@ run_engine() {  # run_engine ENGINE ROUND: runs it, keeps its output, appends it
   case $e in
     mla)      out=$LOG/mla.$r.txt;  timeout -k 30 "$TIMEOUT" "$MLA" "${MLA_ARGS[@]}" > "$out" 2> "$LOG/mla.$r.err" ;;
     mainline) out=$LOG/ml.$r.json;  timeout -k 30 "$TIMEOUT" "$ML" "${ML_ARGS[@]}" > "$out" 2> "$LOG/ml.$r.err" ;;
-    ik)       out=$LOG/ik.$r.jsonl;  timeout -k 30 "$TIMEOUT" "$IK" "${IK_ARGS[@]}" > "$out" 2> "$LOG/ik.$r.err" ;;
+    ik)       out=$LOG/ik.$r.txt;   timeout -k 30 "$TIMEOUT" "$IK" "${IK_ARGS[@]}" > "$out" 2>&1 ;;  # its rows go to stderr
   esac
   rc=$?
   SECS[$e]=$(( $(date +%s) - t0 ))
-  ((rc == 0)) || echo "trio_depth: round $r: $e exited with status $rc$( ((rc == 124)) && echo " (timed out after ${TIMEOUT}s)"); see ${out%.*}.err" >&2
+  ((rc == 0)) || echo "trio_depth: round $r: $e exited with status $rc$( ((rc == 124)) && echo " (timed out after ${TIMEOUT}s)"); its output is in $LOG ($e.$r.*)" >&2
   parse "$e" "$out" | while read -r d p g; do printf '%s\t%s\t%s\t%s\t%s\n' "$r" "$e" "$d" "$p" "$g"; done >> "$LOG/results.tsv"
 }
 
