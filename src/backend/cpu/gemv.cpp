@@ -267,13 +267,9 @@ constexpr float kFp8FastPost = 72057594037927936.0f;       // 2^56: the sums (2^
 constexpr float kFp8FastFix = 1.0f / 18446744073709551616.0f;  // 2^-64: the subnormals' sums
 
 inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
-// The same on 16 lanes (round to nearest even; NaN stays NaN).
+// The same on 16 lanes, with the instruction prepare_bf16 rounds the other columns with.
 inline __m512 round_bf16(__m512 f) {
-  const __m512i u = _mm512_castps_si512(f);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))),
-                                     _mm512_set1_epi32(int32_t(0xffff0000u)));
-  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_castsi512_ps(r), f);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(f)), 16));
 }
 
 // The products of the FP8 subnormal codes among the step's 64 bytes (mask: exponent field 0),
