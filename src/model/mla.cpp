@@ -104,6 +104,16 @@ float* MlaAttention::absorb_queries(const cpu::Context& ctx, const LayerWeights&
   return q_lat;
 }
 
+std::string MlaAttention::kernel_names(const cpu::Context& ctx, const ModelConfig& c, KvDType dtype) {
+  cpu::ExpandArgs e{};
+  e.nope = c.qk_nope_head_dim, e.rope = c.qk_rope_head_dim, e.v = c.v_head_dim;
+  cpu::AbsorbArgs a{};
+  a.kv_lora = c.kv_lora_rank, a.rope = c.qk_rope_head_dim;
+  if (dtype == KvDType::BF16) a.gather_bf16 = [](int64_t, int64_t, uint16_t*) {};  // as absorb() sets it
+  return std::string("expand ") + cpu::expand_kernel_name(cpu::expand_kernel(ctx, e)) + ", absorb " +
+         cpu::absorb_kernel_name(cpu::absorb_kernel(ctx, a));
+}
+
 // out[t, h] = W_UV[h] o_lat[t, h] (z_.o_lat).
 void MlaAttention::absorb_values(const cpu::Context& ctx, const LayerWeights& W, int64_t n, float* out) {
   const int64_t H = H_, kvr = kv_lora_, vd = v_;

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -104,6 +105,11 @@ class MlaAttention {
   void absorb_sparse(const cpu::Context& ctx, const LayerWeights& W, const SeqKeys& k, const cpu::KeySelection& sel,
                      const float* q, float* out);
   void reference_sparse(const LayerWeights& W, const SeqKeys& k, const cpu::KeySelection& sel, const float* q, float* out);
+
+  // The kernels the expand and absorb forms run on in ctx over a cache of `dtype`
+  // (cpu::expand_kernel, cpu::absorb_kernel), e.g. "expand dpbf16, absorb dpbf16": what
+  // benchmarks print beside their figures.
+  static std::string kernel_names(const cpu::Context& ctx, const ModelConfig& c, KvDType dtype);
 
   // out [T, hidden] = W_O attn, attn [T, H, v].
   void o_proj(const cpu::Context& ctx, const LayerWeights& W, const float* attn, int64_t T, float* out) const;

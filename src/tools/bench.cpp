@@ -594,6 +594,7 @@ void measure_depths(Model& model, const Options& opt, Report& rep, Ranks& ranks,
       const int64_t extra = std::max<int64_t>({prompt ? opt.prompt_tokens : 0, opt.decode_tokens, 1});
       LatentPool pool = model.make_pool(B * pages_for_tokens(d + extra, 64) + 1, 64);
       rep.kv_dtype = kv_dtype_name(pool.dtype());
+      rep.attention_kernels = MlaAttention::kernel_names(model.context(), c, pool.dtype());
       std::vector<PageTable> seqs(static_cast<size_t>(B));
       for (PageTable& seq : seqs) fill_random_cache(pool, c.kv_lora_rank, seq, d, rng);
       DepthRow row;
@@ -1268,8 +1269,9 @@ std::string format_report(const Report& r) {
   if (!r.depth_rows.empty()) {
     std::snprintf(buf, sizeof buf,
                   "at depth: a %lld-token prompt and %lld decode steps after DEPTH tokens in the cache (random %s "
-                  "latent rows), alternating, median of %d timed run(s) (range):\n",
-                  (long long)r.prompt_tokens, (long long)r.decode_tokens, r.kv_dtype.c_str(), r.runs);
+                  "latent rows), alternating, median of %d timed run(s) (range); attention kernels: %s:\n",
+                  (long long)r.prompt_tokens, (long long)r.decode_tokens, r.kv_dtype.c_str(), r.runs,
+                  r.attention_kernels.c_str());
     o << buf;
     const bool ep = r.ranks > 1;
     std::snprintf(buf, sizeof buf, "  %8s  %5s  %22s  %20s  %30s  %15s  %16s", "depth", "batch", "prompt tokens/s",

@@ -280,6 +280,7 @@ struct Report {
   // Options::depths: one row per depth, the cache's format, the decode steps per run.
   std::vector<DepthRow> depth_rows;
   std::string kv_dtype;
+  std::string attention_kernels;  // MlaAttention::kernel_names of the depth rows' cache
   int64_t decode_tokens = 0;
   int runs = 0;
   // Weights held by this process (rank 0 under mpirun): all, and the routed experts among them.

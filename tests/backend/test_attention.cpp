@@ -24,6 +24,7 @@
 #include "backend/cpu/amx.h"
 #include "backend/cpu/attention.h"
 #include "backend/cpu/attention_reference.h"
+#include "backend/cpu/dispatch.h"
 #include "backend/cpu/ops.h"
 #include "kv/latent_pool.h"
 #include "model/random_mla_layer.h"
@@ -358,19 +359,20 @@ TEST(AttentionExpand, Float32KernelMatchesTheReference) {
   }
 }
 
-// The bf16 kernel on AMX tiles. Q scale, K, P and V are rounded to bf16, a relative error
-// uniform within +-2^-9 each. A score's error is then a sum of independent terms q_i k_i (e_q +
-// e_k), rms 2^-9 sqrt(2/3) scale sqrt(sum_i (q_i k_i)^2) <= 2^-9 0.82 scale |q| max|k|; ds = 4 rms
-// bounds it. The output moves by 2 ds from the scores and 2 2^-9 from P's and V's roundings,
-// relative to max |v|; the lse by ds.
-TEST(AttentionExpand, AmxKernelMatchesTheReference) {
-  if (!cpu::amx_available()) GTEST_SKIP() << "this CPU has no AMX: the bf16 expand kernel cannot run here";
+// The bf16 kernels (AMX tiles, VDPBF16PS). Q scale, K, P and V are rounded to bf16, a relative
+// error uniform within +-2^-9 each. A score's error is then a sum of independent terms q_i k_i
+// (e_q + e_k), rms 2^-9 sqrt(2/3) scale sqrt(sum_i (q_i k_i)^2) <= 2^-9 0.82 scale |q| max|k|;
+// ds = 4 rms bounds it. The output moves by 2 ds from the scores and 2 2^-9 from P's and V's
+// roundings, relative to max |v|; the lse by ds.
+using ExpandFn = void (*)(const cpu::Context&, const cpu::ExpandArgs&, float*, float*);
+void expect_bf16_expand_matches_the_reference(ExpandFn kernel, bool (*supported)(const cpu::ExpandArgs&),
+                                              const cpu::Context& ctx) {
   int ran = 0;
   for (const auto& s : kExpandShapes) {
     ExpandProblem p(s.T, s.S, s.H, s.nope, s.rope, s.v, s.q_pos0, s.k_pos0, uint32_t(s.T * 7 + s.S));
-    if (!cpu::amx_expand_supported(p.args())) {
+    if (!supported(p.args())) {
       std::vector<float> o(static_cast<size_t>(s.T * s.H * s.v)), l(static_cast<size_t>(s.T * s.H));
-      EXPECT_THROW(cpu::attention_expand_amx(kOneThread, p.args(), o.data(), l.data()), std::logic_error);
+      EXPECT_THROW(kernel(ctx, p.args(), o.data(), l.data()), std::logic_error);
       continue;
     }
     SCOPED_TRACE(shape_name(s));
@@ -378,7 +380,7 @@ TEST(AttentionExpand, AmxKernelMatchesTheReference) {
     std::vector<float> want(size_t(s.T * s.H * s.v)), want_lse(size_t(s.T * s.H));
     cpu::ref::attention_expand(p.args(), want.data(), want_lse.data());
     std::vector<float> got(want.size(), -7.0f), got_lse(want_lse.size(), -7.0f);
-    cpu::attention_expand_amx(kOneThread, p.args(), got.data(), got_lse.data());
+    kernel(ctx, p.args(), got.data(), got_lse.data());
     const int64_t qk = s.nope + s.rope;
     double qn = 0, km = 0, vm = 0;
     for (int64_t r = 0; r < s.T * s.H; ++r) qn = std::max(qn, norm(p.q.data() + r * qk, qk));
@@ -402,17 +404,41 @@ TEST(AttentionExpand, AmxKernelMatchesTheReference) {
   EXPECT_GE(ran, 5);
 }
 
-// The dispatcher picks the AMX kernel only in the fast precision, where it can run.
+TEST(AttentionExpand, AmxKernelMatchesTheReference) {
+  if (!cpu::amx_available()) GTEST_SKIP() << "this CPU has no AMX: the AMX expand kernel cannot run here";
+  expect_bf16_expand_matches_the_reference(cpu::attention_expand_amx, cpu::amx_expand_supported, kOneThread);
+}
+
+// Every CPU the engine runs on has AVX-512 BF16; two threads split the heads.
+TEST(AttentionExpand, Dpbf16KernelMatchesTheReference) {
+  expect_bf16_expand_matches_the_reference(cpu::attention_expand_dpbf16, cpu::dpbf16_expand_supported, kOneThread);
+  cpu::Context two;
+  two.threads = 2;
+  expect_bf16_expand_matches_the_reference(cpu::attention_expand_dpbf16, cpu::dpbf16_expand_supported, two);
+}
+
+// The dispatcher runs bf16 products only in the fast precision, where they can run: AMX where
+// the CPU has it and the context allows it, else VDPBF16PS unless float32 FMAs outrun it.
 TEST(AttentionExpand, KernelChoice) {
   ExpandProblem p(2, 2, 1, 32, 32, 32, 0, 0, 1), odd(2, 2, 1, 20, 10, 24, 0, 0, 1);
-  cpu::Context fast;
-  fast.precision = cpu::Precision::Fast;
+  cpu::Context fast, fast_no_amx, fast_fma, fast_dpbf16;
+  fast.precision = fast_no_amx.precision = fast_fma.precision = fast_dpbf16.precision = cpu::Precision::Fast;
+  fast_no_amx.amx = fast_fma.amx = fast_dpbf16.amx = false;
+  fast_fma.vector_gemm = cpu::Context::VectorGemm::Fma;
+  fast_dpbf16.vector_gemm = cpu::Context::VectorGemm::Vdpbf16ps;
   EXPECT_EQ(cpu::expand_kernel(cpu::Context{}, p.args()), cpu::ExpandKernel::F32);  // precise: float32 always
-  EXPECT_EQ(cpu::expand_kernel(fast, p.args()), cpu::amx_available() ? cpu::ExpandKernel::Amx : cpu::ExpandKernel::F32);
+  const cpu::ExpandKernel no_amx = cpu::host_features().fma_gemm ? cpu::ExpandKernel::F32 : cpu::ExpandKernel::Dpbf16;
+  EXPECT_EQ(cpu::expand_kernel(fast, p.args()), cpu::amx_available() ? cpu::ExpandKernel::Amx : no_amx);
+  EXPECT_EQ(cpu::expand_kernel(fast_no_amx, p.args()), no_amx);
+  EXPECT_EQ(cpu::expand_kernel(fast_fma, p.args()), cpu::ExpandKernel::F32);
+  EXPECT_EQ(cpu::expand_kernel(fast_dpbf16, p.args()), cpu::ExpandKernel::Dpbf16);
   EXPECT_EQ(cpu::expand_kernel(cpu::Context{}, odd.args()), cpu::ExpandKernel::F32);
   EXPECT_EQ(cpu::expand_kernel(fast, odd.args()), cpu::ExpandKernel::F32);  // (nope + rope) % 32 != 0
   EXPECT_EQ(cpu::amx_expand_supported(p.args()), cpu::amx_available());
   EXPECT_FALSE(cpu::amx_expand_supported(odd.args()));
+  EXPECT_TRUE(cpu::dpbf16_expand_supported(p.args()));
+  EXPECT_FALSE(cpu::dpbf16_expand_supported(odd.args()));
+  EXPECT_STREQ(cpu::expand_kernel_name(cpu::ExpandKernel::Dpbf16), "dpbf16");
 }
 
 // ---- chunked expand, merged by log-sum-exp -------------------------------------------------

@@ -8,6 +8,7 @@
 #include "tools/bench.h"
 #include "format/safetensors.h"
 #include "model/config.h"
+#include "model/mla.h"
 #include "model/presets.h"
 #include "model/weights.h"
 #include "test_util.h"
@@ -181,12 +182,20 @@ TEST(Bench, DepthRowsReportPromptDecodeAndTheCacheReadAtEachDepth) {
     EXPECT_DOUBLE_EQ(d.latent_bytes, double(d.batch) * row_bytes * (double(d.depth) + 2)) << d.depth;
   }
   EXPECT_EQ(rep.kv_dtype, "bf16");
+  // Which attention kernels ran: the fast precision's over a bf16 cache (no AMX: VDPBF16PS for
+  // both forms, unless float32 FMAs outrun it here and the expand form runs on them).
+  cpu::Context fast;
+  fast.precision = cpu::Precision::Fast;
+  fast.threads = 2;
+  EXPECT_EQ(rep.attention_kernels, MlaAttention::kernel_names(fast, ModelConfig::from_json(o.checkpoint_config), KvDType::BF16));
+  EXPECT_NE(rep.attention_kernels.find(", absorb dpbf16"), std::string::npos) << rep.attention_kernels;
   // The other sections did not run.
   EXPECT_EQ(rep.decode_tps.median, 0.0);
   EXPECT_TRUE(rep.spec.empty());
   EXPECT_TRUE(rep.batched_tps.empty());
   const std::string report = bench::format_report(rep);
   EXPECT_NE(report.find("at depth: a 16-token prompt and 3 decode steps"), std::string::npos) << report;
+  EXPECT_NE(report.find("attention kernels: " + rep.attention_kernels + ":"), std::string::npos) << report;
   EXPECT_NE(report.find("depth 300, time per decode step by part"), std::string::npos) << report;
   EXPECT_NE(report.find("depth 300, batch 3, time per decode step by part"), std::string::npos) << report;
 

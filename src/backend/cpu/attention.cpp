@@ -39,19 +39,48 @@ float causal_softmax(float* s, int64_t S, int64_t qpos, int64_t k_pos0) {
 
 int64_t round32(int64_t n) { return (n + 31) / 32 * 32; }
 
-// The fast precision's expand path on AMX tiles: per head, the keys [S, nope + rope] and the
+// The products of the fast precision's expand path, on one of two instruction sets. Each packs
+// a block of bf16 query (or probability) rows once, then multiplies it by 32 bf16 rows of keys
+// (or of transposed values) at a time, float32 sums.
+struct AmxProducts {  // AMX tiles (amx.h)
+  using Packed = uint16_t;
+  static int64_t packed_size(int64_t M, int64_t K) { return amx_packed_size(M, K); }
+  static void pack(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, Packed* out) {
+    amx_pack_activations(x, M, K, ldx, out);
+  }
+  static void rows32(const Packed* xp, int64_t M, int64_t K, const uint16_t* W, int64_t ldw, int64_t rows, float* y,
+                     int64_t ldy) {
+    amx_gemm_rows32(xp, M, K, W, ldw, rows, false, y, ldy);
+  }
+};
+struct Dpbf16Products {  // VDPBF16PS on column pairs (dpbf16_gemm.h)
+  using Packed = uint32_t;
+  static int64_t packed_size(int64_t M, int64_t K) { return M * K / 2; }
+  static void pack(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, Packed* out) {
+    pack_activation_pairs(x, M, K, ldx, out);
+  }
+  static void rows32(const Packed* xp, int64_t M, int64_t K, const uint16_t* W, int64_t ldw, int64_t rows, float* y,
+                     int64_t ldy) {
+    dpbf16_gemm_pairs_rows32(xp, M, K, W, ldw, rows, false, y, ldy);
+  }
+};
+
+// The fast precision's expand path on bf16 products: per head, the keys [S, nope + rope] and the
 // values transposed [v, S] as bf16 (zero-padded to 32 rows and columns), then per block of
 // query rows the scores Q K^T and the output P V as bf16 products with float32 sums, the softmax
 // in float32 between them. Same blocks, masking and lse as the float32 path below.
-void expand_amx(const Context& ctx, const ExpandArgs& a, int64_t tb, float* out, float* lse) {
+template <class Products>
+void expand_bf16(const Context& ctx, const ExpandArgs& a, int64_t tb, float* out, float* lse) {
+  using Packed = typename Products::Packed;
   const int64_t qk = a.nope + a.rope, ldkv = a.H * (a.nope + a.v);
   const int64_t S32 = round32(a.S), V32 = round32(a.v);
 #pragma omp parallel num_threads(ctx.num_threads())
   {
     const vec::FlushDenormals flush;
     std::vector<uint16_t> K(static_cast<size_t>(S32 * qk)), Vt(static_cast<size_t>(V32 * S32), 0),
-        Qb(static_cast<size_t>(tb * qk)), Qp(static_cast<size_t>(amx_packed_size(tb, qk))),
-        Pb(static_cast<size_t>(tb * S32)), Pp(static_cast<size_t>(amx_packed_size(tb, S32)));
+        Qb(static_cast<size_t>(tb * qk)), Pb(static_cast<size_t>(tb * S32));
+    std::vector<Packed> Qp(static_cast<size_t>(Products::packed_size(tb, qk))),
+        Pp(static_cast<size_t>(Products::packed_size(tb, S32)));
     std::vector<float> Q(static_cast<size_t>(tb * qk)), P(static_cast<size_t>(tb * S32));
     // The keys' rope part is every head's.
     activations_bf16(a.k_pe, a.S, a.ld_kpe, a.rope, WeightFormat::BF16, false, K.data() + a.nope, qk);
@@ -78,22 +107,21 @@ void expand_amx(const Context& ctx, const ExpandArgs& a, int64_t tb, float* out,
           for (int64_t d = 0; d < qk; ++d) Q[size_t(t * qk + d)] = src[d] * a.scale;
         }
         activations_bf16(Q.data(), nt, qk, qk, WeightFormat::BF16, false, Qb.data(), qk);
-        amx_pack_activations(Qb.data(), nt, qk, qk, Qp.data());
+        Products::pack(Qb.data(), nt, qk, qk, Qp.data());
         const int64_t S = std::clamp<int64_t>(a.q_pos0 + t0 + nt - a.k_pos0, 0, a.S), Sp = round32(S);
         for (int64_t j0 = 0; j0 < S; j0 += 32)
-          amx_gemm_rows32(Qp.data(), nt, qk, K.data() + j0 * qk, qk, std::min<int64_t>(32, S - j0), false,
-                          P.data() + j0, Sp);
+          Products::rows32(Qp.data(), nt, qk, K.data() + j0 * qk, qk, std::min<int64_t>(32, S - j0), P.data() + j0, Sp);
         for (int64_t t = 0; t < nt; ++t) {
           float* p = P.data() + t * Sp;
           lse[(t0 + t) * a.H + h] = causal_softmax(p, S, a.q_pos0 + t0 + t, a.k_pos0);
           std::fill(p + S, p + Sp, 0.0f);
         }
         activations_bf16(P.data(), nt, Sp, Sp, WeightFormat::BF16, false, Pb.data(), Sp);
-        amx_pack_activations(Pb.data(), nt, Sp, Sp, Pp.data());
+        Products::pack(Pb.data(), nt, Sp, Sp, Pp.data());
         float* o = out + (t0 * a.H + h) * a.v;
         for (int64_t d0 = 0; d0 < a.v; d0 += 32)
-          amx_gemm_rows32(Pp.data(), nt, Sp, Vt.data() + d0 * S32, S32, std::min<int64_t>(32, a.v - d0), false,
-                          o + d0, a.H * a.v);
+          Products::rows32(Pp.data(), nt, Sp, Vt.data() + d0 * S32, S32, std::min<int64_t>(32, a.v - d0), o + d0,
+                           a.H * a.v);
       }
     }
   }
@@ -107,24 +135,44 @@ int64_t expand_row_block(const ExpandArgs& a) {
 
 }  // namespace
 
-const char* expand_kernel_name(ExpandKernel k) { return k == ExpandKernel::Amx ? "amx" : "f32"; }
+const char* expand_kernel_name(ExpandKernel k) {
+  switch (k) {
+    case ExpandKernel::Amx: return "amx";
+    case ExpandKernel::Dpbf16: return "dpbf16";
+    case ExpandKernel::F32: break;
+  }
+  return "f32";
+}
 
 bool amx_expand_supported(const ExpandArgs& a) { return (a.nope + a.rope) % 32 == 0 && host_features().amx; }
 
+bool dpbf16_expand_supported(const ExpandArgs& a) { return (a.nope + a.rope) % 32 == 0; }
+
 ExpandKernel expand_kernel(const Context& ctx, const ExpandArgs& a) {
-  return ctx.fast() && ctx.amx && amx_expand_supported(a) ? ExpandKernel::Amx : ExpandKernel::F32;
+  if (!ctx.fast()) return ExpandKernel::F32;
+  const CpuFeatures f = features(ctx);
+  if (f.amx && amx_expand_supported(a)) return ExpandKernel::Amx;
+  return !f.fma_gemm && dpbf16_expand_supported(a) ? ExpandKernel::Dpbf16 : ExpandKernel::F32;
 }
 
 void attention_expand(const Context& ctx, const ExpandArgs& a, float* out, float* lse) {
-  if (expand_kernel(ctx, a) == ExpandKernel::Amx) attention_expand_amx(ctx, a, out, lse);
-  else attention_expand_f32(ctx, a, out, lse);
+  switch (expand_kernel(ctx, a)) {
+    case ExpandKernel::Amx: attention_expand_amx(ctx, a, out, lse); break;
+    case ExpandKernel::Dpbf16: attention_expand_dpbf16(ctx, a, out, lse); break;
+    case ExpandKernel::F32: attention_expand_f32(ctx, a, out, lse); break;
+  }
 }
 
 void attention_expand_amx(const Context& ctx, const ExpandArgs& a, float* out, float* lse) {
   if (!amx_expand_supported(a))
     throw std::logic_error(host_features().amx ? "attention_expand_amx: nope + rope is not a multiple of 32"
                                            : "attention_expand_amx: this CPU has no AMX");
-  expand_amx(ctx, a, expand_row_block(a), out, lse);
+  expand_bf16<AmxProducts>(ctx, a, expand_row_block(a), out, lse);
+}
+
+void attention_expand_dpbf16(const Context& ctx, const ExpandArgs& a, float* out, float* lse) {
+  if (!dpbf16_expand_supported(a)) throw std::logic_error("attention_expand_dpbf16: nope + rope is not a multiple of 32");
+  expand_bf16<Dpbf16Products>(ctx, a, expand_row_block(a), out, lse);
 }
 
 void attention_expand_f32(const Context& ctx, const ExpandArgs& a, float* out, float* lse) {

@@ -25,19 +25,25 @@ struct ExpandArgs {
 // Runs expand_kernel(a)'s kernel.
 void attention_expand(const Context& ctx, const ExpandArgs& a, float* out, float* lse);
 
-// The two kernels of the expand path, each callable on its own (tests hold both to the
+// The three kernels of the expand path, each callable on its own (tests hold each to the
 // reference, attention_reference.h):
-//  F32: float32 products (AVX-512 sgemm), softmax in float32;
-//  Amx: bf16 products with float32 sums on AMX tiles, the softmax in float32 between them. It
-//       needs AMX on the CPU and (nope + rope) % 32 == 0.
-// attention_expand picks Amx in the fast precision where it can run and ctx.amx allows, else F32.
-enum class ExpandKernel { F32, Amx };
+//  F32:    float32 products (AVX-512 sgemm), softmax in float32;
+//  Amx:    bf16 products with float32 sums on AMX tiles, the softmax in float32 between them. It
+//          needs AMX on the CPU and (nope + rope) % 32 == 0;
+//  Dpbf16: the same bf16 products on VDPBF16PS (dpbf16_gemm.h's paired kernel); it needs
+//          (nope + rope) % 32 == 0.
+// attention_expand picks, in the fast precision: Amx where it can run and ctx.amx allows; else
+// Dpbf16 where it can run, unless float32 FMAs outrun VDPBF16PS on this CPU (dispatch.h's
+// CpuFeatures::fma_gemm); else F32. The precise precision always runs F32.
+enum class ExpandKernel { F32, Amx, Dpbf16 };
 const char* expand_kernel_name(ExpandKernel k);
 bool amx_expand_supported(const ExpandArgs& a);
+bool dpbf16_expand_supported(const ExpandArgs& a);
 ExpandKernel expand_kernel(const Context& ctx, const ExpandArgs& a);
 void attention_expand_f32(const Context& ctx, const ExpandArgs& a, float* out, float* lse);
-// Throws std::logic_error where !amx_expand_supported(a).
+// Each throws std::logic_error where its _supported(a) is false.
 void attention_expand_amx(const Context& ctx, const ExpandArgs& a, float* out, float* lse);
+void attention_expand_dpbf16(const Context& ctx, const ExpandArgs& a, float* out, float* lse);
 
 struct AbsorbArgs {
   const float* q_lat;   // [T, H, kv_lora]: q_nope mapped through W_UK
