@@ -31,6 +31,9 @@
 // Writes run on a background thread (a write never delays a token): each segment is written
 // under a temporary name and renamed into place, so a crash or SIGKILL mid-write leaves a
 // temporary file, never a half entry (a later start removes temporaries over ten minutes old).
+// Segments are not fsynced: after a power loss a renamed file may hold zeros or stale blocks,
+// which the checksums above reject like any other corruption (the pages are recomputed), so
+// durability would only save recomputation, at the cost of a flush per segment.
 // Two servers writing the same first key write the same pages from it; when their counts
 // differ the later rename wins, and a reader looks each page up in the file's own table, so a
 // page the other file lacks is a miss, never a wrong page. The budget counts every segment file
