@@ -123,6 +123,26 @@ def disk_read_rate(folder, gb):
     return rate
 
 
+BENCH_MODEL = "/tmp/mla-bench-v2lite-6L-bf16"
+
+
+def bench_checkpoint(mla, model, threads):
+    """The checkpoint to serve: `model`, or mla bench's 6-layer bf16 one, written when missing.
+    mla bench writes no tokenizer, so a checkpoint without one gets the DeepSeek-V3 tokenizer
+    from the fixtures (../shared beside the checkout)."""
+    if not model:
+        model = BENCH_MODEL
+        if not os.path.exists(os.path.join(model, "config.json")):
+            subprocess.run([mla, "bench", "--layers", "6", "--weights", "bf16", "--threads", str(threads),
+                            "--runs", "1", "--decode-tokens", "4", "--prompt-tokens", "0", "--batches", "0",
+                            "--no-scaling"], check=True)
+    if not os.path.exists(os.path.join(model, "tokenizer.json")):
+        tok = os.path.join(ROOT, "..", "shared", "fixtures", "tokenizer", "deepseek-v3")
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(tok, f), model)
+    return model
+
+
 def make_trace(a):
     rng = random.Random(a.seed)
     ids = lambda n: [rng.randrange(1000, 60000) for _ in range(n)]
@@ -187,16 +207,7 @@ def main():
     a = p.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="mla-agent-trace-")
     os.makedirs(work, exist_ok=True)
-    if not a.model:
-        a.model = "/tmp/mla-bench-v2lite-6L-bf16"
-        if not os.path.exists(os.path.join(a.model, "config.json")):
-            subprocess.run([a.mla, "bench", "--layers", "6", "--weights", "bf16", "--threads", str(a.threads),
-                            "--runs", "1", "--decode-tokens", "4", "--prompt-tokens", "0", "--batches", "0",
-                            "--no-scaling"], check=True)
-    if not os.path.exists(os.path.join(a.model, "tokenizer.json")):
-        tok = os.path.join(ROOT, "..", "shared", "fixtures", "tokenizer", "deepseek-v3")
-        for f in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(os.path.join(tok, f), a.model)
+    a.model = bench_checkpoint(a.mla, a.model, a.threads)
     cfg = json.load(open(os.path.join(a.model, "config.json")))
     per_token = cfg["num_hidden_layers"] * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 2  # bf16
     sessions, ids = make_trace(a)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A 100k-token request through mla serve while other sessions decode.
 
-Starts `mla serve` on the bench checkpoint (mla bench writes it: --layers 6 --weights bf16), starts
+Starts `mla serve` on the bench checkpoint (written when missing, as bench/agent_trace.py does), starts
 --decoders streaming sessions that decode until the end, then sends one streamed request of
 --tokens prompt tokens (random ids) asking for a few tokens. It prints:
 
@@ -24,7 +24,7 @@ import argparse, http.client, json, os, random, re, statistics, subprocess, sys,
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from agent_trace import Server, get, metric, free_port  # noqa: E402
+from agent_trace import Server, bench_checkpoint, get, metric, free_port  # noqa: E402
 
 
 def stream(port, body, on_chunk, timeout=7200):
@@ -58,7 +58,7 @@ def rss_kb(pid, field):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mla", default=os.path.join(os.path.dirname(HERE), "build", "mla"))
-    p.add_argument("--model", default="/tmp/mla-bench-v2lite-6L-bf16")
+    p.add_argument("--model", default=None, help="default: mla bench's 6-layer bf16 checkpoint, written when missing")
     p.add_argument("--tokens", type=int, default=100000)
     p.add_argument("--decoders", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
@@ -66,9 +66,9 @@ def main():
     p.add_argument("--max-batch-tokens", type=int, default=512)
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args()
-    if not os.path.isdir(a.model):
-        sys.exit("no checkpoint at %s: `mla bench --layers 6 --weights bf16 --decode-tokens 0 --prompt-tokens 0 "
-                 "--batches 0` writes it" % a.model)
+    if a.model and not os.path.isdir(a.model):
+        sys.exit("no checkpoint at %s" % a.model)
+    a.model = bench_checkpoint(a.mla, a.model, a.threads)
     rng = random.Random(a.seed)
     ids = lambda n: [rng.randrange(1000, 60000) for _ in range(n)]
 
