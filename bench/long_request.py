@@ -10,12 +10,14 @@ Starts `mla serve` on the bench checkpoint (written when missing, as bench/agent
   - the decoding sessions' gaps between tokens while the long prompt was read: median, 99th
     percentile and the longest, beside the server's own longest decode pass
     (mla_engine_decode_step_seconds_max) — the bound that --chunk-depth sets;
-  - the server's anonymous resident memory before and at its peak during the long request, the
-    growth beside `mla analyze`'s latent bytes per token times the tokens cached;
+  - the KV pool's size beside `mla analyze`'s latent bytes per token times the pool's tokens (the
+    pool is populated when the server starts), and the server's anonymous resident memory before
+    and at its peak during the long request: the growth is the forward pass's working memory;
   - a request one token past the context: its status and message (a 400 naming both numbers).
 
 Runtime: the prompt is read in full; on 2 cores of an AMD Zen 5 machine, the 6-layer bench
-checkpoint reads 100k tokens in about half an hour. --tokens 16384 takes about two minutes.
+checkpoint reads 100k tokens in about half an hour (1,755 s at 2c4c4d1). --tokens 16384 takes about
+two minutes.
 
   /usr/bin/python3 bench/long_request.py [--mla build/mla] [--model DIR] [--tokens 100000]
       [--decoders 2] [--threads 2] [--chunk-depth 16384] [--max-batch-tokens 512]
@@ -97,8 +99,10 @@ def main():
                     raise StopIteration
             try:
                 while not stop.is_set():  # a session that reaches max_tokens starts again
+                    # logprobs: an event per token, also for one whose text waits for the next
+                    # (a token ending inside a UTF-8 character sends no text of its own).
                     status, err = stream(port, {"prompt": ids(64), "max_tokens": 4096, "ignore_eos": True,
-                                                "stream": True}, on)
+                                                "logprobs": 1, "stream": True}, on)
                     if status != 200:
                         sys.exit("a decoding session failed: %d %s" % (status, err))
             except StopIteration:
@@ -154,11 +158,18 @@ def main():
                                                       gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))], gaps[-1], step_max))
         else:
             print("decoding sessions got no tokens while it was read")
+        # The KV pool is allocated and populated when the server starts (src/kv/huge_memory.cpp),
+        # so it is resident before the request: its size is checked against mla analyze, and the
+        # growth while the request is read is the forward pass's working memory at depth.
+        pool_tokens = metric(m, "mla_kv_pages_total") * metric(m, "mla_kv_page_size_tokens")
+        pool_bytes = pool_tokens * metric(m, "mla_kv_bytes_per_token")
         growth = (hwm - rss0) * 1024
-        predicted = latent_bytes * (a.tokens + 4)
-        print("anonymous resident memory %.2f GB before, %.2f GB peak: +%.2f GB; mla analyze: %d latent bytes/token x %d tokens "
-              "= %.2f GB (%.2fx)" % (rss0 * 1024 / 1e9, hwm * 1024 / 1e9, growth / 1e9, latent_bytes, a.tokens + 4,
-                                     predicted / 1e9, growth / predicted))
+        print("KV pool %.3f GB for %d tokens, resident from the start; mla analyze: %d latent bytes/token x %d tokens "
+              "= %.3f GB (%.2fx); the long request holds %.3f GB of it" %
+              (pool_bytes / 1e9, pool_tokens, latent_bytes, pool_tokens, latent_bytes * pool_tokens / 1e9,
+               pool_bytes / max(1, latent_bytes * pool_tokens), latent_bytes * (a.tokens + 4) / 1e9))
+        print("anonymous resident memory %.2f GB before the request (pool included), %.2f GB at its peak: +%.2f GB of "
+              "working memory" % (rss0 * 1024 / 1e9, hwm * 1024 / 1e9, growth / 1e9))
         # One token past the context.
         room = json.loads(get(srv.url("/v1/models")))["data"][0].get("max_model_len") or 0
         too_long = (room or 163840) + 1

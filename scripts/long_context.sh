@@ -5,7 +5,8 @@
 # (DeepSeek-V3.2, GLM-5) at 65,536 tokens, its indexer's top-k included, against the float64
 # references of tests/model/test_long_context.cpp. Needs the release build (cmake --preset
 # release; the mla_tests target). THREADS sets the OpenMP threads (default: all cores; on cores
-# shared with other work THREADS=1 is much faster: docs/long-context.md).
+# shared with other work THREADS=1 is much faster: docs/long-context.md). About 85 minutes with
+# THREADS=1 on a 2-core AMD Zen 5 VM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=build/mla_tests

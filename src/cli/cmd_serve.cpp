@@ -311,8 +311,9 @@ int serve_cmd(int argc, char** argv) {
     if (pc.disk_on)
       disk = o.cache_dir + ", " + gb(double(pc.disk_budget)) + " GB (" + gb(double(pc.disk_bytes)) + " GB in use" +
              (pc.disk_writable ? "" : ", read only") + ")";
-    std::fprintf(stderr, "mla serve: prompt cache: KV cache pages, then RAM %s GB, then disk %s\n",
-                 pc.ram_budget > 0 ? gb(double(pc.ram_budget)).c_str() : "off", disk.c_str());
+    const std::string ram = pc.ram_budget > 0 ? gb(double(pc.ram_budget)) + " GB" : "off";
+    std::fprintf(stderr, "mla serve: prompt cache: KV cache pages, then RAM %s, then disk %s\n", ram.c_str(),
+                 disk.c_str());
   }
   if (sopt.webui) std::fprintf(stderr, "mla serve: chat page: http://%s:%d/\n", o.host.c_str(), port);
   std::fflush(stderr);
