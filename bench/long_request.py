@@ -16,7 +16,7 @@ Starts `mla serve` on the bench checkpoint (written when missing, as bench/agent
   - a request one token past the context: its status and message (a 400 naming both numbers).
 
 Runtime: the prompt is read in full; on 2 cores of an AMD Zen 5 machine, the 6-layer bench
-checkpoint reads 100k tokens in about half an hour (1,755 s at 2c4c4d1). --tokens 16384 takes about
+checkpoint reads 100k tokens in about half an hour (1,755 and 1,832 s in two runs). --tokens 16384 takes about
 two minutes.
 
   /usr/bin/python3 bench/long_request.py [--mla build/mla] [--model DIR] [--tokens 100000]
