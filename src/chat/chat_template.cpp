@@ -66,6 +66,35 @@ ChatFormat chat_format_for(std::string_view model_type, const std::string& chat_
   return f;
 }
 
+bool template_reads_tools(std::string_view t) {
+  auto ident = [](char c) { return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); };
+  for (size_t i = 0; (i = t.find('{', i)) != std::string_view::npos;) {
+    if (i + 1 >= t.size() || (t[i + 1] != '{' && t[i + 1] != '%')) {
+      ++i;
+      continue;
+    }
+    const std::string_view close = t[i + 1] == '{' ? "}}" : "%}";
+    size_t j = i + 2;
+    char quote = 0;
+    for (; j < t.size() && !(quote == 0 && t.substr(j, 2) == close); ++j) {
+      const char c = t[j];
+      if (quote) {
+        if (c == '\\') ++j;
+        else if (c == quote) quote = 0;
+      } else if (c == '\'' || c == '"') {
+        quote = c;
+      } else if (ident(c) && !ident(t[j - 1])) {
+        size_t k = j;
+        while (k < t.size() && ident(t[k])) ++k;
+        if (t.substr(j, k - j) == "tools" && t[j - 1] != '.') return true;
+        j = k - 1;
+      }
+    }
+    i = j + 2;
+  }
+  return false;
+}
+
 std::string render_chat(const ChatFormat& format, const nlohmann::ordered_json& messages, bool add_generation_prompt,
                         const nlohmann::ordered_json& extra) {
   switch (format.kind) {

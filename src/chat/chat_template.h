@@ -64,6 +64,11 @@ struct ChatFormat {
 // the DeepSeek-V3.2 encoder for config.json's model_type deepseek_v32; else none.
 ChatFormat chat_format_for(std::string_view model_type, const std::string& chat_template);
 
+// Whether a Jinja template reads the variable `tools` (the request's tool definitions): the
+// identifier inside a {{ }} or {% %} tag, outside string literals, not as an attribute (x.tools).
+// DeepSeek-V3 / R1's templates do not: they render calls and results but no definitions.
+bool template_reads_tools(std::string_view tmpl);
+
 // render_chat_template through either kind (Kind::None throws ChatTemplateError).
 std::string render_chat(const ChatFormat& format, const nlohmann::ordered_json& messages, bool add_generation_prompt,
                         const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());

@@ -18,6 +18,14 @@ using OrderedJson = nlohmann::ordered_json;
 
 // ---- the formats ------------------------------------------------------------------------------
 
+// Text of several pieces (markers and literals) in a row.
+template <class... Parts>
+std::string cat(const Parts&... parts) {
+  std::string s;
+  (s.append(std::string_view(parts)), ...);
+  return s;
+}
+
 constexpr std::string_view kDsSectionBegin = "<｜tool▁calls▁begin｜>";
 constexpr std::string_view kDsSectionEnd = "<｜tool▁calls▁end｜>";
 constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
@@ -598,6 +606,49 @@ std::string default_tool_parser(std::string_view model_type, std::string_view ch
   // V3.2's built-in encoder (no template) writes DSML; V3.2-Exp's template is V3.1's.
   if (model_type == "deepseek_v32") return chat_template.empty() ? "deepseek_v32" : "deepseek_v31";
   return {};
+}
+
+std::string tool_use_prompt(std::string_view parser_name, const OrderedJson& tools) {
+  std::string call, several;
+  if (parser_name == "deepseek_v3") {
+    call = cat(kDsSectionBegin, kDsCallBegin, "function", kDsSep, "NAME\n```json\nARGUMENTS\n```", kDsCallEnd,
+               kDsSectionEnd);
+    several = cat("Several calls go in one section, each ", kDsCallBegin, "…", kDsCallEnd, " on a line of its own.");
+  } else if (parser_name == "deepseek_v31") {
+    call = cat(kDsSectionBegin, kDsCallBegin, "NAME", kDsSep, "ARGUMENTS", kDsCallEnd, kDsSectionEnd);
+    several = cat("Several calls go in one section, each ", kDsCallBegin, "…", kDsCallEnd,
+                  " right after the one before, with nothing between them.");
+  } else if (parser_name == "kimi_k2") {
+    call = cat(kKimiSectionBegin, kKimiCallBegin, "functions.NAME:INDEX", kKimiArgBegin, "ARGUMENTS", kKimiCallEnd,
+               kKimiSectionEnd);
+    several = cat("INDEX counts the calls of the conversation from 0. Several calls go in one section, each ",
+                  kKimiCallBegin, "…", kKimiCallEnd, " right after the one before.");
+  } else if (parser_name == "glm47") {
+    call = cat(kGlmCallBegin, "NAME", kGlmKeyBegin, "KEY", kGlmKeyEnd, kGlmValueBegin, "VALUE", kGlmValueEnd,
+               kGlmCallEnd);
+    several = cat("One ", kGlmKeyBegin, "…", kGlmValueEnd,
+                  " pair per argument: a string value as plain text, any other as JSON. Several calls follow one "
+                  "another, each in its own ",
+                  kGlmCallBegin, "…", kGlmCallEnd, ".");
+  }
+  if (call.empty() || !tools.is_array() || tools.empty()) return {};
+  std::string out = "## Tools\n\nYou can call these functions:\n";
+  for (const OrderedJson& t : tools) {
+    const OrderedJson& f = t.contains("function") ? t["function"] : t;
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) continue;
+    out += "\n### " + f["name"].get<std::string>() + "\n";
+    if (f.contains("description") && f["description"].is_string())
+      out += "Description: " + f["description"].get<std::string>() + "\n";
+    const OrderedJson params = f.contains("parameters") ? f["parameters"] : OrderedJson::object();
+    out += "Parameters: " + params.dump(-1, ' ', false, OrderedJson::error_handler_t::replace) + "\n";
+  }
+  const bool json_args = parser_name != "glm47";
+  out += "\nTo call functions, answer with exactly this:\n" + call + "\n" +
+         "NAME is one of the functions above" +
+         (json_args ? ", ARGUMENTS a JSON object that follows its Parameters schema. "
+                    : "; KEY and VALUE are an argument of its Parameters schema and its value. ") +
+         several + " The results come back in the next message.";
+  return out;
 }
 
 ToolParseResult parse_tool_calls(std::string_view parser_name, std::string_view text, ToolParserOptions options) {

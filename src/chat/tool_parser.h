@@ -105,6 +105,14 @@ std::unique_ptr<ToolCallParser> make_tool_parser(std::string_view name, ToolPars
 // encoder writes DSML; with a template, deepseek_v31 as V3.2-Exp's is V3.1's).
 std::string default_tool_parser(std::string_view model_type, std::string_view chat_template);
 
+// The tools of a request described for a chat template that writes none (chat_template.h's
+// template_reads_tools): a system-prompt section listing each function's name, description and
+// parameters schema, then how to call them in the syntax of the named parser, markers included:
+// the syntax it reads back and constrained decoding writes. Empty for a parser without a written
+// form here (deepseek_v32: its encoder writes the tools itself) and for no tools. tools: the
+// request's array of {"type": "function", "function": {"name", "description", "parameters"}}.
+std::string tool_use_prompt(std::string_view parser_name, const nlohmann::ordered_json& tools);
+
 // The whole output at once: exactly what feed(text) + finish() stream, gathered.
 ToolParseResult parse_tool_calls(std::string_view parser_name, std::string_view text, ToolParserOptions options = {});
 

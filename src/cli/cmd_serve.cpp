@@ -45,7 +45,7 @@ struct ServeOptions {
   bool no_webui = false;
   bool no_prefix_cache = false;
   mla::cli::SpeculativeCliOptions spec;
-  std::string tool_call_parser, reasoning_parser, chat_template_kwargs, api_key;
+  std::string tool_call_parser, reasoning_parser, chat_template_kwargs, api_key, tool_prompt = "auto";
   int64_t max_queued_requests = 128;
   double shutdown_timeout = 30, read_timeout = 10;
   int64_t max_request_bytes = int64_t(16) << 20;
@@ -114,6 +114,10 @@ int serve_cmd(int argc, char** argv) {
   app.add_option("--tool-call-parser", o.tool_call_parser,
                  "tool-call format of the output: deepseek_v3 | deepseek_v31 | kimi_k2 | glm47 | none "
                  "(default: from the checkpoint)");
+  app.add_option("--tool-prompt", o.tool_prompt,
+                 "auto | off: where the chat template does not read the request's tools (DeepSeek-V3 / R1's), write "
+                 "them into the system prompt with the tool-call format (default auto)")
+      ->check(CLI::IsMember({"auto", "off"}));
   app.add_option("--reasoning-parser", o.reasoning_parser,
                  "reasoning format of the output: deepseek_r1 | deepseek_v31 | kimi_k2 | glm45 | none "
                  "(default: from the checkpoint)");
@@ -247,6 +251,7 @@ int serve_cmd(int argc, char** argv) {
   sopt.model_name = o.served_model_name.empty() ? default_model_name(o.model_dir) : o.served_model_name;
   sopt.tool_call_parser = o.tool_call_parser;
   sopt.reasoning_parser = o.reasoning_parser;
+  sopt.tool_prompt = o.tool_prompt == "auto";
   sopt.chat_template_kwargs = template_kwargs;
   sopt.api_key = o.api_key;
   sopt.webui = !o.no_webui;

@@ -558,7 +558,7 @@ json AnthropicMessages::count_tokens(const json& body, std::string_view raw) con
   if (messages.empty()) bad("messages", "'messages' is empty");
   std::string prompt;
   try {
-    prompt = render_chat_prompt(ctx_.chat_format, messages, agent, *ctx_.tokenizer);
+    prompt = render_chat_prompt(ctx_.chat_format, messages, agent, *ctx_.tokenizer, ctx_.tool_prompt_syntax());
   } catch (const std::exception& e) {
     bad("messages", std::string("the chat template failed on these messages: ") + e.what());
   }

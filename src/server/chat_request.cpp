@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 
+#include "chat/tool_parser.h"
 #include "server/openai.h"
 
 namespace mla::server {
@@ -280,19 +281,38 @@ nlohmann::ordered_json with_decoded_arguments(const nlohmann::ordered_json& mess
   return out;
 }
 
+// The messages with `section` at the end of the system prompt: appended to the last of the
+// leading system messages (after a blank line), or as a system message of its own at the start.
+// A template that takes one system message first (most do) reads it either way.
+nlohmann::ordered_json with_system_section(const nlohmann::ordered_json& messages, const std::string& section) {
+  nlohmann::ordered_json out = messages;
+  size_t k = 0;
+  while (k < out.size() && out[k].is_object() && out[k].value("role", "") == "system") ++k;
+  if (k > 0 && out[k - 1].contains("content") && out[k - 1]["content"].is_string()) {
+    std::string text = out[k - 1]["content"].get<std::string>();
+    out[k - 1]["content"] = text.empty() ? section : text + "\n\n" + section;
+  } else {
+    out.insert(out.begin() + std::ptrdiff_t(k), nlohmann::ordered_json{{"role", "system"}, {"content", section}});
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string render_chat_prompt(const ChatFormat& format, const nlohmann::ordered_json& messages,
-                               const AgentFields& agent, const Tokenizer& tokenizer) {
+                               const AgentFields& agent, const Tokenizer& tokenizer, std::string_view tool_parser) {
   nlohmann::ordered_json extra = nlohmann::ordered_json::object();
   for (auto kv = agent.template_kwargs.begin(); kv != agent.template_kwargs.end(); ++kv)
     extra[kv.key()] = nlohmann::ordered_json(*kv);
   if (agent.has_tools()) extra["tools"] = agent.tools;
   extra["bos_token"] = tokenizer.bos_token();
   extra["eos_token"] = tokenizer.eos_token();
-  if (format.kind == ChatFormat::Kind::Jinja && reads_arguments_as_mapping(format.jinja))
-    return render_chat(format, with_decoded_arguments(messages), true, extra);
-  return render_chat(format, messages, true, extra);
+  if (format.kind != ChatFormat::Kind::Jinja) return render_chat(format, messages, true, extra);
+  nlohmann::ordered_json msgs = reads_arguments_as_mapping(format.jinja) ? with_decoded_arguments(messages) : messages;
+  if (agent.tools_active() && !template_reads_tools(format.jinja))
+    if (const std::string section = chat::tool_use_prompt(tool_parser, agent.tools); !section.empty())
+      msgs = with_system_section(msgs, section);
+  return render_chat(format, msgs, true, extra);
 }
 
 }  // namespace mla::server

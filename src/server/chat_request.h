@@ -64,8 +64,12 @@ AgentFields parse_agent_fields(Endpoint endpoint, const nlohmann::json& body, co
 // role and content (a string or null) and whatever else it carries (tool_calls, tool_call_id,
 // reasoning_content). A Jinja template that reads a call's arguments as a mapping (GLM's) gets
 // them decoded from the request's JSON strings, as transformers' templates expect them; others
-// get the strings. Throws ChatTemplateError where the format rejects the messages.
+// get the strings. A Jinja template that never reads `tools` (DeepSeek-V3 / R1's) gets them
+// written into the system prompt when tool calls are on (tools given, tool_choice not "none"):
+// chat::tool_use_prompt in the syntax of tool_parser, the checkpoint's tool-call parser (none
+// for ""), so that the model knows what it may call and how. Throws ChatTemplateError where the
+// format rejects the messages.
 std::string render_chat_prompt(const ChatFormat& format, const nlohmann::ordered_json& messages,
-                               const AgentFields& agent, const Tokenizer& tokenizer);
+                               const AgentFields& agent, const Tokenizer& tokenizer, std::string_view tool_parser);
 
 }  // namespace mla::server

@@ -147,7 +147,7 @@ std::string chat_prompt(const json& body, const ServingContext& ctx, const Agent
   }
   if (ctx.chat_format.empty()) bad("messages", "the model has no chat template: use /v1/completions");
   try {
-    return render_chat_prompt(ctx.chat_format, nlohmann::ordered_json(messages), agent, *ctx.tokenizer);
+    return render_chat_prompt(ctx.chat_format, nlohmann::ordered_json(messages), agent, *ctx.tokenizer, ctx.tool_prompt_syntax());
   } catch (const std::exception& e) {
     bad("messages", std::string("the chat template failed on these messages: ") + e.what());
   }

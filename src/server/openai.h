@@ -61,6 +61,9 @@ struct ServingContext {
   // the chat template, or from --tool-call-parser / --reasoning-parser) and the template
   // variables every chat request starts from (--chat-template-kwargs).
   std::string tool_parser, reasoning_parser;
+  // Tools written into the system prompt for a template that does not read them (--tool-prompt).
+  bool tool_prompt = true;
+  std::string_view tool_prompt_syntax() const { return tool_prompt ? std::string_view(tool_parser) : std::string_view(); }
   ChatFormat chat_format;  // how chat messages become a prompt (the template, or a built-in encoder)
   nlohmann::json chat_template_kwargs = nlohmann::json::object();
   StructuredOutputs* structured = nullptr;  // grammars of constrained outputs (null: refused)

@@ -165,6 +165,7 @@ struct Server::Impl {
         choose_parsers(model.model_type, tokenizer.chat_template(), opt.tool_call_parser, opt.reasoning_parser);
     ctx.tool_parser = parsers.tool;
     ctx.reasoning_parser = parsers.reasoning;
+    ctx.tool_prompt = opt.tool_prompt;
     ctx.chat_template_kwargs = opt.chat_template_kwargs;
     ctx.chat_format = chat_format_for(model.model_type, tokenizer.chat_template());
     structured = std::make_unique<StructuredOutputs>(tokenizer, model.vocab_size);

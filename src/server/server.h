@@ -53,6 +53,9 @@ struct ServerOptions {
   // Agents (see agent_api.h): the output parsers ("": chosen from the checkpoint; "none": off),
   // the chat template variables every request starts from, and the key /v1/* require.
   std::string tool_call_parser, reasoning_parser;
+  // A chat template that never reads `tools` (DeepSeek-V3 / R1's) gets the request's tools
+  // written into the system prompt in the tool parser's syntax (chat_request.h); false: never.
+  bool tool_prompt = true;
   nlohmann::json chat_template_kwargs = nlohmann::json::object();
   std::string api_key;      // empty: no authentication
   bool webui = true;        // GET / serves the chat page (webui.h), outside the API key

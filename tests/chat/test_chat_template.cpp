@@ -61,6 +61,22 @@ TEST_F(ChatTemplateDeepSeekV3, AllFixtureCases) {
   EXPECT_GE(count, 7);
 }
 
+// Whether a template reads `tools`: the variable in a tag, not text, strings, comments,
+// attributes or longer names. DeepSeek-V3's reads none (the server then writes the tools into
+// the system prompt: server/chat_request.h); GLM-4.7's does.
+TEST_F(ChatTemplateDeepSeekV3, TemplateReadsTools) {
+  EXPECT_FALSE(mla::template_reads_tools(tok().chat_template()));
+  std::ifstream glm(std::string(MLA_SOURCE_DIR) + "/tests/tokenizer/data/glm/GLM-4.7-Flash.jinja");
+  ASSERT_TRUE(glm);
+  EXPECT_TRUE(mla::template_reads_tools(std::string(std::istreambuf_iterator<char>(glm), {})));
+  for (const char* yes : {"{% if tools %}x{% endif %}", "{{- tools | tojson -}}", "{%- for t in tools %}{% endfor %}",
+                          "a {{ x }} b {{ (tools or [])|length }}", "{{ 'a }}' }}{{ tools }}"})
+    EXPECT_TRUE(mla::template_reads_tools(yes)) << yes;
+  for (const char* no : {"tools", "{# tools #}", "{{ 'tools' }}", "{{ \"say \\\" tools\" }}", "{{ m.tools }}",
+                         "{{ my_tools }}{{ tools2 }}{{ tool_calls }}", "{{ m['tools'] }}", "{ tools }", "{{ x"})
+    EXPECT_FALSE(mla::template_reads_tools(no)) << no;
+}
+
 TEST_F(ChatTemplateDeepSeekV3, PlainJsonOverloadAndNoGenerationPrompt) {
   json messages = json::array({{{"role", "user"}, {"content", "hi"}}, {{"role", "assistant"}, {"content", "yo"}}});
   json extra = {{"bos_token", "<B>"}};

@@ -173,7 +173,7 @@ TEST(EncodingDsv32, ChatRequestRendersThroughTheFormat) {
     const nlohmann::json plain = nlohmann::json::parse(body.dump());
     mla::server::AgentFields agent =
         mla::server::parse_agent_fields(mla::server::Endpoint::ChatCompletions, plain, &body, defaults, 129280);
-    std::string prompt = mla::server::render_chat_prompt(format, body["messages"], agent, tok);
+    std::string prompt = mla::server::render_chat_prompt(format, body["messages"], agent, tok, "deepseek_v32");
     EXPECT_EQ(prompt, c["expected"].get<std::string>()) << c["name"];
     // The parsers the server picks for the checkpoint, and whether the prompt opened reasoning.
     // The prompt opens a reasoning block when thinking is on and the model's turn comes next.

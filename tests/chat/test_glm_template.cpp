@@ -88,7 +88,7 @@ TEST(GlmTemplate, ChatRequestDecodesStringArguments) {
     mla::server::AgentFields agent = mla::server::parse_agent_fields(mla::server::Endpoint::ChatCompletions, plain,
                                                                      &body, nlohmann::json::object(), 1000);
     // The tokenizer's special tokens are DeepSeek's here; GLM's template writes neither.
-    EXPECT_EQ(mla::server::render_chat_prompt(format, body["messages"], agent, tokenizer),
+    EXPECT_EQ(mla::server::render_chat_prompt(format, body["messages"], agent, tokenizer, "glm47"),
               c["expected"].get<std::string>())
         << c["name"];
     // Passed as strings straight to the template, they fail it (`_args.items()` of a string), as
@@ -170,10 +170,10 @@ TEST(GlmTemplate, DeeplyNestedArgumentsStayAString) {
   const nlohmann::json plain = nlohmann::json::parse(body.dump());
   mla::server::AgentFields agent = mla::server::parse_agent_fields(mla::server::Endpoint::ChatCompletions, plain, &body,
                                                                    nlohmann::json::object(), 1000);
-  EXPECT_THROW(mla::server::render_chat_prompt(format, body["messages"], agent, tokenizer), mla::ChatTemplateError);
+  EXPECT_THROW(mla::server::render_chat_prompt(format, body["messages"], agent, tokenizer, "glm47"), mla::ChatTemplateError);
   // At a depth a tool can take, the arguments are decoded as before.
   call["function"]["arguments"] = R"({"a": {"b": [1, 2]}})";
   body["messages"][1]["tool_calls"] = ojson::array({call});
-  EXPECT_NE(mla::server::render_chat_prompt(format, body["messages"], agent, tokenizer).find("<arg_key>a</arg_key>"),
+  EXPECT_NE(mla::server::render_chat_prompt(format, body["messages"], agent, tokenizer, "glm47").find("<arg_key>a</arg_key>"),
             std::string::npos);
 }

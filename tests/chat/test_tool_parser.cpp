@@ -698,5 +698,48 @@ TEST(ToolParser, Glm47ThinkingThenToolCallsAndNoParsers) {
   EXPECT_TRUE(r.calls.tool_calls.empty());
 }
 
+// The tool section for a template without tools: each function's name, description and schema,
+// then a call in the parser's syntax; that call, its placeholders filled in, parses back through
+// the same parser as one call.
+TEST(ToolUsePrompt, WritesEachToolAndACallItsParserReads) {
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}}])");
+  auto fill = [](std::string s) {
+    for (auto [from, to] : {std::pair<std::string, std::string>{"NAME", "get_weather"},
+                            {"ARGUMENTS", R"({"city": "Paris"})"}, {"INDEX", "0"}, {"KEY", "city"}, {"VALUE", "Paris"}})
+      for (size_t at; (at = s.find(from)) != std::string::npos;) s.replace(at, from.size(), to);
+    return s;
+  };
+  for (const char* parser : {"deepseek_v3", "deepseek_v31", "kimi_k2", "glm47"}) {
+    SCOPED_TRACE(parser);
+    const std::string p = tool_use_prompt(parser, tools);
+    EXPECT_EQ(p.rfind("## Tools\n", 0), 0u) << p;
+    EXPECT_NE(p.find("### get_weather\nDescription: Weather of a city\nParameters: {\"type\":\"object\","
+                     "\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}\n"),
+              std::string::npos)
+        << p;
+    EXPECT_NE(p.find("### ping\nParameters: {\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}}}\n"),
+              std::string::npos)
+        << p;
+    const std::string head = "answer with exactly this:\n";
+    const size_t from = p.find(head), to = p.find("\nNAME is one of");
+    ASSERT_NE(from, std::string::npos);
+    ASSERT_NE(to, std::string::npos);
+    const std::string call = fill(p.substr(from + head.size(), to - from - head.size()));
+    ToolParserOptions options;
+    options.tools = Json(tools);
+    const ToolParseResult r = parse_tool_calls(parser, call, options);
+    EXPECT_EQ(r.content, "") << call;
+    ASSERT_EQ(r.tool_calls.size(), 1u) << call;
+    EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(Json::parse(r.tool_calls[0].arguments), Json({{"city", "Paris"}})) << call;
+  }
+  EXPECT_EQ(tool_use_prompt("deepseek_v32", tools), "");  // its encoder writes the tools itself
+  EXPECT_EQ(tool_use_prompt("", tools), "");
+  EXPECT_EQ(tool_use_prompt("deepseek_v3", nlohmann::ordered_json::array()), "");
+}
+
 }  // namespace
 }  // namespace mla::chat

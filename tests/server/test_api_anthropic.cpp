@@ -112,8 +112,9 @@ TEST(AnthropicApiRequest, EveryBlockKindReachesThePrompt) {
   ASSERT_TRUE(p.agent.tools.is_array());
   EXPECT_EQ(p.agent.tools.size(), 1u) << "the server tool is dropped";
   const std::string& prompt = p.prompt_text;
-  EXPECT_EQ(prompt.find("You are terse."), prompt.find("<｜User｜>") - std::string("You are terse.").size())
-      << prompt;
+  // The system prompt first, then the tools (DeepSeek-V3's template writes none of its own).
+  EXPECT_EQ(prompt.find("You are terse.\n\n## Tools\n"), deepseek_tokenizer().bos_token().size()) << prompt;
+  EXPECT_LT(prompt.find("### get_weather\n"), prompt.find("<｜User｜>")) << prompt;
   EXPECT_NE(prompt.find("<｜User｜>Weather in Paris?"), std::string::npos) << prompt;
   EXPECT_NE(prompt.find("function<｜tool▁sep｜>get_weather\n```json\n{\"city\":\"Paris\"}"), std::string::npos) << prompt;
   EXPECT_NE(prompt.find("<｜tool▁output▁begin｜>Sunny, 21C<｜tool▁output▁end｜>"), std::string::npos) << prompt;
@@ -246,6 +247,60 @@ TEST(AnthropicApiRequest, ToolChoiceAndThinkingMapToChat) {
   EXPECT_FALSE(api.parse(body, {})->request.grammar);
   body["tool_choice"] = {{"type", "tool"}, {"name", "nope"}};
   EXPECT_EQ(parse_error(api, body).status, 400);
+}
+
+// DeepSeek-V3's template writes calls and results but no tool definitions: the server writes
+// them after the system prompt, with the deepseek_v3 call syntax, for the Messages and the chat
+// completions routes alike; not when tool_choice is none, and not for a template that reads
+// `tools` itself.
+TEST(AnthropicApiRequest, ToolsReachATemplateWithoutThem) {
+  server::ServingContext ctx = deepseek_context();
+  ASSERT_FALSE(template_reads_tools(ctx.chat_format.jinja));
+  AnthropicMessages api(ctx);
+  json body = {{"max_tokens", 16},
+               {"system", "Be brief."},
+               {"messages", json::array({user("weather in Paris?")})},
+               {"tools", json::array({weather_tool()})}};
+  const std::string prompt = api.parse(body, body.dump())->request.prompt_text;
+  const size_t tools_at = prompt.find("## Tools\n");
+  ASSERT_NE(tools_at, std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("Be brief.\n\n## Tools\n"), std::string::npos) << "after the system prompt";
+  EXPECT_LT(tools_at, prompt.find("<｜User｜>weather in Paris?")) << "in the system prompt";
+  // (the schema's keys in the body's order: nlohmann::json's, sorted)
+  EXPECT_NE(prompt.find("### get_weather\nDescription: Weather of a city\nParameters: "
+                        "{\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"],\"type\":\"object\"}\n"),
+            std::string::npos)
+      << prompt;
+  EXPECT_NE(prompt.find("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGUMENTS\n```"
+                        "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+            std::string::npos)
+      << prompt;
+  const int64_t with_tools = api.count_tokens(body)["input_tokens"];
+  EXPECT_EQ(with_tools, int64_t(deepseek_tokenizer().encode(prompt, false).size()));
+
+  // The same request through chat completions renders the same prompt.
+  const json chat = {{"max_tokens", 16},
+                     {"messages", json::array({{{"role", "system"}, {"content", "Be brief."}}, user("weather in Paris?")})},
+                     {"tools", json::array({{{"type", "function"},
+                                             {"function",
+                                              {{"name", "get_weather"},
+                                               {"description", "Weather of a city"},
+                                               {"parameters", weather_tool()["input_schema"]}}}}})}};
+  EXPECT_EQ(server::parse_request(server::Endpoint::ChatCompletions, chat, ctx, chat.dump()).prompt_text, prompt);
+
+  body["tool_choice"] = {{"type", "none"}};
+  const std::string none = api.parse(body, body.dump())->request.prompt_text;
+  EXPECT_EQ(none.find("## Tools"), std::string::npos) << none;
+  EXPECT_LT(api.count_tokens(body)["input_tokens"].get<int64_t>(), with_tools);
+
+  // A template that reads `tools` gets them there and nothing else.
+  server::ServingContext reads = reasoning_template_context();
+  ASSERT_TRUE(template_reads_tools(reads.chat_format.jinja));
+  AnthropicMessages api2(reads);
+  body.erase("tool_choice");
+  const std::string own = api2.parse(body, body.dump())->request.prompt_text;
+  EXPECT_NE(own.find("[tool get_weather: Weather of a city]"), std::string::npos) << own;
+  EXPECT_EQ(own.find("## Tools"), std::string::npos) << own;
 }
 
 TEST(AnthropicApiRequest, CountTokensIncludesSystemAndTools) {
