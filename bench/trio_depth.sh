@@ -4,7 +4,7 @@
 # DeepSeek-V2-Lite-shaped checkpoint and its GGUF (../shared/peer/llamacpp/make_bench_ggufs.sh
 # makes them), same thread count. Run from anywhere; the project root is this script's parent.
 #
-#   bench/trio_depth.sh [-w bf16|fp8|int4] [-n ROUNDS] [-t THREADS] [-d DEPTHS]
+#   bench/trio_depth.sh [-w bf16|fp8|int8|int4] [-n ROUNDS] [-t THREADS] [-d DEPTHS]
 #                       [-m 1 (skip mainline)] [-k 1 (skip ik)] [-g GGUF] [-G IK_GGUF]
 #
 # Defaults: -w bf16 -n 5 -t 2 -d 0,8192,32768. Per depth D (tokens already in the cache):
@@ -25,7 +25,9 @@
 #             was below their spread, and came out negative in 2 of 5 rounds.)
 # Each round runs the three engines one after the other, the first of them rotating from round
 # to round. weights -> GGUF (in $PEER_DIR/gguf), as bench_trio.sh pairs them:
-#   bf16 -> v2lite-6L-bf16.gguf, fp8 -> v2lite-6L-q8_0-bf16io.gguf, int4 -> v2lite-6L-q4exps-bf16.gguf
+#   bf16 -> v2lite-6L-bf16.gguf, fp8 -> v2lite-6L-q8_0-bf16io.gguf, int4 -> v2lite-6L-q4exps-bf16.gguf;
+#   int8 (mla's INT8 projections, a scale per 32 weights) -> the same Q8_0 file (Q8_0: int8 weights,
+#   a scale per 32): the like-for-like 8-bit pairing, where fp8 pairs FP8 blocks of 128 with it.
 # -G gives ik its own file (e.g. experts in its IQ4_KS quant, which mainline cannot read).
 # How long a round takes: the peers prefill every depth for real, mainline once per depth, ik
 # once up to the deepest, after a load that repacks the weights (-rtr).
@@ -77,9 +79,9 @@ MAXD=$(printf '%s\n' "${DL[@]}" | sort -n | tail -1)
 if [[ -z $GGUF ]]; then
   case $WEIGHTS in
     bf16) GGUF=$PEER_DIR/gguf/v2lite-${LAYERS}L-bf16.gguf ;;
-    fp8)  GGUF=$PEER_DIR/gguf/v2lite-${LAYERS}L-q8_0-bf16io.gguf ;;
+    fp8|int8) GGUF=$PEER_DIR/gguf/v2lite-${LAYERS}L-q8_0-bf16io.gguf ;;
     int4) GGUF=$PEER_DIR/gguf/v2lite-${LAYERS}L-q4exps-bf16.gguf ;;
-    *) echo "trio_depth: unknown weights $WEIGHTS (bf16, fp8 or int4)" >&2; exit 2 ;;
+    *) echo "trio_depth: unknown weights $WEIGHTS (bf16, fp8, int8 or int4)" >&2; exit 2 ;;
   esac
 fi
 [[ -z $IKGGUF ]] && IKGGUF=$GGUF
