@@ -284,8 +284,7 @@ nlohmann::ordered_json with_decoded_arguments(const nlohmann::ordered_json& mess
 // The messages with `section` at the end of the system prompt: appended to the last of the
 // leading system messages (after a blank line), or as a system message of its own at the start.
 // A template that takes one system message first (most do) reads it either way.
-nlohmann::ordered_json with_system_section(const nlohmann::ordered_json& messages, const std::string& section) {
-  nlohmann::ordered_json out = messages;
+nlohmann::ordered_json with_system_section(nlohmann::ordered_json out, const std::string& section) {
   size_t k = 0;
   while (k < out.size() && out[k].is_object() && out[k].value("role", "") == "system") ++k;
   if (k > 0 && out[k - 1].contains("content") && out[k - 1]["content"].is_string()) {
@@ -308,10 +307,15 @@ std::string render_chat_prompt(const ChatFormat& format, const nlohmann::ordered
   extra["bos_token"] = tokenizer.bos_token();
   extra["eos_token"] = tokenizer.eos_token();
   if (format.kind != ChatFormat::Kind::Jinja) return render_chat(format, messages, true, extra);
-  nlohmann::ordered_json msgs = reads_arguments_as_mapping(format.jinja) ? with_decoded_arguments(messages) : messages;
-  if (agent.tools_active() && !template_reads_tools(format.jinja))
-    if (const std::string section = chat::tool_use_prompt(tool_parser, agent.tools); !section.empty())
-      msgs = with_system_section(msgs, section);
+  const bool decode = reads_arguments_as_mapping(format.jinja);
+  const std::string section = agent.tools_active() && !template_reads_tools(format.jinja)
+                                  ? chat::tool_use_prompt(tool_parser, agent.tools)
+                                  : std::string();
+  // The request's messages are copied only where something changes them (a long conversation
+  // is most of a request).
+  if (!decode && section.empty()) return render_chat(format, messages, true, extra);
+  nlohmann::ordered_json msgs = decode ? with_decoded_arguments(messages) : messages;
+  if (!section.empty()) msgs = with_system_section(std::move(msgs), section);
   return render_chat(format, msgs, true, extra);
 }
 
