@@ -74,8 +74,8 @@ TEST(Dispatch, FastWithAmx) {
       {"int4 g32", weight(WeightFormat::INT4_GROUP), "bf16 f32 f32 f32 f32 amx amx amx amx dnnl dnnl"},
       {"int4 g128", weight(WeightFormat::INT4_GROUP, 7168, 128), "bf16 f32 f32 f32 f32 amx amx amx amx dnnl dnnl"},
       {"int4 g48", weight(WeightFormat::INT4_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
-      {"int8 g32", weight(WeightFormat::INT8_GROUP), "bf16 f32 f32 f32 f32 amx amx amx amx dnnl dnnl"},
-      {"int8 g64", weight(WeightFormat::INT8_GROUP, 7168, 64), "bf16 f32 f32 f32 f32 amx amx amx amx dnnl dnnl"},
+      {"int8 g32", weight(WeightFormat::INT8_GROUP), "f32 f32 f32 f32 f32 amx amx amx amx dnnl dnnl"},
+      {"int8 g64", weight(WeightFormat::INT8_GROUP, 7168, 64), "f32 f32 f32 f32 f32 amx amx amx amx dnnl dnnl"},
       {"int8 g48", weight(WeightFormat::INT8_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
       // K not a multiple of 32: no AMX GEMM; FP8 narrower than a 64-column step: no tiles.
       {"bf16 K=33", weight(WeightFormat::BF16, 33), "bf16 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl dnnl dnnl"},
@@ -98,7 +98,7 @@ TEST(Dispatch, FastWithoutAmx) {
       {"int4 g32", weight(WeightFormat::INT4_GROUP), "bf16 f32 f32 f32 f32 vnni vnni vnni vnni vnni vnni"},
       {"int4 g48", weight(WeightFormat::INT4_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
       {"bf16 K=7150", weight(WeightFormat::BF16, 7150), "bf16 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl dnnl dnnl"},
-      {"int8 g32", weight(WeightFormat::INT8_GROUP), "bf16 f32 f32 f32 f32 vnni vnni vnni vnni vnni vnni"},
+      {"int8 g32", weight(WeightFormat::INT8_GROUP), "f32 f32 f32 f32 f32 vnni vnni vnni vnni vnni vnni"},
       {"int8 g48", weight(WeightFormat::INT8_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
   };
   for (const Row& r : rows) EXPECT_EQ(row(fast, r.w, no_amx), r.kernels) << r.name;
@@ -116,7 +116,7 @@ TEST(Dispatch, FastWithoutAmxWhereFmaOutrunsVdpbf16ps) {
       {"int4 g32", weight(WeightFormat::INT4_GROUP), "bf16 f32 f32 f32 f32 vnni vnni vnni vnni vnni vnni"},
       {"int4 g48", weight(WeightFormat::INT4_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
       {"bf16 K=7150", weight(WeightFormat::BF16, 7150), "bf16 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl dnnl dnnl"},
-      {"int8 g32", weight(WeightFormat::INT8_GROUP), "bf16 f32 f32 f32 f32 vnni vnni vnni vnni vnni vnni"},
+      {"int8 g32", weight(WeightFormat::INT8_GROUP), "f32 f32 f32 f32 f32 vnni vnni vnni vnni vnni vnni"},
   };
   for (const Row& r : rows) EXPECT_EQ(row(fast, r.w, fma), r.kernels) << r.name;
   // With AMX, the tiles keep every product they took.
@@ -128,8 +128,9 @@ TEST(Dispatch, Int8ActivationsOffKeepsIntWeightsOnTheBf16Gemms) {
   Context fast = context(mla::cpu::Precision::Fast);
   fast.int8_activations = false;
   for (WeightFormat f : {WeightFormat::INT4_GROUP, WeightFormat::INT8_GROUP}) {
-    EXPECT_EQ(row(fast, weight(f), CpuFeatures{false, false}), "bf16 f32 f32 f32 f32 dp dp dp dp dp dp");
-    EXPECT_EQ(row(fast, weight(f), CpuFeatures{false, true}), "bf16 f32 f32 f32 f32 dp fma fma fma fma fma");
+    const std::string one = f == WeightFormat::INT8_GROUP ? "f32" : "bf16";  // INT8: no bf16 GEMV
+    EXPECT_EQ(row(fast, weight(f), CpuFeatures{false, false}), one + " f32 f32 f32 f32 dp dp dp dp dp dp");
+    EXPECT_EQ(row(fast, weight(f), CpuFeatures{false, true}), one + " f32 f32 f32 f32 dp fma fma fma fma fma");
   }
   // The precise precision never quantizes activations.
   const Context precise = context(mla::cpu::Precision::Precise);
@@ -172,15 +173,15 @@ TEST(Dispatch, PreciseIgnoresAmxAndTheBf16Threshold) {
 
 TEST(Dispatch, Bf16ThresholdMovesTheGemvKernels) {
   // Raised, the VDPBF16PS kernels serve every token count the GEMV takes; FP8 on AMX keeps its
-  // tiles for 2 to 16 tokens; F32 and F16 have no bf16 GEMV; matmul's GEMM thresholds stay.
+  // tiles for 2 to 16 tokens; F32, F16 and INT8 have no bf16 GEMV; matmul's GEMM thresholds stay.
   const Context all = context(mla::cpu::Precision::Fast, int64_t(1) << 40);
   const CpuFeatures amx{true}, no_amx{false};
   EXPECT_EQ(row(all, weight(WeightFormat::BF16), amx), "bf16 bf16 bf16 amx amx amx amx amx amx dnnl dnnl");
   EXPECT_EQ(row(all, weight(WeightFormat::FP8_BLOCK128), amx), "bf16 tile tile tile tile tile tile amx amx dnnl dnnl");
   EXPECT_EQ(row(all, weight(WeightFormat::FP8_BLOCK128), no_amx), "bf16 bf16 bf16 bf16 bf16 dp dp dp dp dp dp");
   EXPECT_EQ(row(all, weight(WeightFormat::INT4_GROUP), amx), "bf16 bf16 bf16 bf16 bf16 amx amx amx amx dnnl dnnl");
-  EXPECT_EQ(row(all, weight(WeightFormat::INT8_GROUP), amx), "bf16 bf16 bf16 bf16 bf16 amx amx amx amx dnnl dnnl");
-  EXPECT_EQ(row(all, weight(WeightFormat::INT8_GROUP), no_amx), "bf16 bf16 bf16 bf16 bf16 vnni vnni vnni vnni vnni vnni");
+  EXPECT_EQ(row(all, weight(WeightFormat::INT8_GROUP), amx), "f32 f32 f32 f32 f32 amx amx amx amx dnnl dnnl");
+  EXPECT_EQ(row(all, weight(WeightFormat::INT8_GROUP), no_amx), "f32 f32 f32 f32 f32 vnni vnni vnni vnni vnni vnni");
   EXPECT_EQ(row(all, weight(WeightFormat::F16), amx), "f32 f32 f32 f32 f32 amx amx amx amx dnnl dnnl");
   // gemv and gemv_batch take any token count; beyond 16 FP8 leaves the tiles.
   EXPECT_EQ(mla::cpu::gemv_kernel(all, 100, weight(WeightFormat::BF16), amx), Kernel::GemvBf16);

@@ -128,7 +128,7 @@ const mla::cpu::Context kFast = fast_context(1);
 const mla::cpu::Context kFastBf16 = fast_context(int64_t(1) << 40);
 
 bool has_bf16_kernel(WeightFormat f) {
-  return f == WeightFormat::BF16 || f == WeightFormat::FP8_BLOCK128 || mla::is_int_group(f);
+  return f == WeightFormat::BF16 || f == WeightFormat::FP8_BLOCK128 || f == WeightFormat::INT4_GROUP;
 }
 
 // y against W x in double on bf16-rounded activations (and, with round_weights, bf16-rounded
@@ -159,9 +159,9 @@ void expect_close_bf16(const MatrixView& W, const float* x, int64_t T, int64_t l
   }
 }
 
-// The fast precision's bf16 kernels (bf16, FP8, INT4, INT8 weights) against W x computed in double
+// The fast precision's bf16 kernels (bf16, FP8, INT4 weights) against W x computed in double
 // on the activations rounded to bf16, as those kernels see them. Each product of a bf16 activation
-// and a decoded weight (exact in bf16; INT4's and INT8's group scale and FP8's block scale multiply partial
+// and a decoded weight (exact in bf16; INT4's group scale and FP8's block scale multiply partial
 // sums) is exact in float32, so the only errors are float32 roundings along a summation chain
 // of the kernel: per lane 2 additions per 32 columns (VDPBF16PS), a scale multiply and add per
 // group, 4 in the horizontal sum, the FP8 subnormal codes' products (up to 3 roundings, summed
@@ -353,7 +353,7 @@ TEST(Gemv, FastPrecisionMixedBatchAsAnMoeDecodeStep) {
 TEST(Gemv, FastPrecisionUsesBf16KernelsForSingleTokensByDefault) {
   // Default dispatch: 1 token on the bf16 kernels (activations rounded to bf16), more tokens on
   // the float32 kernels (float32 activations, as in precise mode), except FP8 on AMX tiles,
-  // which round the activations to bf16 too.
+  // which round the activations to bf16 too. INT8 has no bf16 kernel: float32 for every T.
   const mla::cpu::Context& ctx = kFast;
   ASSERT_EQ(mla::cpu::Context().gemv_bf16_max_tokens, 1);
   std::mt19937 rng(23);
@@ -365,7 +365,7 @@ TEST(Gemv, FastPrecisionUsesBf16KernelsForSingleTokensByDefault) {
       std::vector<float> y(size_t(T * 150)), ref(size_t(T * 150));
       mla::cpu::gemv(ctx, x.data(), T, 320, m.view, y.data(), 150);
       const std::string what = std::string("default fast ") + mla::weight_format_name(f) + " T=" + std::to_string(T);
-      if (T == 1 || (f == WeightFormat::FP8_BLOCK128 && mla::cpu::host_features().amx)) {
+      if ((T == 1 && has_bf16_kernel(f)) || (f == WeightFormat::FP8_BLOCK128 && mla::cpu::host_features().amx)) {
         expect_close_fast(m.view, x.data(), T, 320, y, 150, what);
       } else {
         mla::cpu::gemv_reference(x.data(), T, 320, m.view, ref.data(), 150);
@@ -456,13 +456,12 @@ TEST(Int4, UnpacksHandPackedWords) {
 }
 
 TEST(Int8, EveryCodeInEveryColumnOfEveryKernel) {
-  // Rows of 160 int8 codes (two bf16 steps of 64 columns, then a 32-column chunk: the scalar
-  // tail of the bf16 kernel), group 32 with power-of-two scales, so every product is exact:
-  // value i = r * 160 + k holds code 37 i % 256 - 128 (37 is odd: each run of 256 values takes
-  // every code from -128 to 127, five times over at varying columns). Each value is read back
-  // through a one-hot x by the float32 kernel, the bf16 kernel and the prompt path (the bf16
-  // GEMM on dequantized rows: AMX below 128 tokens where the CPU has it, oneDNN from 128), and
-  // must equal code * scale exactly.
+  // Rows of 160 int8 codes (five chunks of 32), group 32 with power-of-two scales, so every
+  // product is exact: value i = r * 160 + k holds code 37 i % 256 - 128 (37 is odd: each run of
+  // 256 values takes every code from -128 to 127, five times over at varying columns). Each
+  // value is read back through a one-hot x by the GEMV of both precisions (INT8 has only the
+  // float32 kernel: gemv_kernel) and the prompt path (the bf16 GEMM on dequantized rows: AMX
+  // below 128 tokens where the CPU has it, oneDNN from 128), and must equal code * scale exactly.
   constexpr int R = 8, C = 160, G = 32;
   std::vector<int8_t> codes(size_t(R * C));
   std::vector<uint16_t> sc(size_t(R * (C / G)));
@@ -493,7 +492,7 @@ TEST(Int8, EveryCodeInEveryColumnOfEveryKernel) {
       mla::cpu::gemv(*ctx, x.data(), 1, C, v, y.data(), R);
       for (int r = 0; r < R; ++r)
         EXPECT_EQ(y[size_t(r)], float(codes[size_t(r * C + k)]) * std::ldexp(1.0f, k / G - r))
-            << (ctx == &kPrecise ? "float32" : "bf16") << " kernel, row " << r << " column " << k;
+            << (ctx == &kPrecise ? "precise" : "fast") << " GEMV, row " << r << " column " << k;
     }
   }
   // The prompt path: token t is one-hot at column t % C.

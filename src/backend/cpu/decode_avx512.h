@@ -212,13 +212,11 @@ struct DecInt8 {
 //         zero-extended to words, through a 32-word table of bf16(q - 8) (vpermw reads 5 bits:
 //         the table repeats, so the next nibble's low bit does not matter). Lanes 0..7 hold
 //         columns 0..31 (group of chunk 2s), lanes 8..15 columns 32..63 (chunk 2s + 1).
-//   int8: a = columns 0..15 then 32..47, b = 16..31 then 48..63: each 16 bytes sign-extended,
-//         converted to float32 and packed to bf16 by VCVTNE2PS2BF16 (every int8 is exact in
-//         bf16's 8 significant bits). Lanes 0..7 hold chunk 2s, lanes 8..15 chunk 2s + 1, as
-//         for int4, so the two share the per-chunk scales.
+// INT8 has no decoder here: its float32 kernel (DecInt8: sign-extend, convert, FMA) streams
+// faster than a conversion on to bf16 before VDPBF16PS could (gemv_kernel, dispatch.cpp).
 constexpr int64_t kStep = 64;
 
-enum class Layout64 { Natural, Fp8Unpack, EvenOdd, Halves16 };
+enum class Layout64 { Natural, Fp8Unpack, EvenOdd };
 
 // The column (0..63 within the step) held by word w: 0..31 of a, 32..63 of b.
 inline int layout64_col(Layout64 l, int w) {
@@ -227,7 +225,6 @@ inline int layout64_col(Layout64 l, int w) {
     case Layout64::Natural: return w;
     case Layout64::Fp8Unpack: return (j >> 3) * 16 + v * 8 + (j & 7);
     case Layout64::EvenOdd: return 2 * j + v;
-    case Layout64::Halves16: return (j >> 4) * 32 + v * 16 + (j & 15);
   }
   return w;
 }
@@ -236,15 +233,15 @@ inline Layout64 layout64_of(WeightFormat f) {
   switch (f) {
     case WeightFormat::FP8_BLOCK128: return Layout64::Fp8Unpack;
     case WeightFormat::INT4_GROUP: return Layout64::EvenOdd;
-    case WeightFormat::INT8_GROUP: return Layout64::Halves16;
     default: return Layout64::Natural;
   }
 }
 
-// The formats with a bf16 kernel (f32 and f16 weights keep the float32 kernels in both modes).
+// The formats with a bf16 kernel (f32, f16 and int8 weights keep the float32 kernels in both
+// modes).
 inline bool bf16_kernel(const MatrixView& W) {
   return W.format == WeightFormat::BF16 || W.format == WeightFormat::FP8_BLOCK128 ||
-         (is_int_group(W.format) && W.group_size > 0 && W.group_size % kChunk == 0);
+         (W.format == WeightFormat::INT4_GROUP && W.group_size > 0 && W.group_size % kChunk == 0);
 }
 
 inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
@@ -341,20 +338,5 @@ struct BfDecInt4 {
   __m512 scale(int64_t s) const { return chunk_pair_scale(scales, s); }
 };
 
-struct BfDecInt8 {
-  static constexpr int kStepsPerScale = 1;
-  const uint8_t* row;
-  const float* scales;  // per chunk of 32 columns, float32, readable 16 past the last chunk
-  void prefetch(int64_t s) const { prefetch_at(row, s * kStep); }
-  uint64_t decode(int64_t s, __m512i& a, __m512i& b) const {
-    __m512 f0, f1, f2, f3;
-    int8_floats(row + s * kStep, f0, f1);
-    int8_floats(row + s * kStep + 32, f2, f3);
-    a = (__m512i)_mm512_cvtne2ps_pbh(f2, f0);
-    b = (__m512i)_mm512_cvtne2ps_pbh(f3, f1);
-    return 0;
-  }
-  __m512 scale(int64_t s) const { return chunk_pair_scale(scales, s); }
-};
 
 }  // namespace mla::cpu::avx512

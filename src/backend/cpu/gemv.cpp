@@ -4,13 +4,14 @@
 // FP8 block scales are folded into the activations per 128-row block (times 2^64, the sum
 // times 2^56, keeping the 2^-120 of the decode far from float32's range limits).
 //
-// In the fast precision (Context::precision == Fast) bf16, FP8, INT4 and INT8 weights take a second
+// In the fast precision (Context::precision == Fast) bf16, FP8 and INT4 weights take a second
 // family of kernels: the activations are rounded to bf16 once per call (round to nearest even,
 // permuted into the format's word layout), each 64-column step of a row is decoded to bf16 in
-// registers (exactly: the weights' values, times 2^-120 for FP8, before the INT4 / INT8 group scale)
+// registers (exactly: the weights' values, times 2^-120 for FP8, before the INT4 group scale)
 // and dotted by VDPBF16PS, whose products of two bf16 are exact in float32 and summed in
-// float32. FP8 block scales and INT4 / INT8 group scales multiply the float32 partial sums of their
-// 128 / 32 columns. F32 and F16 weights keep the float32 kernels in both precisions, and so do
+// float32. FP8 block scales and INT4 group scales multiply the float32 partial sums of their
+// 128 / 32 columns. F32, F16 and INT8 weights keep the float32 kernels in both precisions (INT8:
+// dispatch.cpp's gemv_kernel has the measurements), and so do
 // products of more tokens than Context::gemv_bf16_max_tokens (1 by default), except FP8
 // products of 2 to 16 tokens where the CPU has AMX: those run on tiles of 16 rows (amx.h), the
 // activations rounded to bf16 as above. dispatch.h's gemv_kernel decides, per product.
@@ -417,7 +418,7 @@ struct FastRows {
   template <class D>
   void segment(int64_t s, int64_t e, const float* bs, float post) const {
     float* sbuf = nullptr;
-    if constexpr (std::is_same_v<D, BfDecInt4> || std::is_same_v<D, BfDecInt8>) {
+    if constexpr (std::is_same_v<D, BfDecInt4>) {
       Scratch& sc = scratch();
       if (sc.scales.size() < size_t(4 * (Kc + 16))) sc.scales.resize(size_t(4 * (Kc + 16)));
       sbuf = sc.scales.data();
@@ -470,7 +471,6 @@ struct FastRows {
     switch (W->format) {
       case WeightFormat::BF16: segment<BfDecBF16>(n0, n1, nullptr, 1.0f); break;
       case WeightFormat::INT4_GROUP: segment<BfDecInt4>(n0, n1, nullptr, 1.0f); break;
-      case WeightFormat::INT8_GROUP: segment<BfDecInt8>(n0, n1, nullptr, 1.0f); break;
       case WeightFormat::FP8_BLOCK128: {
         const float* scales = static_cast<const float*>(W->scales);
         for (int64_t s = n0; s < n1;) {  // the rows of one 128-row block share their scales

@@ -5,9 +5,10 @@
 // kernel (INT4 and INT8 when the group size is a multiple of 32; other group sizes use the reference).
 // Which kernel runs a product is gemv_kernel(ctx, T, W, features(ctx)) (dispatch.h).
 // Precision (Context::precision): precise: float32 activations, weights decoded to float32, FMA.
-// fast: for bf16, FP8, INT4 and INT8 weights, the activations are rounded to bf16 (nearest even) once
+// fast: for bf16, FP8 and INT4 weights, the activations are rounded to bf16 (nearest even) once
 // per call and the weights decoded exactly to bf16 and dotted by VDPBF16PS (products exact,
-// sums float32): fewer instructions per weight byte. F32 and F16 weights: float32 in both.
+// sums float32): fewer instructions per weight byte. F32, F16 and INT8 weights: float32 in both
+// (for INT8 the conversion on to bf16 costs more than VDPBF16PS saves).
 // With AMX, fast FP8 products of 2 to 16 tokens run on tiles instead (amx.h), also on bf16
 // activations: one tile product serves all the tokens.
 #pragma once
