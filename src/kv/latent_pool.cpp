@@ -293,6 +293,13 @@ void LatentPool::gather_bf16(int64_t layer, const PageTable& seq, int64_t s0, in
   }
 }
 
+const uint16_t* LatentPool::bf16_row(int64_t layer, const PageTable& seq, int64_t s) const {
+  if (dtype_ != KvDType::BF16)
+    throw std::logic_error(std::string("bf16_row: the pool stores ") + kv_dtype_name(dtype_) + " rows, not bf16");
+  check_position(seq, s, "bf16_row");
+  return reinterpret_cast<const uint16_t*>(row_ptr(layer, seq.pages[size_t(s / page_size_)], s % page_size_));
+}
+
 void LatentPool::decode_row(const uint8_t* row, float* o) const {
   const int64_t at = decode_values(dtype_, row, kv_lora_rank_, o);
   decode_values(k_pe_dtype(dtype_), row + at, rope_dim_, o + kv_lora_rank_);

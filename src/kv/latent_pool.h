@@ -82,6 +82,9 @@ class LatentPool {
   // Rows [s0, s0+n) of a bf16 pool as stored, out[n, kv_lora_rank + rope_dim] bf16 values (the
   // fast precision's bf16 attention reads them so); throws for the other dtypes.
   void gather_bf16(int64_t layer, const PageTable& seq, int64_t s0, int64_t n, uint16_t* out) const;
+  // Row s of a bf16 pool where it lies: the rows of the positions after it on the same page
+  // follow at kv_lora_rank + rope_dim values apart. Throws for the other dtypes.
+  const uint16_t* bf16_row(int64_t layer, const PageTable& seq, int64_t s) const;
   // Rows at the n listed positions, out[n, kv_lora_rank + rope_dim] (sparse attention's gather).
   void gather_at(int64_t layer, const PageTable& seq, const int32_t* positions, int64_t n, float* out) const;
 

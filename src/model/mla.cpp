@@ -133,8 +133,11 @@ void MlaAttention::absorb(const cpu::Context& ctx, const LayerWeights& W, const 
   // One captured reference: the std::function holds it without allocating.
   const SeqKeys* from = &k;
   a.gather = [from](int64_t s0, int64_t cnt, float* rows) { from->pool->gather(from->layer, *from->seq, s0, cnt, rows); };
-  // A bf16 cache's rows as stored, for the fast precision's bf16 kernel (cpu::absorb_kernel).
-  if (k.pool->dtype() == KvDType::BF16)
+  // A bf16 cache's rows as stored, for the fast precision's bf16 kernel (cpu::absorb_kernel):
+  // read where they lie when a page holds whole groups of 32 keys, else copied out.
+  if (k.pool->dtype() == KvDType::BF16 && k.pool->page_size() % 32 == 0)
+    a.bf16_rows = [from](int64_t s) { return from->pool->bf16_row(from->layer, *from->seq, s); };
+  else if (k.pool->dtype() == KvDType::BF16)
     a.gather_bf16 = [from](int64_t s0, int64_t cnt, uint16_t* rows) {
       from->pool->gather_bf16(from->layer, *from->seq, s0, cnt, rows);
     };

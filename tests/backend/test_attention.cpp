@@ -255,15 +255,28 @@ void check_absorb_bf16(const AbsorbCase& c) {
   std::vector<float> f32(want.size()), f32_lse(want_lse.size());
   cpu::attention_absorb(threads(c.threads), a, f32.data(), f32_lse.data());
   EXPECT_GT(diff(got_lse, f32_lse, 0).max_abs, 0.0);
+  // The rows read where they lie (pages of whole groups of 32 keys, as the model does): the same
+  // products of the same values in the same order, so the same bits as over the copies.
+  if (c.page_size % 32 == 0) {
+    cpu::AbsorbArgs in_place = a;
+    in_place.gather_bf16 = nullptr;
+    in_place.bf16_rows = [&](int64_t s) { return pool.bf16_row(1, seq, s); };
+    ASSERT_EQ(cpu::absorb_kernel(ctx, in_place), cpu::AbsorbKernel::Dpbf16);
+    std::vector<float> got2(want.size(), -7.0f), got2_lse(want_lse.size(), -7.0f);
+    cpu::attention_absorb(ctx, in_place, got2.data(), got2_lse.data());
+    EXPECT_EQ(got2, got);
+    EXPECT_EQ(got2_lse, got_lse);
+  }
 }
 
-// Decode (one token of 16 or 128 heads), a verify pass's few tokens, a prompt's many, page sizes
-// that cut the key blocks anywhere, key counts that leave a partial block of 32 and an odd last
-// key, the split across threads from 1024 keys on, and a small latent (kv_lora 64, rope 32).
+// Decode (one token of 16, 20 or 128 heads: 20 leaves a block of 4 query rows), a verify pass's
+// few tokens, a prompt's many, page sizes that cut the key blocks anywhere, key counts that leave
+// a partial block of 32 and an odd last key, the split across threads from 1024 keys on, 8k keys,
+// and a small latent (kv_lora 64, rope 32).
 TEST(AttentionAbsorb, Bf16KernelOnABf16CacheMatchesTheReference) {
   for (const auto& [H, T, cached, page, thr] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int>>{
            {16, 1, 0, 64, 1}, {16, 1, 37, 7, 1}, {128, 1, 300, 64, 1}, {16, 2, 255, 16, 1}, {3, 5, 250, 1, 1},
-           {8, 17, 40, 64, 1}, {16, 1, 1100, 64, 2}, {4, 3, 2600, 16, 2}})
+           {8, 17, 40, 64, 1}, {16, 1, 1100, 64, 2}, {4, 3, 2600, 16, 2}, {20, 1, 700, 32, 2}, {16, 1, 8190, 64, 2}})
     check_absorb_bf16({H, 512, 64, T, cached, page, KvDType::BF16, thr});
   check_absorb_bf16({4, 64, 32, 6, 301, 16, KvDType::BF16, 1});
 }
@@ -286,6 +299,12 @@ TEST(AttentionAbsorb, KernelChoice) {
   PageTable seq;
   std::vector<uint16_t> out(576);
   EXPECT_THROW(fp8.gather_bf16(0, seq, 0, 1, out.data()), std::logic_error);
+  EXPECT_THROW(fp8.bf16_row(0, seq, 0), std::logic_error);
+  // Rows in place instead of copies choose the same kernel.
+  a.rope = 64, a.kv_lora = 512;
+  a.gather_bf16 = nullptr;
+  a.bf16_rows = [](int64_t) -> const uint16_t* { return nullptr; };
+  EXPECT_EQ(cpu::absorb_kernel(fast, a), cpu::AbsorbKernel::Dpbf16);
 }
 
 // ---- expand --------------------------------------------------------------------------------

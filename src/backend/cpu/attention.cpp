@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/small_gemm.h"
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/transpose_avx512.h"
 #include "backend/cpu/vec_math.h"
 
 namespace mla::cpu {
@@ -236,27 +238,30 @@ void weight_pairs(const float* p, int64_t M, int64_t n, int64_t ldp, uint32_t* o
 }
 
 // acc[r, c] += sum over keys j < n of p[r, j] v[j, c], r < R, c < kvr (kvr % 16 == 0), from the
-// weights in bf16 pairs (weight_pairs, np per row) and the bf16 rows v (ldv apart; row n readable
-// when n is odd, its products then times 0). For 16 columns at a time, the rows of two
-// consecutive keys are interleaved into one register's dwords, (v[j, c], v[j + 1, c]) in lane c,
-// and each query row's pair of weights, broadcast, multiplies them on VDPBF16PS: R accumulators
-// of 16 columns, one float32 chain each.
+// weights in bf16 pairs (weight_pairs, np per row) and the bf16 rows v: key j's row at
+// groups[j / 32] + (j % 32) ldv (key n readable when n is odd, its products then times 0). For 16
+// columns at a time, the rows of two consecutive keys are interleaved into one register's dwords,
+// (v[j, c], v[j + 1, c]) in lane c, and each query row's pair of weights, broadcast, multiplies
+// them on VDPBF16PS: R accumulators of 16 columns, one float32 chain each.
 template <int R>
-void pv_rows_dpbf16(const uint32_t* pairs, int64_t np, const uint16_t* v, int64_t ldv, int64_t kvr, float* acc,
-                    int64_t ldacc) {
+void pv_rows_dpbf16(const uint32_t* pairs, int64_t np, const uint16_t* const* groups, int64_t ldv, int64_t kvr,
+                    float* acc, int64_t ldacc) {
   alignas(64) static const uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                                         8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i idx = _mm512_load_si512(kInterleave);
   for (int64_t c0 = 0; c0 < kvr; c0 += 16) {
     __m512 s[R];
     for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_ps();
-    const uint16_t* row = v + c0;
-    for (int64_t i = 0; i < np; ++i, row += 2 * ldv) {
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + ldv));
-      const __m512bh x = avx512::as_bh(_mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)));
-      for (int r = 0; r < R; ++r)
-        s[r] = _mm512_dpbf16_ps(s[r], avx512::as_bh(_mm512_set1_epi32(int32_t(pairs[r * np + i]))), x);
+    for (int64_t g = 0; g * 16 < np; ++g) {
+      const uint16_t* row = groups[g] + c0;
+      for (int64_t i = g * 16; i < std::min(np, g * 16 + 16); ++i, row += 2 * ldv) {
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + ldv));
+        const __m512bh x =
+            avx512::as_bh(_mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)));
+        for (int r = 0; r < R; ++r)
+          s[r] = _mm512_dpbf16_ps(s[r], avx512::as_bh(_mm512_set1_epi32(int32_t(pairs[r * np + i]))), x);
+      }
     }
     for (int r = 0; r < R; ++r) {
       float* o = acc + r * ldacc + c0;
@@ -265,17 +270,90 @@ void pv_rows_dpbf16(const uint32_t* pairs, int64_t np, const uint16_t* v, int64_
   }
 }
 
-void pv_dpbf16(const uint32_t* pairs, int64_t M, int64_t np, const uint16_t* v, int64_t ldv, int64_t kvr, float* acc) {
+void pv_dpbf16(const uint32_t* pairs, int64_t M, int64_t np, const uint16_t* const* groups, int64_t ldv, int64_t kvr,
+               float* acc) {
   for (int64_t r0 = 0; r0 < M; r0 += 16) {
     const uint32_t* pr = pairs + r0 * np;
     float* ar = acc + r0 * kvr;
     switch (std::min<int64_t>(16, M - r0)) {
 #define MLA_PV_CASE(n) \
-  case n: pv_rows_dpbf16<n>(pr, np, v, ldv, kvr, ar, kvr); break;
+  case n: pv_rows_dpbf16<n>(pr, np, groups, ldv, kvr, ar, kvr); break;
       MLA_PV_CASE(1) MLA_PV_CASE(2) MLA_PV_CASE(3) MLA_PV_CASE(4) MLA_PV_CASE(5) MLA_PV_CASE(6) MLA_PV_CASE(7)
       MLA_PV_CASE(8) MLA_PV_CASE(9) MLA_PV_CASE(10) MLA_PV_CASE(11) MLA_PV_CASE(12) MLA_PV_CASE(13)
       MLA_PV_CASE(14) MLA_PV_CASE(15) MLA_PV_CASE(16)
 #undef MLA_PV_CASE
+    }
+  }
+}
+
+// The scaled bf16 queries q [M, dim] with 16 rows to a register: out[(b * dim / 2 + p) * 16 + l]
+// holds column pair p of row 16 b + l (0 past M), so that one VDPBF16PS multiplies pair p of a
+// block's 16 rows by the same pair of one key, broadcast.
+void pack_query_lanes(const uint16_t* q, int64_t M, int64_t dim, uint32_t* out) {
+  const int64_t np = dim / 2;
+  for (int64_t b = 0; b < (M + 15) / 16; ++b)
+    for (int64_t p = 0; p < np; ++p)
+      for (int64_t l = 0; l < 16; ++l) {
+        uint32_t v = 0;
+        if (b * 16 + l < M) std::memcpy(&v, q + (b * 16 + l) * dim + 2 * p, sizeof v);
+        out[(b * np + p) * 16 + l] = v;
+      }
+}
+
+// out[k * 16 + l] = the score of query row l (lane l of q's block) against key k < KB, whose rows
+// lie ld apart from `key`: over the np column pairs, each key's pair broadcast from its row as it
+// lies. Two accumulators a key (even and odd pairs) keep 2 KB float32 chains in flight. pf (or
+// null): KB rows ld apart to fetch towards L2 meanwhile, a cache line of each per 16 pairs.
+template <int KB>
+[[gnu::always_inline]] inline void key_scores(const uint32_t* q, int64_t np, const uint16_t* key, int64_t ld,
+                                              const uint16_t* pf, float* out) {
+  __m512 a0[KB], a1[KB];
+  for (int k = 0; k < KB; ++k) a0[k] = a1[k] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < np; p += 2) {
+    if (pf != nullptr && p % 16 == 0)
+      for (int k = 0; k < KB; ++k) _mm_prefetch(reinterpret_cast<const char*>(pf + k * ld + 2 * p), _MM_HINT_T1);
+    const __m512bh q0 = avx512::as_bh(_mm512_loadu_si512(q + p * 16));
+    const __m512bh q1 = avx512::as_bh(_mm512_loadu_si512(q + (p + 1) * 16));
+#pragma GCC unroll 8
+    for (int k = 0; k < KB; ++k) {
+      int32_t w0, w1;
+      std::memcpy(&w0, key + k * ld + 2 * p, sizeof w0);
+      std::memcpy(&w1, key + k * ld + 2 * p + 2, sizeof w1);
+      a0[k] = _mm512_dpbf16_ps(a0[k], q0, avx512::as_bh(_mm512_set1_epi32(w0)));
+      a1[k] = _mm512_dpbf16_ps(a1[k], q1, avx512::as_bh(_mm512_set1_epi32(w1)));
+    }
+  }
+  for (int k = 0; k < KB; ++k) _mm512_storeu_ps(out + k * 16, _mm512_add_ps(a0[k], a1[k]));
+}
+
+// Scores P [M, n] (row stride n) of the queries qh (pack_query_lanes) against n keys, key j's row
+// at groups[j / 32] + (j % 32) dim. Each block of 16 query rows scores the keys into PT [n16, 16]
+// (a key's 16 scores, one store), then 16 keys at a time are transposed into P's rows.
+// PT: n rounded up to 16, times 16 floats. after (or null): the rows of the 32 keys that follow
+// (the caller's next block), fetched towards L2 while the last group is scored, as each group
+// fetches the next: keys read where they lie come from DRAM a group ahead of their products.
+void block_scores(const uint32_t* qh, int64_t M, int64_t dim, const uint16_t* const* groups, int64_t n,
+                  const uint16_t* after, float* PT, float* P) {
+  const int64_t np = dim / 2, n16 = (n + 15) / 16 * 16;
+  for (int64_t b = 0; b * 16 < M; ++b) {
+    const uint32_t* q = qh + b * np * 16;
+    for (int64_t j0 = 0; j0 < n; j0 += 32) {
+      const uint16_t* key = groups[j0 / 32];
+      const uint16_t* next = b > 0 ? nullptr : j0 + 32 < n ? groups[j0 / 32 + 1] : after;
+      const int64_t cnt = std::min<int64_t>(32, n - j0);
+      int64_t k = 0;
+      for (; k + 8 <= cnt; k += 8)
+        key_scores<8>(q, np, key + k * dim, dim, next ? next + k * dim : nullptr, PT + (j0 + k) * 16);
+      for (; k < cnt; ++k) key_scores<1>(q, np, key + k * dim, dim, nullptr, PT + (j0 + k) * 16);
+    }
+    std::fill(PT + n * 16, PT + n16 * 16, 0.0f);
+    const int64_t rows = std::min<int64_t>(16, M - b * 16);
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_castps_si512(_mm512_loadu_ps(PT + (j0 + i) * 16));
+      transpose16(r);  // r[l]: query row l's scores of the 16 keys
+      const __mmask16 keep = n - j0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j0)) - 1);
+      for (int64_t l = 0; l < rows; ++l) _mm512_mask_storeu_ps(P + (b * 16 + l) * n + j0, keep, _mm512_castsi512_ps(r[l]));
     }
   }
 }
@@ -285,7 +363,7 @@ void pv_dpbf16(const uint32_t* pairs, int64_t M, int64_t np, const uint16_t* v, 
 const char* absorb_kernel_name(AbsorbKernel k) { return k == AbsorbKernel::Dpbf16 ? "dpbf16" : "f32"; }
 
 bool dpbf16_absorb_supported(const AbsorbArgs& a) {
-  return a.gather_bf16 && (a.kv_lora + a.rope) % 32 == 0 && a.kv_lora % 16 == 0;
+  return (a.bf16_rows || a.gather_bf16) && (a.kv_lora + a.rope) % 32 == 0 && a.kv_lora % 16 == 0;
 }
 
 AbsorbKernel absorb_kernel(const Context& ctx, const AbsorbArgs& a) {
@@ -306,12 +384,12 @@ void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, f
   // buffers also inside the parallel region below, where the thread_local names are the workers'.
   thread_local std::vector<float> q_buf, parts_buf, part_lse_buf;
   thread_local std::vector<uint16_t> qb_buf;
-  thread_local std::vector<uint32_t> qpairs_buf;
+  thread_local std::vector<uint32_t> qlanes_buf;
   std::vector<float>&Q = q_buf, &parts = parts_buf, &part_lse = part_lse_buf;
   std::vector<uint16_t>& Qb = qb_buf;          // Dpbf16: the scaled queries in bf16
-  std::vector<uint32_t>& Qpairs = qpairs_buf;  // and as the paired kernel's activations
+  std::vector<uint32_t>& Qlanes = qlanes_buf;  // and 16 rows to a register (pack_query_lanes)
   Q.resize(size_t(tb * H * dim));
-  if (bf16) Qb.resize(size_t(tb * H * dim)), Qpairs.resize(size_t(tb * H * dim / 2));
+  if (bf16) Qb.resize(size_t(tb * H * dim)), Qlanes.resize(size_t((tb * H + 15) / 16 * 16 * dim / 2));
   parts.resize(size_t(nthr > 1 ? nthr * tb * H * kvr : 0));
   part_lse.resize(size_t(nthr > 1 ? nthr * tb * H : 0));
   for (int64_t t0 = 0; t0 < a.T; t0 += tb) {
@@ -326,15 +404,20 @@ void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, f
       }
     if (bf16) {
       for (int64_t i = 0; i < M * dim; ++i) Qb[size_t(i)] = f32_to_bf16(Q[size_t(i)] * a.scale);
-      pack_activation_pairs(Qb.data(), M, dim, dim, Qpairs.data());
+      pack_query_lanes(Qb.data(), M, dim, Qlanes.data());
     }
     // One thread's share: key blocks [b0, b1) into acc [M, kv_lora] and its lse [M].
     auto run = [&](int64_t b0, int64_t b1, float* acc, float* row_lse) {
       const vec::FlushDenormals flush;
       thread_local std::vector<float> C, P, m, l;
-      thread_local std::vector<uint16_t> Cb;     // Dpbf16: the block's rows as stored, zero rows to a multiple of 32
+      thread_local std::vector<uint16_t> Cb;     // Dpbf16: rows copied (gather_bf16, or a group cut short)
       thread_local std::vector<uint32_t> pairs;  // Dpbf16: the block's weights in bf16 pairs
-      if (bf16) Cb.resize(static_cast<size_t>((kKeyBlock + 32) * dim)), pairs.resize(size_t(M * (kKeyBlock / 2)));
+      thread_local std::vector<float> PT;        // Dpbf16: a block of 16 query rows' scores, key by key
+      thread_local std::vector<const uint16_t*> groups;  // Dpbf16: the first row of each 32 keys
+      if (bf16) {
+        Cb.resize(static_cast<size_t>((kKeyBlock + 32) * dim)), pairs.resize(size_t(M * (kKeyBlock / 2)));
+        PT.resize(size_t(kKeyBlock * 16)), groups.resize(size_t(kKeyBlock / 32));
+      }
       else if (a.gather) C.resize(static_cast<size_t>(kKeyBlock * dim));
       P.resize(static_cast<size_t>(M * kKeyBlock));
       m.assign(static_cast<size_t>(M), kNegInf);
@@ -347,13 +430,27 @@ void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, f
         if (j0 > last_visible) break;
         const float* rows = a.latent ? a.latent + j0 * dim : C.data();
         if (bf16) {
-          // Scores [M, n] on VDPBF16PS, 32 keys at a time (the last group padded with zero rows).
-          a.gather_bf16(j0, n, Cb.data());
-          const int64_t n32 = (n + 31) / 32 * 32;
-          std::fill(Cb.begin() + n * dim, Cb.begin() + n32 * dim, uint16_t(0));
-          for (int64_t r0 = 0; r0 < n; r0 += 32)
-            dpbf16_gemm_pairs_rows32(Qpairs.data(), M, dim, Cb.data() + r0 * dim, dim, std::min<int64_t>(32, n - r0),
-                                     false, P.data() + r0, n);
+          // The keys 32 at a time: in place where bf16_rows gives them and the group is whole,
+          // else copied into Cb (a zero row after an odd last key, for the paired values).
+          if (!a.bf16_rows) a.gather_bf16(j0, n, Cb.data());
+          for (int64_t r0 = 0; r0 < n; r0 += 32) {
+            const int64_t cnt = std::min<int64_t>(32, n - r0);
+            uint16_t* copy = Cb.data() + r0 * dim;
+            if (a.bf16_rows) {
+              const uint16_t* rows32 = a.bf16_rows(j0 + r0);
+              if (cnt == 32) {
+                groups[size_t(r0 / 32)] = rows32;
+                continue;
+              }
+              std::copy(rows32, rows32 + cnt * dim, copy);
+            }
+            if (cnt % 2) std::fill(copy + cnt * dim, copy + (cnt + 1) * dim, uint16_t(0));
+            groups[size_t(r0 / 32)] = copy;
+          }
+          // Scores [M, n] on VDPBF16PS, the next block's first keys fetched meanwhile.
+          const int64_t j1 = j0 + kKeyBlock;
+          const uint16_t* after = a.bf16_rows && b + 1 < b1 && j1 + 32 <= a.S ? a.bf16_rows(j1) : nullptr;
+          block_scores(Qlanes.data(), M, dim, groups.data(), n, after, PT.data(), P.data());
         } else {
           if (!a.latent) a.gather(j0, n, C.data());
           // One shared key per cached token for all heads: scores [M, n] = Q rows^T.
@@ -380,7 +477,7 @@ void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, f
         // One shared value: acc [M, kv_lora] += P c_KV.
         if (bf16) {
           weight_pairs(P.data(), M, n, n, pairs.data());
-          pv_dpbf16(pairs.data(), M, (n + 1) / 2, Cb.data(), dim, kvr, acc);
+          pv_dpbf16(pairs.data(), M, (n + 1) / 2, groups.data(), dim, kvr, acc);
         } else if (M <= kSmallGemmRows) gemm_nn_f32(M, kvr, n, 1.0f, P.data(), n, rows, dim, 1.0f, acc, kvr);
         else sgemm(ctx, false, false, M, kvr, n, 1.0f, P.data(), n, rows, dim, 1.0f, acc, kvr);
       }

@@ -59,6 +59,10 @@ struct AbsorbArgs {
   // The same keys as the bf16 rows a bf16 cache stores (LatentPool::gather_bf16); where given,
   // the fast precision runs the bf16 kernel over them (absorb_kernel).
   std::function<void(int64_t s0, int64_t n, uint16_t* out)> gather_bf16 = nullptr;
+  // Or those rows where they lie, read in place by the bf16 kernel (no copy): bf16_rows(s), s a
+  // multiple of 32, points at key s's row, and keys s + 1 .. min(s + 32, S) - 1 follow it at
+  // kv_lora + rope values apart (LatentPool::bf16_row with pages of a multiple of 32 rows).
+  std::function<const uint16_t*(int64_t s)> bf16_rows = nullptr;
 };
 // out_lat: [T, H, kv_lora] (weighted sums of c_KV); lse: [T, H].
 // The keys go in blocks with an online softmax (running max and sum per row); long key ranges
@@ -69,10 +73,12 @@ void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, f
 
 // The two kernels of the absorb path:
 //  F32:    the keys as float32 rows (gather or latent), float32 products;
-//  Dpbf16: the keys as stored in a bf16 cache (gather_bf16), products on VDPBF16PS: the scaled
-//          queries and the softmax weights rounded to bf16, every sum in float32, the softmax in
-//          float32 between the two products. It needs gather_bf16, (kv_lora + rope) % 32 == 0 and
-//          kv_lora % 16 == 0.
+//  Dpbf16: the keys as stored in a bf16 cache (bf16_rows or gather_bf16), products on
+//          VDPBF16PS: the scaled queries and the softmax weights rounded to bf16, every sum in
+//          float32, the softmax in float32 between the two products. The scores put 16 query rows
+//          in the lanes and broadcast each key's column pairs from its row, so the keys are
+//          neither copied (bf16_rows) nor transposed. It needs bf16_rows or gather_bf16,
+//          (kv_lora + rope) % 32 == 0 and kv_lora % 16 == 0.
 // attention_absorb picks Dpbf16 in the fast precision where it can run, else F32 (which needs
 // latent or gather).
 enum class AbsorbKernel { F32, Dpbf16 };
