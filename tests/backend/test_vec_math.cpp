@@ -79,6 +79,23 @@ TEST(VecMath, SiluMulAndSoftmaxMatchDouble) {
 
 // The attention's softmax runs with subnormals flushed; the flag is the calling thread's and
 // only while the guard lives.
+TEST(VecMath, MaxOfEveryLengthAndPlace) {
+  // Every length up to 70 (whole vectors and each tail), the largest value at every position,
+  // all other values below it; the elements past n are larger still and must not be read as max.
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-50.0f, 50.0f);
+  std::vector<float> x(80);
+  for (int64_t n = 1; n <= 70; ++n)
+    for (int64_t at = 0; at < n; ++at) {
+      for (auto& v : x) v = u(rng);
+      for (int64_t i = n; i < int64_t(x.size()); ++i) x[size_t(i)] = 1e30f;
+      x[size_t(at)] = 60.0f;
+      EXPECT_EQ(mla::cpu::vec::max_of(x.data(), n), 60.0f) << "n " << n << " at " << at;
+    }
+  const float neg[3] = {-std::numeric_limits<float>::infinity(), -3.0f, -std::numeric_limits<float>::infinity()};
+  EXPECT_EQ(mla::cpu::vec::max_of(neg, 3), -3.0f);
+}
+
 TEST(VecMath, FlushDenormalsHoldsOnlyInItsScope) {
   const unsigned before = _mm_getcsr();
   volatile float tiny = 1e-30f, factor = 1e-10f;  // their product, 1e-40, is subnormal

@@ -464,7 +464,7 @@ void attention_absorb(const Context& ctx, const AbsorbArgs& a, float* out_lat, f
             std::fill(p, p + n, 0.0f);
             continue;
           }
-          float bm = *std::max_element(p, p + vis);
+          const float bm = vec::max_of(p, vis);
           const float mn = std::max(m[size_t(r)], bm);
           const float keep = m[size_t(r)] == kNegInf ? 0.0f : std::exp(m[size_t(r)] - mn);
           const double sum = vec::exp_shifted(p, vis, mn);

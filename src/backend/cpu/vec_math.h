@@ -5,6 +5,7 @@
 //   e^r (Cephes' expf coefficients), and 2^n applied by vscalefps, which also gives +inf above
 //   ~88.7 and 0 / subnormals below. Within 2 ulp of expf over the float range
 //   (tests/backend/test_vec_math.cpp checks it against std::exp).
+// - The maximum of a row (the attention's softmax).
 // - FlushDenormals, a scoped FTZ/DAZ for the attention's softmax.
 // - A 16 x 16 float transpose (the AMX kernel's packing and results, the attention's values).
 #pragma once
@@ -36,6 +37,16 @@ inline __m512 exp(__m512 x) {
   const __m512 r2 = _mm512_mul_ps(r, r);
   p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_scalef_ps(p, n);
+}
+
+// The largest of x[0..n), n >= 1, 16 lanes at a time (a NaN may be passed over, as
+// std::max_element passes it over after the first element).
+inline float max_of(const float* x, int64_t n) {
+  __m512 m = _mm512_set1_ps(x[0]);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
+  if (i < n) m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, __mmask16((1u << (n - i)) - 1), x + i));
+  return _mm512_reduce_max_ps(m);
 }
 
 // x[i] <- exp(x[i] - m) for i < n; returns their sum (sixteen float32 lane sums, added in
