@@ -130,6 +130,7 @@ int run(int argc, char** argv) {
                   : vector_gemm == "vdpbf16ps" ? mla::cpu::Context::VectorGemm::Vdpbf16ps
                                                : mla::cpu::Context::VectorGemm::Auto;
   o.int8_activations = cpu.context().int8_activations;
+  o.repack = cpu.context().repack_weights;
   std::erase(o.batches, 0);
   auto rep = mla::bench::run(o);  // every rank under mpirun; rank 0 reports
   if (lead) std::fputs(mla::bench::format_report(rep).c_str(), stdout);

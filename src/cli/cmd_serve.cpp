@@ -207,7 +207,7 @@ int serve_cmd(int argc, char** argv) {
                                    : ec                 ? 0
                                                         : int64_t(space.available / 2);
       eo.prefix_tiers.fingerprint =
-          mla::compute_fingerprint(mla::checkpoint_fingerprint(o.model_dir), ctx, load_quantization);
+          mla::compute_fingerprint(mla::checkpoint_fingerprint(o.model_dir), model->context(), load_quantization);
       if (eo.prefix_tiers.disk_bytes == 0)
         std::fprintf(stderr, "mla serve: the prompt cache's disk tier is off: no room under %s\n", o.cache_dir.c_str());
     }

@@ -33,7 +33,7 @@ inline CLI::Option* add_model_option(CLI::App& app, std::string& dir, const std:
   return app.add_option("-m,--model", dir, help)->required();
 }
 
-// --threads, --int8-activations, --indexer-precision and, where the command offers the choice
+// --threads, --int8-activations, --indexer-precision, --repack and, where the command offers the choice
 // (a help text is given), --precision; context() checks them and builds the cpu::Context the
 // command hands to Model::load.
 struct CpuOptions {
@@ -41,9 +41,11 @@ struct CpuOptions {
   std::string precision = "precise";
   std::string int8_activations = "on";
   std::string indexer_precision = "float";
+  std::string repack = "on";
   cpu::Context context() const {
     cpu::Context ctx = cpu_context(threads, precision);
     ctx.int8_activations = int8_activations == "on";
+    ctx.repack_weights = repack == "on";
     ctx.fp8_indexer = indexer_precision == "fp8";
     return ctx;
   }
@@ -60,6 +62,10 @@ inline void add_cpu_options(CLI::App& app, CpuOptions& o, const std::string& pre
                  "float | fp8: DeepSeek-V3.2 / GLM-5's sparse-attention indexer scores float values (default) or, "
                  "as DeepSeek's own inference code, queries and keys rounded to FP8 (e4m3, a scale per 128)")
       ->check(CLI::IsMember({"float", "fp8"}));
+  app.add_option("--repack", o.repack,
+                 "on | off: in the fast precision without AMX, rewrite the bf16 MLP and expert weights at load into "
+                 "the column-pair order the prompt's GEMMs compute in (when the weights are copied onto huge pages)")
+      ->check(CLI::IsMember({"on", "off"}));
 }
 
 // --kv-dtype and --page-size: the latent cache's storage and tokens per page (mla logits, serve);

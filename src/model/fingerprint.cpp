@@ -73,6 +73,7 @@ Hash128 compute_fingerprint(const Hash128& checkpoint, const cpu::Context& ctx, 
   d.add("mla computation v1").add_value(checkpoint.hi).add_value(checkpoint.lo);
   d.add(cpu::precision_name(ctx.precision)).add_value(f.amx).add_value(f.fma_gemm);
   d.add_value(ctx.int8_activations).add_value(ctx.fp8_indexer).add_value(ctx.gemv_bf16_max_tokens);
+  d.add_value(ctx.repack_weights);  // as Model::weights_repacked says it took effect
   d.add(q.str()).add_value(int(q.rule)).add_value(q.group_size);
   return d.finish();
 }

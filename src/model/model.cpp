@@ -12,6 +12,7 @@
 #include "backend/cpu/attention.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/parallel.h"
+#include "backend/cpu/repack.h"
 #include "backend/cpu/weight_memory.h"
 #include "format/progress.h"
 #include "model/fingerprint.h"
@@ -100,7 +101,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
       if (head_is_lm_head[i]) m->w_.mtp[i].head = m->w_.lm_head;
     m->ckpt_->release_pages();  // the copies are what runs now: RSS counts the weights once
     if (quantize.any()) m->w_.owned.clear();  // every view points into the arena now
+    m->repack_mlp_weights();
   }
+  m->ctx_.repack_weights = m->repacked_;  // what the kernels run on (the computation fingerprint reads it)
   if (!experts.all())
     std::fprintf(stderr, "mla: rank %d of %d holds routed experts [%lld, %lld) of %lld: %s\n", comm.rank(), comm.size(),
                  (long long)experts.begin, (long long)experts.end, (long long)m->cfg_.n_routed_experts,
@@ -116,6 +119,30 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
     comm.set_timeout(parallel::rank_timeout_from_env());
   }
   return m;
+}
+
+void Model::repack_mlp_weights() {
+  if (!cpu::reads_pairs32(ctx_)) return;
+  size_t bytes = 0;
+  auto mlp = [&](Mlp& p) {
+    for (MatrixView* v : {&p.gate, &p.up, &p.down})
+      if (cpu::pairs32_eligible(*v)) {
+        cpu::repack_pairs32(ctx_, *v);
+        bytes += v->bytes();
+      }
+  };
+  auto layer = [&](LayerWeights& L) {
+    mlp(L.dense);
+    mlp(L.shared);
+    for (Mlp& e : L.experts) mlp(e);
+  };
+  for (LayerWeights& L : w_.layers) layer(L);
+  for (MtpWeights& t : w_.mtp) layer(t.layer);
+  if (bytes == 0) return;
+  repacked_ = true;
+  auto& by = w_.bytes_by_format;
+  if ((by["bf16"] -= bytes) == 0) by.erase("bf16");
+  by["bf16 as column pairs (repacked at load)"] += bytes;
 }
 
 LatentPool Model::make_pool(int64_t num_pages, int64_t page_size, KvDType dtype) const {

@@ -127,6 +127,9 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const cpu::Context& context() const { return ctx_; }
+  // Whether load rewrote the MLP weights as column pairs (cpu::Context::repack_weights, repack.h);
+  // context().repack_weights says the same.
+  bool weights_repacked() const { return repacked_; }
   const ModelWeights& weights() const { return w_; }
   const PathCounters& path_counters() const { return counters_; }
   const DsaCounters& dsa_counters() const { return dsa_counters_; }
@@ -192,6 +195,9 @@ class Model {
   ModelConfig cfg_;
   cpu::Context ctx_;
   const cpu::Context* pass_ctx_ = &ctx_;
+  bool repacked_ = false;
+  // The bf16 MLP and expert weights in the arena as BF16_PAIRS32, where ctx_ reads them in place.
+  void repack_mlp_weights();
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;
   std::unique_ptr<MlaAttention> mla_;  // the attention of every layer, with its working buffers

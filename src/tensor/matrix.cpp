@@ -12,6 +12,7 @@ const char* weight_format_name(WeightFormat f) {
     case WeightFormat::FP8_BLOCK128: return "fp8-block128";
     case WeightFormat::INT4_GROUP: return "int4-group";
     case WeightFormat::INT8_GROUP: return "int8-group";
+    case WeightFormat::BF16_PAIRS32: return "bf16-pairs32";
   }
   return "?";
 }
@@ -19,7 +20,7 @@ const char* weight_format_name(WeightFormat f) {
 size_t MatrixView::row_bytes() const {
   switch (format) {
     case WeightFormat::F32: return size_t(cols) * 4;
-    case WeightFormat::BF16: case WeightFormat::F16: return size_t(cols) * 2;
+    case WeightFormat::BF16: case WeightFormat::F16: case WeightFormat::BF16_PAIRS32: return size_t(cols) * 2;
     case WeightFormat::FP8_BLOCK128: case WeightFormat::INT8_GROUP: return size_t(cols);
     case WeightFormat::INT4_GROUP: return size_t(cols) / 2;
   }
@@ -72,11 +73,18 @@ void MatrixView::dequant_row(int64_t r, float* out) const {
       for (int64_t k = 0; k < cols; ++k) out[k] = float(q[k]) * bf16_to_f32(sc[k / group_size]);
       break;
     }
+    case WeightFormat::BF16_PAIRS32: {
+      const uint16_t* block = static_cast<const uint16_t*>(data) + (r / 32) * 32 * cols;
+      for (int64_t k = 0; k < cols; ++k) out[k] = bf16_to_f32(block[((k / 2) * 32 + r % 32) * 2 + k % 2]);
+      break;
+    }
   }
 }
 
 MatrixView MatrixView::slice_rows(int64_t first, int64_t count) const {
   if (first < 0 || count < 0 || first + count > rows) throw std::out_of_range("MatrixView::slice_rows");
+  if (format == WeightFormat::BF16_PAIRS32 && (first % 32 != 0 || count % 32 != 0))
+    throw std::out_of_range("MatrixView::slice_rows: bf16-pairs32 rows come in blocks of 32");
   MatrixView v = *this;
   v.data = static_cast<const uint8_t*>(data) + size_t(first) * row_bytes();
   v.rows = count;
@@ -85,7 +93,8 @@ MatrixView MatrixView::slice_rows(int64_t first, int64_t count) const {
 }
 
 std::optional<MatrixView> concat_rows(const MatrixView& a, const MatrixView& b) {
-  const bool plain = a.format == WeightFormat::F32 || a.format == WeightFormat::BF16 || a.format == WeightFormat::F16;
+  const bool plain = a.format == WeightFormat::F32 || a.format == WeightFormat::BF16 || a.format == WeightFormat::F16 ||
+                     (a.format == WeightFormat::BF16_PAIRS32 && a.rows % 32 == 0);
   if (!plain || b.format != a.format || b.cols != a.cols || !a.data ||
       b.data != static_cast<const uint8_t*>(a.data) + a.bytes())
     return std::nullopt;

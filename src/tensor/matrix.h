@@ -17,6 +17,11 @@ enum class WeightFormat {
   FP8_BLOCK128,  // e4m3 values; scales float32 [ceil(rows/128), ceil(cols/128)] of the whole tensor
   INT4_GROUP,    // int32 words of 8 nibbles (q + 8), low nibble first; scales bf16 [rows, cols/group]
   INT8_GROUP,    // int8 q per weight (value q x scale); scales bf16 [rows, cols/group]
+  // bf16 in blocks of 32 rows (rows and cols multiples of 32), each block as column pairs: the
+  // dword (W[r, 2p], W[r, 2p + 1]) of the block's row r at word p * 32 + r. The order the
+  // VDPBF16PS and FMA prompt GEMMs compute in, so they read the weights where they lie;
+  // repack_pairs32 (backend/cpu/repack.h) converts BF16 experts to it at load.
+  BF16_PAIRS32,
 };
 
 // The formats of integer groups with one bf16 scale per group of a row (INT4, INT8).
@@ -27,7 +32,7 @@ const char* weight_format_name(WeightFormat f);
 struct MatrixView {
   WeightFormat format = WeightFormat::F32;
   int64_t rows = 0, cols = 0;
-  const void* data = nullptr;    // row r starts at data + r * row_bytes()
+  const void* data = nullptr;    // row r starts at data + r * row_bytes() (BF16_PAIRS32: rows 32b.. at 32b * row_bytes())
   const void* scales = nullptr;  // FP8_BLOCK128: f32 block scales; INT4/INT8_GROUP: bf16 group scales
   int64_t row0 = 0;              // first row within the whole stored tensor (for FP8 block scales)
   int64_t scale_cols = 0;        // FP8: ceil(cols/128); INT4, INT8: cols / group_size
@@ -38,11 +43,13 @@ struct MatrixView {
   size_t scale_bytes() const;
   // Writes row r (0-based within this view) as float32 to out[0..cols).
   void dequant_row(int64_t r, float* out) const;
+  // Rows [first, first + count); BF16_PAIRS32 only in whole blocks of 32 (else out_of_range).
   MatrixView slice_rows(int64_t first, int64_t count) const;
 };
 
 // a's rows then b's as one view, when b's rows follow a's directly in memory (a checkpoint
-// stores gate_proj then up_proj: one product instead of two). Formats without scales only
+// stores gate_proj then up_proj: one product instead of two). Formats without scales only, and
+// BF16_PAIRS32 (whose a ends on a whole block)
 // (FP8, INT4 and INT8 keep their scales beside each tensor); otherwise nullopt.
 std::optional<MatrixView> concat_rows(const MatrixView& a, const MatrixView& b);
 

@@ -718,6 +718,7 @@ Report run(const Options& opt) {
   ctx.amx = opt.amx;
   ctx.vector_gemm = opt.vector_gemm;
   ctx.int8_activations = opt.int8_activations;
+  ctx.repack_weights = opt.repack;
   rep.threads = ctx.num_threads();
 
   rep.own_model = !opt.model.empty();

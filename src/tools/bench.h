@@ -148,6 +148,7 @@ struct Options {
   bool amx = true;            // false: the AVX-512 BF16 kernels where the CPU has AMX (cpu::Context::amx)
   cpu::Context::VectorGemm vector_gemm = cpu::Context::VectorGemm::Auto;  // cpu::Context::vector_gemm
   bool int8_activations = true;                                             // cpu::Context::int8_activations
+  bool repack = true;                                                       // cpu::Context::repack_weights
   // Decode and prompt on 1 thread against `threads`, alternating runs (skipped on one thread).
   bool scaling = true;
   // When not empty, instead of every section above: at each of these depths (tokens already in

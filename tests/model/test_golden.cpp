@@ -156,5 +156,51 @@ TEST(MultiThread, FastPrecisionExpertsPerThreadMatchOneThread) {
   EXPECT_LT(mean, 3e-2);  // measured 1.1e-2, of which a flipped row is a few 1e-3
 }
 
+// The MLP and expert weights repacked at load as column pairs (Context::repack_weights, where
+// the fast precision runs without AMX: repack.h) are the same model: run in the precise
+// precision they give the golden logits (every product on the pairs kernels of the float32
+// GEMV, or unpacked for sgemm), in every mode and both attention paths; in the fast precision,
+// whose prompt products then read them in place, they stay as near the golden as the fast
+// precision does (the bound and its reasoning as above).
+TEST(Repack, RepackedWeightsReproduceTheGolden) {
+  cpu::Context fast;
+  fast.precision = cpu::Precision::Fast;
+  fast.amx = false;
+  fast.weights = cpu::WeightPlacement::HugePages;
+  const std::string name = "deepseek-v2-lite-tiny";  // dense, shared and routed MLPs
+  auto model = Model::load(test::fixture(name), fast);
+  ASSERT_TRUE(model->weights_repacked());
+  ASSERT_TRUE(model->context().repack_weights);
+  const auto& L = model->weights().layers.back();
+  ASSERT_EQ(L.experts[0].gate.format, WeightFormat::BF16_PAIRS32);
+  ASSERT_EQ(L.shared.down.format, WeightFormat::BF16_PAIRS32);
+  ASSERT_EQ(model->weights().layers.front().dense.up.format, WeightFormat::BF16_PAIRS32);
+  ASSERT_EQ(L.o.format, WeightFormat::BF16);  // attention stays as stored
+  cpu::Context off = fast;
+  off.repack_weights = false;
+  EXPECT_FALSE(Model::load(test::fixture(name), off)->weights_repacked());
+  SafetensorsFile golden(test::fixture(name) + "/golden.safetensors");
+  cpu::Context precise;
+  for (int j = 0; j < 4; ++j) {
+    auto ids = test::read_ids(*golden.find("seq" + std::to_string(j) + "_ids"));
+    auto want = test::read_f32(*golden.find("seq" + std::to_string(j) + "_logits"));
+    const int64_t n = int64_t(ids.size());
+    for (const std::string mode : {std::string("prefill"), std::string("decode"), "extend:" + std::to_string(n / 2)})
+      for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
+        RunOptions opt;
+        opt.mode = RunMode::parse(mode);
+        opt.path = path;
+        opt.context = &precise;
+        EXPECT_LE(test::max_abs_diff(run_logits(*model, ids, opt), want), kLogitTol)
+            << "seq" << j << " " << mode << " " << attn_path_name(path) << " precise";
+        opt.context = nullptr;  // the model's own: fast, weights in place
+        const auto got = run_logits(*model, ids, opt);
+        double sum = 0;
+        for (size_t i = 0; i < got.size(); ++i) sum += std::fabs(double(got[i]) - double(want[i]));
+        EXPECT_LT(sum / double(got.size()), 3e-2) << "seq" << j << " " << mode << " " << attn_path_name(path) << " fast";
+      }
+  }
+}
+
 }  // namespace
 }  // namespace mla

@@ -53,6 +53,10 @@ inline bool fast_supported(const MatrixView& W) {
 
 // One weight, as MatrixView::dequant_row computes it (for the columns past the last full chunk).
 inline float element(const MatrixView& W, int64_t r, int64_t k) {
+  if (W.format == WeightFormat::BF16_PAIRS32) {
+    const uint16_t* block = static_cast<const uint16_t*>(W.data) + (r / 32) * 32 * W.cols;
+    return bf16_to_f32(block[((k / 2) * 32 + r % 32) * 2 + k % 2]);
+  }
   const uint8_t* p = static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes();
   switch (W.format) {
     case WeightFormat::F32: { float f; std::memcpy(&f, p + 4 * k, 4); return f; }
@@ -69,6 +73,7 @@ inline float element(const MatrixView& W, int64_t r, int64_t k) {
     case WeightFormat::INT8_GROUP:
       return float(int8_t(p[k])) *
              bf16_to_f32(static_cast<const uint16_t*>(W.scales)[(W.row0 + r) * W.scale_cols + k / W.group_size]);
+    case WeightFormat::BF16_PAIRS32: break;  // above
   }
   return 0;
 }

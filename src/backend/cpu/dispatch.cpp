@@ -69,7 +69,7 @@ int64_t gemv_max_tokens(const Context& ctx, const MatrixView& W, const CpuFeatur
   if (ctx.one_token_kernels) return std::numeric_limits<int64_t>::max();
   if (!ctx.fast()) return 16;
   if (W.format == WeightFormat::FP8_BLOCK128 && f.amx) return kAmxGemvTokens;
-  return W.format == WeightFormat::BF16 ? 4 : 12;
+  return W.format == WeightFormat::BF16 || W.format == WeightFormat::BF16_PAIRS32 ? 4 : 12;
 }
 
 // INT8 weights stay on the float32 GEMV in the fast precision too (bf16_kernel is false for

@@ -39,7 +39,7 @@ inline bool is_gemv(Kernel k) { return k <= Kernel::GemvAmxFp8; }
 
 // Up to this many tokens matmul runs a product on the GEMV kernels (see dispatch.cpp for the
 // measurements): 16 in the precise precision; in the fast one 16 for FP8 with AMX, 4 for bf16
-// weights, 12 for the other formats.
+// weights (either order), 12 for the other formats.
 int64_t gemv_max_tokens(const Context& ctx, const MatrixView& W, const CpuFeatures& f);
 
 // The kernel of the GEMV family that gemv and gemv_batch run a product of T tokens on (any T).

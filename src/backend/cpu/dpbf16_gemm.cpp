@@ -86,7 +86,7 @@ void micro_pairs(const uint32_t* p, const uint32_t* x, int64_t K, const char* pf
   for (int64_t k = 0; k < K; k += 2, p += 32, x += T) {
     for (; line < pf_lines && due <= k / 2 * pf_lines; ++line, due += K / 2)
       _mm_prefetch(pf + line * 64, _MM_HINT_T1);
-    const __m512i r0 = _mm512_load_si512(p), r1 = _mm512_load_si512(p + 16);
+    const __m512i r0 = _mm512_loadu_si512(p), r1 = _mm512_loadu_si512(p + 16);  // stored weights: any alignment
 #pragma GCC unroll 12
     for (int t = 0; t < T; ++t) {
       const __m512bh b = as_bh(_mm512_set1_epi32(int32_t(x[t])));
@@ -110,19 +110,25 @@ void pack_activation_pairs(const uint16_t* x, int64_t M, int64_t K, int64_t ldx,
   });
 }
 
+void dpbf16_gemm_packed_rows32(const uint32_t* xp, int64_t M, int64_t K, const uint32_t* p, const void* next,
+                               int64_t rows, float* y, int64_t ldy) {
+  // The next block comes in while the token groups run, each fetching its tokens' share of the
+  // lines (a prefetch never faults).
+  const int64_t lines = next != nullptr ? 32 * K * 2 / 64 : 0;
+  const char* pf = static_cast<const char*>(next);
+  for_each_token_group<kDpbf16PairsTokens>(M, [&](auto n, int64_t t0) {  // 24 accumulators
+    const int64_t l0 = lines * t0 / M, l1 = lines * (t0 + n) / M;
+    micro_pairs<decltype(n)::value>(p, xp + t0 * (K / 2), K, pf + l0 * 64, l1 - l0, int(rows), y + t0 * ldy, ldy);
+  });
+}
+
 void dpbf16_gemm_pairs_rows32(const uint32_t* xp, int64_t M, int64_t K, const uint16_t* W, int64_t ldw, int64_t rows,
                               bool prefetch, float* y, int64_t ldy) {
   struct Tag;
   uint32_t* const packed = thread_buffer<Tag, uint32_t>(size_t(K / 2 * 32));
   pack_column_pairs32(W, ldw, K, packed);
-  // The caller's next block of 32 rows (contiguous where ldw == K; a prefetch never faults)
-  // comes in while the token groups run, each fetching its tokens' share of the lines.
-  const char* next = reinterpret_cast<const char*>(W + 32 * ldw);
-  const int64_t lines = prefetch && ldw == K ? 32 * K * 2 / 64 : 0;
-  for_each_token_group<kDpbf16PairsTokens>(M, [&](auto n, int64_t t0) {  // 24 accumulators
-    const int64_t l0 = lines * t0 / M, l1 = lines * (t0 + n) / M;
-    micro_pairs<decltype(n)::value>(packed, xp + t0 * (K / 2), K, next + l0 * 64, l1 - l0, int(rows), y + t0 * ldy, ldy);
-  });
+  // The caller's next block of 32 rows follows where ldw == K.
+  dpbf16_gemm_packed_rows32(xp, M, K, packed, prefetch && ldw == K ? W + 32 * ldw : nullptr, rows, y, ldy);
 }
 
 void dpbf16_gemm_rows32(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,

@@ -44,4 +44,10 @@ void pack_activation_pairs(const uint16_t* x, int64_t M, int64_t K, int64_t ldx,
 void dpbf16_gemm_pairs_rows32(const uint32_t* xp, int64_t M, int64_t K, const uint16_t* W, int64_t ldw, int64_t rows,
                               bool prefetch, float* y, int64_t ldy);
 
+// The same on a block of 32 rows stored as column pairs (BF16_PAIRS32: what the call above
+// packs into its buffer), read where it lies: p its K / 2 x 32 words; `next` the caller's next
+// block (K * 64 bytes, fetched towards L2 while the token groups run) or nullptr.
+void dpbf16_gemm_packed_rows32(const uint32_t* xp, int64_t M, int64_t K, const uint32_t* p, const void* next,
+                               int64_t rows, float* y, int64_t ldy);
+
 }  // namespace mla::cpu

@@ -28,7 +28,7 @@ void micro(const uint32_t* p, const float* x, int64_t ldx, int64_t K, int rows, 
   for (int t = 0; t < T; ++t) a0[t] = a1[t] = _mm512_setzero_ps();
   const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
   for (int64_t k = 0; k < K; k += 2, p += kRows) {
-    const __m512i r0 = _mm512_load_si512(p), r1 = _mm512_load_si512(p + 16);
+    const __m512i r0 = _mm512_loadu_si512(p), r1 = _mm512_loadu_si512(p + 16);  // stored weights: any alignment
     // Column k: the low words, widened by a shift; column k + 1: the high words, masked.
     const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(r0, 16)), e1 = _mm512_castsi512_ps(_mm512_slli_epi32(r1, 16));
 #pragma GCC unroll 12
@@ -50,14 +50,19 @@ void micro(const uint32_t* p, const float* x, int64_t ldx, int64_t K, int rows, 
 
 }  // namespace
 
+void fma_gemm_packed_rows32(const float* x, int64_t M, int64_t K, int64_t ldx, const uint32_t* p, int64_t rows,
+                            float* y, int64_t ldy) {
+  for_each_token_group<kTokens>(M, [&](auto n, int64_t t0) {
+    micro<decltype(n)::value>(p, x + t0 * ldx, ldx, K, int(rows), y + t0 * ldy, ldy);
+  });
+}
+
 void fma_gemm_rows32(const float* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
                      int64_t rows, float* y, int64_t ldy) {
   struct Tag;
   uint32_t* const packed = thread_buffer<Tag, uint32_t>(size_t(K / 2 * kRows));
   pack_column_pairs32(W, ldw, K, packed);
-  for_each_token_group<kTokens>(M, [&](auto n, int64_t t0) {
-    micro<decltype(n)::value>(packed, x + t0 * ldx, ldx, K, int(rows), y + t0 * ldy, ldy);
-  });
+  fma_gemm_packed_rows32(x, M, K, ldx, packed, rows, y, ldy);
 }
 
 }  // namespace mla::cpu

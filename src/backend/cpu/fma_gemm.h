@@ -22,4 +22,9 @@ namespace mla::cpu {
 void fma_gemm_rows32(const float* x, int64_t M, int64_t K, int64_t ldx, const uint16_t* W, int64_t ldw,
                      int64_t rows, float* y, int64_t ldy);
 
+// The same on a block of 32 rows stored as column pairs (BF16_PAIRS32: the buffer the call
+// above packs), read where it lies: p its K / 2 x 32 words.
+void fma_gemm_packed_rows32(const float* x, int64_t M, int64_t K, int64_t ldx, const uint32_t* p, int64_t rows,
+                            float* y, int64_t ldy);
+
 }  // namespace mla::cpu

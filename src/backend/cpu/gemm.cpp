@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -115,6 +116,8 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
   const bool dpbf16 = kernel == Kernel::Dpbf16Gemm;
   const int64_t N = W.rows, K = W.cols;
   const bool direct = W.format == WeightFormat::BF16;
+  // Column pairs as stored (BF16_PAIRS32): the VDPBF16PS and FMA kernels read the blocks in place.
+  const bool stored_pairs = W.format == WeightFormat::BF16_PAIRS32 && !amx;
   const bool permute_f32 = fma && !direct && layout_of(W.format) != Layout::Natural;
   const int64_t blocks = (N + kAmxRows - 1) / kAmxRows;
   const int64_t pass = pass_tokens(T, K);
@@ -123,7 +126,7 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
     if (!fma && s.a.size() < size_t(tn * K)) s.a.resize(size_t(tn * K));
     if (amx && s.p.size() < size_t(amx_packed_size(tn, K))) s.p.resize(size_t(amx_packed_size(tn, K)));
     if (permute_f32 && s.f.size() < size_t(tn * K)) s.f.resize(size_t(tn * K));
-    const bool pairs = dpbf16 && tn >= kDpbf16PairsMinTokens;
+    const bool pairs = dpbf16 && (tn >= kDpbf16PairsMinTokens || stored_pairs);
     if (pairs && s.pairs.size() < size_t(tn * K / 2)) s.pairs.resize(size_t(tn * K / 2));
     const uint16_t* xa = s.a.data();
     const uint16_t* xp = s.p.data();
@@ -152,6 +155,13 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
       const int64_t n0 = b * kAmxRows, nr = std::min(kAmxRows, N - n0);
       thread_local std::vector<uint16_t> rows;  // decoded or padded rows
       const uint16_t* w = static_cast<const uint16_t*>(W.data) + n0 * K;
+      float* yb = y + t0 * ldy + n0;
+      if (stored_pairs) {  // whole blocks of 32 rows
+        const uint32_t* p = reinterpret_cast<const uint32_t*>(w);
+        if (fma) fma_gemm_packed_rows32(xf, tn, K, ldf, p, nr, yb, ldy);
+        else dpbf16_gemm_packed_rows32(s.pairs.data(), tn, K, p, b + 1 < blocks ? p + 16 * K : nullptr, nr, yb, ldy);
+        continue;
+      }
       if (!direct || nr < kAmxRows) {
         if (rows.size() < size_t(kAmxRows * K)) rows.resize(size_t(kAmxRows * K));
         if (direct) std::copy(w, w + nr * K, rows.data());
@@ -160,7 +170,6 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
         w = rows.data();
       }
       const bool prefetch = direct && nr == kAmxRows;
-      float* yb = y + t0 * ldy + n0;
       if (amx) amx_gemm_rows32(xp, tn, K, w, K, nr, prefetch, yb, ldy);
       else if (fma) fma_gemm_rows32(xf, tn, K, ldf, w, K, nr, yb, ldy);
       else if (pairs) dpbf16_gemm_pairs_rows32(s.pairs.data(), tn, K, w, K, nr, prefetch, yb, ldy);
@@ -270,6 +279,11 @@ void dequant_rows_bf16(const MatrixView& W, int64_t n0, int64_t n1, uint16_t* ds
         group_chunk_scales(W, n, Kc, sbuf.data());
         if (W.format == WeightFormat::INT4_GROUP) run(DecInt4{row, sbuf.data()}, unit);
         else run(DecInt8{row, sbuf.data()}, unit);
+        break;
+      }
+      case WeightFormat::BF16_PAIRS32: {  // the GEMMs without AMX read it in place; this is AMX's and oneDNN's way in
+        const uint32_t* block = static_cast<const uint32_t*>(W.data) + (n / 32) * 16 * K;
+        for (int64_t p = 0; p < K / 2; ++p) std::memcpy(out + 2 * p, block + p * 32 + n % 32, 4);
         break;
       }
     }

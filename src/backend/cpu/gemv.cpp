@@ -227,9 +227,47 @@ struct Rows {
     }
   }
 
+  // BF16_PAIRS32 rows [n0, n1), whole blocks: per block and group of up to 4 tokens, the 32
+  // rows' sums in two float32 accumulators of 16 rows for the even columns and two for the odd
+  // (chains of one FMA a column pair); per column pair the block's two zmm widened to float32,
+  // the low words by a shift, the high by a mask, against the token's two values broadcast.
+  void pairs32(int64_t n0, int64_t n1) const {
+    const int64_t K = W.cols, ld = Kc * kChunk;
+    const __m512i high = _mm512_set1_epi32(int32_t(0xffff0000u));
+    for (int64_t b = n0; b < n1; b += 32) {
+      const uint32_t* block = static_cast<const uint32_t*>(W.data) + b * (K / 2);
+      for (int64_t t0 = 0; t0 < T; t0 += 4) {
+        const int tn = int(std::min<int64_t>(4, T - t0));
+        __m512 acc[4][4];
+        for (auto& a : acc)
+          for (auto& v : a) v = _mm512_setzero_ps();
+        const uint32_t* p = block;
+        for (int64_t k = 0; k < K; k += 2, p += 32) {
+          const __m512i r0 = _mm512_loadu_si512(p), r1 = _mm512_loadu_si512(p + 16);
+          const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(r0, 16)), e1 = _mm512_castsi512_ps(_mm512_slli_epi32(r1, 16));
+          const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(r0, high)), o1 = _mm512_castsi512_ps(_mm512_and_si512(r1, high));
+          for (int t = 0; t < tn; ++t) {
+            const float* xt = xp + (t0 + t) * ld + k;
+            const __m512 xe = _mm512_set1_ps(xt[0]), xo = _mm512_set1_ps(xt[1]);
+            acc[t][0] = _mm512_fmadd_ps(e0, xe, acc[t][0]);
+            acc[t][1] = _mm512_fmadd_ps(e1, xe, acc[t][1]);
+            acc[t][2] = _mm512_fmadd_ps(o0, xo, acc[t][2]);
+            acc[t][3] = _mm512_fmadd_ps(o1, xo, acc[t][3]);
+          }
+        }
+        for (int t = 0; t < tn; ++t) {
+          float* yt = y + (t0 + t) * ldy + b;
+          _mm512_storeu_ps(yt, _mm512_add_ps(acc[t][0], acc[t][2]));
+          _mm512_storeu_ps(yt + 16, _mm512_add_ps(acc[t][1], acc[t][3]));
+        }
+      }
+    }
+  }
+
   void run(int64_t n0, int64_t n1) const {
     if (n0 >= n1) return;
     switch (W.format) {
+      case WeightFormat::BF16_PAIRS32: pairs32(n0, n1); break;
       case WeightFormat::F32: segment<DecF32>(n0, n1, xp, 1.0f); break;
       case WeightFormat::F16: segment<DecF16>(n0, n1, xp, 1.0f); break;
       case WeightFormat::BF16: segment<DecBF16>(n0, n1, xp, 1.0f); break;
@@ -637,7 +675,8 @@ void gemv_batch(const Context& ctx, std::span<const GemvJob> jobs) {
     for (const auto& [fast, k] : order) run(rows, frows, fast, k, 0, fast ? frows[k].W->rows : rows[k].W.rows);
     return;
   }
-  // Work units of about unit_bytes of weights (whole multiples of 16 rows: AMX tiles), handed out
+  // Work units of about unit_bytes of weights (whole multiples of 16 rows: AMX tiles; of 32 for
+  // BF16_PAIRS32's blocks), handed out
   // dynamically: a thread that is descheduled for a while (shared cores) holds up one unit, not
   // half of the product.
   units.clear();
@@ -646,7 +685,8 @@ void gemv_batch(const Context& ctx, std::span<const GemvJob> jobs) {
     const auto [fast, k] = order[i];
     const int64_t N = fast ? frows[k].W->rows : rows[k].W.rows;
     const double row_bytes = (cum[i + 1] - cum[i]) / double(N);
-    const int64_t step = std::max<int64_t>(16, int64_t(unit_bytes / std::max(1.0, row_bytes)) / 16 * 16);
+    const int64_t align = (fast ? frows[k].W->format : rows[k].W.format) == WeightFormat::BF16_PAIRS32 ? 32 : 16;
+    const int64_t step = std::max<int64_t>(align, int64_t(unit_bytes / std::max(1.0, row_bytes)) / align * align);
     for (int64_t n = 0; n < N; n += step) units.push_back({fast, k, n, std::min(N, n + step)});
   }
   // The workers read this thread's lists (thread_local names would be their own).
