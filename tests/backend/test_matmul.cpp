@@ -860,10 +860,10 @@ TEST(Repack, Pairs32ProductsOnEveryKernel) {
         const mla::cpu::Kernel k = mla::cpu::matmul_kernel(*ctx, T, p, mla::cpu::features(*ctx));
         const std::string what = std::string(name) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
                                  " T=" + std::to_string(T) + " on " + mla::cpu::kernel_name(k);
-        // The bf16 GEMMs round the activations to bf16 (the FMA GEMM, the GEMVs on float32
-        // FMAs and sgemm do not); per output at most one rounding a column in float32.
+        // The bf16 GEMMs and GEMV round the activations to bf16 (the FMA GEMM, the float32
+        // GEMV and sgemm do not); per output at most one rounding a column in float32.
         const bool rounded = k == mla::cpu::Kernel::Dpbf16Gemm || k == mla::cpu::Kernel::AmxGemm ||
-                             k == mla::cpu::Kernel::OnednnBf16;
+                             k == mla::cpu::Kernel::OnednnBf16 || k == mla::cpu::Kernel::GemvBf16;
         expect_close_bf16(m.view, x.data(), T, ldx, y, ldy, (double(cols) + 16) * std::ldexp(1.0, -24), 1e-30, false,
                           what, rounded);
         const bool same_kernel = k == mla::cpu::matmul_kernel(*ctx, T, m.view, mla::cpu::features(*ctx));

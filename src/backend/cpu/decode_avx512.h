@@ -245,6 +245,7 @@ inline Layout64 layout64_of(WeightFormat f) {
 // The formats with a bf16 kernel (f32, f16 and int8 weights keep the float32 kernels in both
 // modes).
 inline bool bf16_kernel(const MatrixView& W) {
+  if (W.format == WeightFormat::BF16_PAIRS32) return W.cols % 64 == 0;  // the prepared activations' steps
   return W.format == WeightFormat::BF16 || W.format == WeightFormat::FP8_BLOCK128 ||
          (W.format == WeightFormat::INT4_GROUP && W.group_size > 0 && W.group_size % kChunk == 0);
 }
