@@ -8,6 +8,7 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <set>
 
 #include "backend/cpu/attention.h"
 #include "backend/cpu/ops.h"
@@ -124,12 +125,17 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
 void Model::repack_mlp_weights() {
   if (!cpu::reads_pairs32(ctx_)) return;
   size_t bytes = 0;
+  std::set<const void*> done;  // a view sharing another's memory takes its format, not a second rewrite
   auto mlp = [&](Mlp& p) {
-    for (MatrixView* v : {&p.gate, &p.up, &p.down})
-      if (cpu::pairs32_eligible(*v)) {
-        cpu::repack_pairs32(ctx_, *v);
-        bytes += v->bytes();
+    for (MatrixView* v : {&p.gate, &p.up, &p.down}) {
+      if (!cpu::pairs32_eligible(*v)) continue;
+      if (!done.insert(v->data).second) {
+        v->format = WeightFormat::BF16_PAIRS32;
+        continue;
       }
+      cpu::repack_pairs32(ctx_, *v);
+      bytes += v->bytes();
+    }
   };
   auto layer = [&](LayerWeights& L) {
     mlp(L.dense);

@@ -394,10 +394,11 @@ namespace {
 
 // Rows [n0, n0 + rows) of W and their group scales into L2.
 void prefetch_rows(const MatrixView& W, int64_t n0, int64_t rows) {
+  const size_t bytes = size_t(rows) * W.row_bytes(), scale_bytes = size_t(rows * W.scale_cols) * 2;
   const char* p = static_cast<const char*>(W.data) + size_t(n0) * W.row_bytes();
-  for (size_t o = 0; o < size_t(rows) * W.row_bytes(); o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
   const char* sp = static_cast<const char*>(W.scales) + size_t(W.row0 + n0) * size_t(W.scale_cols) * 2;
-  for (size_t o = 0; o < size_t(rows * W.scale_cols) * 2; o += 64) _mm_prefetch(sp + o, _MM_HINT_T1);
+  for (size_t o = 0; o < scale_bytes; o += 64) _mm_prefetch(sp + o, _MM_HINT_T1);
 }
 
 }  // namespace
