@@ -102,7 +102,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
       if (head_is_lm_head[i]) m->w_.mtp[i].head = m->w_.lm_head;
     m->ckpt_->release_pages();  // the copies are what runs now: RSS counts the weights once
     if (quantize.any()) m->w_.owned.clear();  // every view points into the arena now
-    m->repack_mlp_weights();
+    m->repack_weights();
   }
   m->ctx_.repack_weights = m->repacked_;  // what the kernels run on (the computation fingerprint reads it)
   if (!experts.all())
@@ -122,28 +122,37 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
   return m;
 }
 
-void Model::repack_mlp_weights() {
+void Model::repack_weights() {
   if (!cpu::reads_pairs32(ctx_)) return;
-  size_t bytes = 0;
-  std::set<const void*> done;  // a view sharing another's memory takes its format, not a second rewrite
-  auto mlp = [&](Mlp& p) {
-    for (MatrixView* v : {&p.gate, &p.up, &p.down}) {
-      if (!cpu::pairs32_eligible(*v)) continue;
-      if (!done.insert(v->data).second) {
-        v->format = WeightFormat::BF16_PAIRS32;
-        continue;
-      }
-      cpu::repack_pairs32(ctx_, *v);
-      bytes += v->bytes();
-    }
-  };
+  // The products that only matmul reads: every MLP; the attention's projections but kv_b, whose
+  // rows the absorbed attention reads head by head as stored (w_uv); lm_head unless the
+  // embedding shares it (its rows are read one by one). The MTP module's head is lm_head's view.
+  std::vector<MatrixView*> views;
+  auto mlp = [&](Mlp& p) { views.insert(views.end(), {&p.gate, &p.up, &p.down}); };
   auto layer = [&](LayerWeights& L) {
+    views.insert(views.end(), {&L.q_a, &L.q_b, &L.q, &L.kv_a, &L.o});
     mlp(L.dense);
     mlp(L.shared);
     for (Mlp& e : L.experts) mlp(e);
   };
   for (LayerWeights& L : w_.layers) layer(L);
   for (MtpWeights& t : w_.mtp) layer(t.layer);
+  if (w_.lm_head.data != w_.embed.data) {
+    views.push_back(&w_.lm_head);
+    for (MtpWeights& t : w_.mtp)
+      if (t.head.data == w_.lm_head.data) views.push_back(&t.head);
+  }
+  size_t bytes = 0;
+  std::set<const void*> done;  // a view sharing another's memory takes its format, not a second rewrite
+  for (MatrixView* v : views) {
+    if (!cpu::pairs32_eligible(*v)) continue;
+    if (!done.insert(v->data).second) {
+      v->format = WeightFormat::BF16_PAIRS32;
+      continue;
+    }
+    cpu::repack_pairs32(ctx_, *v);
+    bytes += v->bytes();
+  }
   if (bytes == 0) return;
   repacked_ = true;
   auto& by = w_.bytes_by_format;

@@ -127,7 +127,7 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const cpu::Context& context() const { return ctx_; }
-  // Whether load rewrote the MLP weights as column pairs (cpu::Context::repack_weights, repack.h);
+  // Whether load rewrote weights as column pairs (cpu::Context::repack_weights, repack.h);
   // context().repack_weights says the same.
   bool weights_repacked() const { return repacked_; }
   const ModelWeights& weights() const { return w_; }
@@ -196,8 +196,9 @@ class Model {
   cpu::Context ctx_;
   const cpu::Context* pass_ctx_ = &ctx_;
   bool repacked_ = false;
-  // The bf16 MLP and expert weights in the arena as BF16_PAIRS32, where ctx_ reads them in place.
-  void repack_mlp_weights();
+  // The bf16 weights in the arena that only matmul reads as BF16_PAIRS32, where ctx_ reads them
+  // in place (Context::repack_weights).
+  void repack_weights();
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;
   std::unique_ptr<MlaAttention> mla_;  // the attention of every layer, with its working buffers

@@ -156,7 +156,7 @@ TEST(MultiThread, FastPrecisionExpertsPerThreadMatchOneThread) {
   EXPECT_LT(mean, 3e-2);  // measured 1.1e-2, of which a flipped row is a few 1e-3
 }
 
-// The MLP and expert weights repacked at load as column pairs (Context::repack_weights, where
+// The weights repacked at load as column pairs (Context::repack_weights, where
 // the fast precision runs without AMX: repack.h) are the same model: run in the precise
 // precision they give the golden logits (every product on the pairs kernels of the float32
 // GEMV, or unpacked for sgemm), in every mode and both attention paths; in the fast precision,
@@ -175,7 +175,11 @@ TEST(Repack, RepackedWeightsReproduceTheGolden) {
   ASSERT_EQ(L.experts[0].gate.format, WeightFormat::BF16_PAIRS32);
   ASSERT_EQ(L.shared.down.format, WeightFormat::BF16_PAIRS32);
   ASSERT_EQ(model->weights().layers.front().dense.up.format, WeightFormat::BF16_PAIRS32);
-  ASSERT_EQ(L.o.format, WeightFormat::BF16);  // attention stays as stored
+  ASSERT_EQ(L.o.format, WeightFormat::BF16_PAIRS32);
+  ASSERT_EQ(L.kv_a.format, L.kv_a.rows % 32 == 0 ? WeightFormat::BF16_PAIRS32 : WeightFormat::BF16);
+  ASSERT_EQ(L.kv_b.format, WeightFormat::BF16);  // its rows are read per head (w_uv) as stored
+  const MatrixView& head = model->weights().lm_head;
+  ASSERT_EQ(head.format, head.rows % 32 == 0 ? WeightFormat::BF16_PAIRS32 : WeightFormat::BF16);
   cpu::Context off = fast;
   off.repack_weights = false;
   EXPECT_FALSE(Model::load(test::fixture(name), off)->weights_repacked());
