@@ -17,7 +17,7 @@
 #   ik:       its llama-bench has no -d; its llama-sweep-bench measures what -d does: it fills
 #             the cache 512 tokens (-ub) at a time up to -c, and at every --sweep-stride-th
 #             window times 64 decode steps (-n) after the N_KV tokens there, then the window's
-#             512-token prompt at that depth. llama-sweep-bench -m GGUF -t T -c MAXDEPTH+512
+#             512-token prompt at that depth. llama-sweep-bench -m GGUF -t T -c MAXDEPTH+512+64
 #             -ub 512 -b 512 -n 64 --sweep-stride GCD(DEPTHS)/512 --output-format jsonl; the
 #             rows at N_KV = each depth. Depths must be multiples of 512. (An earlier version
 #             took ik's prompt at depth as 512 / (time of a D+512-token prompt - time of a
@@ -96,7 +96,7 @@ MLA_ARGS=(bench --layers "$LAYERS" --weights "$WEIGHTS" --threads "$THREADS" --r
           --prompt-tokens "$PP" --decode-tokens "$TG")
 [[ -n ${MLA_DIR:-} ]] && MLA_ARGS+=(--dir "$MLA_DIR")
 # ik: one sweep to the deepest depth, a measured window every STRIDE windows of 512.
-IK_ARGS=(-m "$IKGGUF" -t "$THREADS" -c $((MAXD + PP)) -ub "$PP" -b "$PP" -n "$TG" --sweep-stride "$STRIDE"
+IK_ARGS=(-m "$IKGGUF" -t "$THREADS" -c $((MAXD + PP + TG)) -ub "$PP" -b "$PP" -n "$TG" --sweep-stride "$STRIDE"
          --output-format jsonl)
 # shellcheck disable=SC2206
 IK_ARGS+=(${IK_EXTRA})
