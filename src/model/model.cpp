@@ -93,6 +93,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
   }
   size_t resident = 0;  // quantized or expert-parallel: the bytes kept, not the checkpoint's
   for (auto& [fmt, n] : m->w_.bytes_by_format) resident += n;
+  bool repacked = false;
   if (cpu::should_copy_weights(ctx.weights, quantize.any() || !experts.all() ? resident : m->ckpt_->total_bytes())) {
     std::vector<bool> head_is_lm_head;
     for (auto& mtp : m->w_.mtp) head_is_lm_head.push_back(mtp.head.data == m->w_.lm_head.data);
@@ -102,9 +103,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
       if (head_is_lm_head[i]) m->w_.mtp[i].head = m->w_.lm_head;
     m->ckpt_->release_pages();  // the copies are what runs now: RSS counts the weights once
     if (quantize.any()) m->w_.owned.clear();  // every view points into the arena now
-    m->repack_weights();
+    repacked = m->repack_weights();
   }
-  m->ctx_.repack_weights = m->repacked_;  // what the kernels run on (the computation fingerprint reads it)
+  m->ctx_.repack_weights = repacked;  // what the kernels run on (the computation fingerprint reads it)
   if (!experts.all())
     std::fprintf(stderr, "mla: rank %d of %d holds routed experts [%lld, %lld) of %lld: %s\n", comm.rank(), comm.size(),
                  (long long)experts.begin, (long long)experts.end, (long long)m->cfg_.n_routed_experts,
@@ -122,8 +123,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
   return m;
 }
 
-void Model::repack_weights() {
-  if (!cpu::reads_pairs32(ctx_)) return;
+bool Model::repack_weights() {
+  if (!cpu::reads_pairs32(ctx_)) return false;
   // The products that only matmul reads: every MLP; the attention's projections but kv_b, whose
   // rows the absorbed attention reads head by head as stored (w_uv); lm_head unless the
   // embedding shares it (its rows are read one by one). The MTP module's head is lm_head's view.
@@ -153,11 +154,11 @@ void Model::repack_weights() {
     cpu::repack_pairs32(ctx_, *v);
     bytes += v->bytes();
   }
-  if (bytes == 0) return;
-  repacked_ = true;
+  if (bytes == 0) return false;
   auto& by = w_.bytes_by_format;
   if ((by["bf16"] -= bytes) == 0) by.erase("bf16");
   by["bf16 as column pairs (repacked at load)"] += bytes;
+  return true;
 }
 
 LatentPool Model::make_pool(int64_t num_pages, int64_t page_size, KvDType dtype) const {

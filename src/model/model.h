@@ -127,9 +127,9 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const cpu::Context& context() const { return ctx_; }
-  // Whether load rewrote weights as column pairs (cpu::Context::repack_weights, repack.h);
-  // context().repack_weights says the same.
-  bool weights_repacked() const { return repacked_; }
+  // Whether load rewrote weights as column pairs (repack.h): context().repack_weights, which
+  // load sets to what happened.
+  bool weights_repacked() const { return ctx_.repack_weights; }
   const ModelWeights& weights() const { return w_; }
   const PathCounters& path_counters() const { return counters_; }
   const DsaCounters& dsa_counters() const { return dsa_counters_; }
@@ -195,10 +195,9 @@ class Model {
   ModelConfig cfg_;
   cpu::Context ctx_;
   const cpu::Context* pass_ctx_ = &ctx_;
-  bool repacked_ = false;
   // The bf16 weights in the arena that only matmul reads as BF16_PAIRS32, where ctx_ reads them
-  // in place (Context::repack_weights).
-  void repack_weights();
+  // in place (Context::repack_weights); whether any was rewritten.
+  bool repack_weights();
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;
   std::unique_ptr<MlaAttention> mla_;  // the attention of every layer, with its working buffers

@@ -74,8 +74,8 @@ void MatrixView::dequant_row(int64_t r, float* out) const {
       break;
     }
     case WeightFormat::BF16_PAIRS32: {
-      const uint16_t* block = static_cast<const uint16_t*>(data) + (r / 32) * 32 * cols;
-      for (int64_t k = 0; k < cols; ++k) out[k] = bf16_to_f32(block[((k / 2) * 32 + r % 32) * 2 + k % 2]);
+      const uint16_t* w = static_cast<const uint16_t*>(data);
+      for (int64_t k = 0; k < cols; ++k) out[k] = bf16_to_f32(w[pairs32_word(r, k, cols)]);
       break;
     }
   }

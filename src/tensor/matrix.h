@@ -24,6 +24,11 @@ enum class WeightFormat {
   BF16_PAIRS32,
 };
 
+// The bf16 word of weight (r, k) in a BF16_PAIRS32 matrix of `cols` columns, counted from its data.
+inline int64_t pairs32_word(int64_t r, int64_t k, int64_t cols) {
+  return (r / 32) * 32 * cols + ((k / 2) * 32 + r % 32) * 2 + k % 2;
+}
+
 // The formats of integer groups with one bf16 scale per group of a row (INT4, INT8).
 inline bool is_int_group(WeightFormat f) { return f == WeightFormat::INT4_GROUP || f == WeightFormat::INT8_GROUP; }
 

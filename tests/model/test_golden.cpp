@@ -189,7 +189,7 @@ TEST(Repack, RepackedWeightsReproduceTheGolden) {
     auto ids = test::read_ids(*golden.find("seq" + std::to_string(j) + "_ids"));
     auto want = test::read_f32(*golden.find("seq" + std::to_string(j) + "_logits"));
     const int64_t n = int64_t(ids.size());
-    for (const std::string mode : {std::string("prefill"), std::string("decode"), "extend:" + std::to_string(n / 2)})
+    for (const std::string& mode : {std::string("prefill"), std::string("decode"), "extend:" + std::to_string(n / 2)})
       for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
         RunOptions opt;
         opt.mode = RunMode::parse(mode);

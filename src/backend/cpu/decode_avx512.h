@@ -53,10 +53,8 @@ inline bool fast_supported(const MatrixView& W) {
 
 // One weight, as MatrixView::dequant_row computes it (for the columns past the last full chunk).
 inline float element(const MatrixView& W, int64_t r, int64_t k) {
-  if (W.format == WeightFormat::BF16_PAIRS32) {
-    const uint16_t* block = static_cast<const uint16_t*>(W.data) + (r / 32) * 32 * W.cols;
-    return bf16_to_f32(block[((k / 2) * 32 + r % 32) * 2 + k % 2]);
-  }
+  if (W.format == WeightFormat::BF16_PAIRS32)
+    return bf16_to_f32(static_cast<const uint16_t*>(W.data)[pairs32_word(r, k, W.cols)]);
   const uint8_t* p = static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes();
   switch (W.format) {
     case WeightFormat::F32: { float f; std::memcpy(&f, p + 4 * k, 4); return f; }
