@@ -20,6 +20,7 @@
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
+#include "backend/cpu/repack.h"
 #include "matrix_pass.h"
 #include "tools/bench.h"
 #include "tensor/dtype.h"
@@ -43,8 +44,14 @@ struct Set {
   size_t bytes = 0;  // weights + scales of all views
 };
 
-// `count` matrices of rows x cols in one format, random contents (valid codes).
+// `count` matrices of rows x cols in one format, random contents (valid codes). INT4_WORDS16: INT4
+// groups repacked at "load" (repack.h), as Model::load leaves a model's experts.
 Set make_set(mla::WeightFormat f, int64_t rows, int64_t cols, int count, bool huge) {
+  if (f == mla::WeightFormat::INT4_WORDS16) {
+    Set s = make_set(mla::WeightFormat::INT4_GROUP, rows, cols, count, huge);
+    for (auto& v : s.views) mla::cpu::repack_int4_words16(mla::cpu::Context{}, v);
+    return s;
+  }
   mla::MatrixView v;
   v.format = f;
   v.rows = rows;
@@ -135,9 +142,9 @@ int main(int argc, char** argv) {
   // Both precisions: precise (float32 activations, weights decoded to float32, FMA) and fast
   // (activations rounded to bf16, weights decoded to bf16, VDPBF16PS; f32/f16 weights excepted;
   // by default only for 1 token, see cpu::Context::gemv_bf16_max_tokens: fast at T = 4 is the float32 kernel).
-  std::printf("\n%-6s %-12s %3s %-8s %9s %9s %6s\n", "format", "shape", "T", "prec", "ms/pass", "GB/s", "ratio");
+  std::printf("\n%-13s %-12s %3s %-8s %9s %9s %6s\n", "format", "shape", "T", "prec", "ms/pass", "GB/s", "ratio");
   for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP,
-                 mla::WeightFormat::INT8_GROUP}) {
+                 mla::WeightFormat::INT4_WORDS16, mla::WeightFormat::INT8_GROUP}) {
     if (l2_only) break;
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1408, 2048}, {2048, 1408}, {129280, 2048}}) {
       if (rows == 129280 && f != mla::WeightFormat::BF16) continue;  // the lm_head, bf16 as the checkpoints ship it
@@ -152,7 +159,7 @@ int main(int argc, char** argv) {
         for (auto p : {mla::cpu::Precision::Precise, mla::cpu::Precision::Fast}) {
           const double t = best_pass_seconds(in(p), s.views, T, reps);
           const double gbs = double(s.bytes) / t / 1e9;
-          std::printf("%-6s %5lldx%-6lld %3lld %-8s %9.2f %9.1f %6.2f\n", mla::weight_format_name(f),
+          std::printf("%-13s %5lldx%-6lld %3lld %-8s %9.2f %9.1f %6.2f\n", mla::weight_format_name(f),
                       (long long)rows, (long long)cols, (long long)T, mla::cpu::precision_name(p), t * 1e3, gbs,
                       gbs / bw);
           std::fflush(stdout);
@@ -165,9 +172,9 @@ int main(int argc, char** argv) {
   // decode costs in instructions, away from DRAM (a kernel near the read loop's bandwidth above
   // needs this well above it per thread). Fast here runs the bf16 kernels at every T.
   {
-    std::printf("\nin L2, 1 thread:\n%-6s %-12s %3s %-8s %9s %9s\n", "format", "shape", "T", "prec", "us/pass", "GB/s");
+    std::printf("\nin L2, 1 thread:\n%-13s %-12s %3s %-8s %9s %9s\n", "format", "shape", "T", "prec", "us/pass", "GB/s");
     for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP,
-                 mla::WeightFormat::INT8_GROUP}) {
+                   mla::WeightFormat::INT4_WORDS16, mla::WeightFormat::INT8_GROUP}) {
       const int64_t rows = 256, cols = 2048;
       Set s = make_set(f, rows, cols, 1, false);
       for (int64_t T : {1, 2, 4})
@@ -183,7 +190,7 @@ int main(int argc, char** argv) {
             for (int i = 0; i < inner; ++i) mla::cpu::matmul(ctx, x.data(), T, s.views[0], y.data());
             best = std::min(best, since(t) / inner);
           }
-          std::printf("%-6s %5lldx%-6lld %3lld %-8s %9.2f %9.1f\n", mla::weight_format_name(f), (long long)rows,
+          std::printf("%-13s %5lldx%-6lld %3lld %-8s %9.2f %9.1f\n", mla::weight_format_name(f), (long long)rows,
                       (long long)cols, (long long)T, mla::cpu::precision_name(p), best * 1e6,
                       double(s.bytes) / best / 1e9);
           std::fflush(stdout);

@@ -63,9 +63,10 @@ inline void add_cpu_options(CLI::App& app, CpuOptions& o, const std::string& pre
                  "as DeepSeek's own inference code, queries and keys rounded to FP8 (e4m3, a scale per 128)")
       ->check(CLI::IsMember({"float", "fp8"}));
   app.add_option("--repack", o.repack,
-                 "on | off: in the fast precision without AMX, rewrite the bf16 weights that only matrix products read "
-                 "(MLPs, experts, attention projections but kv_b, lm_head) at load into the column-pair order the "
-                 "prompt's GEMMs compute in (when the weights are copied onto huge pages)")
+                 "on | off: in the fast precision without AMX, rewrite the weights that only matrix products read "
+                 "(MLPs, experts, attention projections but kv_b, lm_head) at load into the order the prompt's GEMMs "
+                 "compute in: bf16 as column pairs, INT4 in blocks of 16 rows (when the weights are copied onto huge "
+                 "pages)")
       ->check(CLI::IsMember({"on", "off"}));
 }
 

@@ -124,7 +124,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
 }
 
 bool Model::repack_weights() {
-  if (!cpu::reads_pairs32(ctx_)) return false;
+  const bool pairs = cpu::reads_pairs32(ctx_), words = cpu::reads_words16(ctx_);
+  if (!pairs && !words) return false;
   // The products that only matmul reads: every MLP; the attention's projections but kv_b, whose
   // rows the absorbed attention reads head by head as stored (w_uv); lm_head unless the
   // embedding shares it (its rows are read one by one). The MTP module's head is lm_head's view.
@@ -143,21 +144,39 @@ bool Model::repack_weights() {
     for (MtpWeights& t : w_.mtp)
       if (t.head.data == w_.lm_head.data) views.push_back(&t.head);
   }
-  size_t bytes = 0;
+  size_t bf16_bytes = 0, int4_bytes = 0;
   std::set<const void*> done;  // a view sharing another's memory takes its format, not a second rewrite
   for (MatrixView* v : views) {
-    if (!cpu::pairs32_eligible(*v)) continue;
+    const bool to_pairs = pairs && cpu::pairs32_eligible(*v), to_words = words && cpu::words16_eligible(*v);
+    if (!to_pairs && !to_words) continue;
     if (!done.insert(v->data).second) {
-      v->format = WeightFormat::BF16_PAIRS32;
+      v->format = to_pairs ? WeightFormat::BF16_PAIRS32 : WeightFormat::INT4_WORDS16;
       continue;
     }
-    cpu::repack_pairs32(ctx_, *v);
-    bytes += v->bytes();
+    if (to_pairs) {
+      cpu::repack_pairs32(ctx_, *v);
+      bf16_bytes += v->bytes();
+    } else {
+      cpu::repack_int4_words16(ctx_, *v);
+      int4_bytes += v->bytes() + v->scale_bytes();
+    }
   }
-  if (bytes == 0) return false;
+  if (bf16_bytes + int4_bytes == 0) return false;
+  // The bytes move to their new format's line of the load summary, from the lines they came from.
   auto& by = w_.bytes_by_format;
-  if ((by["bf16"] -= bytes) == 0) by.erase("bf16");
-  by["bf16 as column pairs (repacked at load)"] += bytes;
+  auto move = [&](size_t bytes, std::initializer_list<const char*> from, const char* to) {
+    if (bytes == 0) return;
+    by[to] += bytes;
+    for (const char* f : from) {
+      auto it = by.find(f);
+      if (it == by.end()) continue;
+      const size_t n = std::min(bytes, it->second);
+      if ((it->second -= n) == 0) by.erase(it);
+      if ((bytes -= n) == 0) break;
+    }
+  };
+  move(bf16_bytes, {"bf16"}, "bf16 as column pairs (repacked at load)");
+  move(int4_bytes, {"int4-group", "int4-group (quantized at load)"}, "int4 in blocks of 16 rows (repacked at load)");
   return true;
 }
 

@@ -127,8 +127,8 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const cpu::Context& context() const { return ctx_; }
-  // Whether load rewrote weights as column pairs (repack.h): context().repack_weights, which
-  // load sets to what happened.
+  // Whether load rewrote weights into the kernels' order (repack.h: bf16 as column pairs, INT4 in
+  // blocks of 16 rows): context().repack_weights, which load sets to what happened.
   bool weights_repacked() const { return ctx_.repack_weights; }
   const ModelWeights& weights() const { return w_; }
   const PathCounters& path_counters() const { return counters_; }
@@ -195,8 +195,8 @@ class Model {
   ModelConfig cfg_;
   cpu::Context ctx_;
   const cpu::Context* pass_ctx_ = &ctx_;
-  // The bf16 weights in the arena that only matmul reads as BF16_PAIRS32, where ctx_ reads them
-  // in place (Context::repack_weights); whether any was rewritten.
+  // The weights in the arena that only matmul reads, rewritten where ctx_ reads them in place
+  // (Context::repack_weights): bf16 as BF16_PAIRS32, INT4 groups as INT4_WORDS16; whether any was.
   bool repack_weights();
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;

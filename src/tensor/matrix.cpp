@@ -13,6 +13,7 @@ const char* weight_format_name(WeightFormat f) {
     case WeightFormat::INT4_GROUP: return "int4-group";
     case WeightFormat::INT8_GROUP: return "int8-group";
     case WeightFormat::BF16_PAIRS32: return "bf16-pairs32";
+    case WeightFormat::INT4_WORDS16: return "int4-words16";
   }
   return "?";
 }
@@ -22,7 +23,7 @@ size_t MatrixView::row_bytes() const {
     case WeightFormat::F32: return size_t(cols) * 4;
     case WeightFormat::BF16: case WeightFormat::F16: case WeightFormat::BF16_PAIRS32: return size_t(cols) * 2;
     case WeightFormat::FP8_BLOCK128: case WeightFormat::INT8_GROUP: return size_t(cols);
-    case WeightFormat::INT4_GROUP: return size_t(cols) / 2;
+    case WeightFormat::INT4_GROUP: case WeightFormat::INT4_WORDS16: return size_t(cols) / 2;
   }
   return 0;
 }
@@ -30,7 +31,8 @@ size_t MatrixView::row_bytes() const {
 size_t MatrixView::scale_bytes() const {
   switch (format) {
     case WeightFormat::FP8_BLOCK128: return size_t((rows + 127) / 128) * size_t(scale_cols) * 4;
-    case WeightFormat::INT4_GROUP: case WeightFormat::INT8_GROUP: return size_t(rows) * size_t(scale_cols) * 2;
+    case WeightFormat::INT4_GROUP: case WeightFormat::INT8_GROUP: case WeightFormat::INT4_WORDS16:
+      return size_t(rows) * size_t(scale_cols) * 2;
     default: return 0;
   }
 }
@@ -78,6 +80,15 @@ void MatrixView::dequant_row(int64_t r, float* out) const {
       for (int64_t k = 0; k < cols; ++k) out[k] = bf16_to_f32(w[pairs32_word(r, k, cols)]);
       break;
     }
+    case WeightFormat::INT4_WORDS16: {
+      const uint32_t* w = static_cast<const uint32_t*>(data);
+      const uint16_t* sc = static_cast<const uint16_t*>(scales);
+      for (int64_t k = 0; k < cols; ++k) {
+        const int q = int((w[words16_word(r, k, cols)] >> (4 * (k % 8))) & 0xF) - 8;
+        out[k] = float(q) * bf16_to_f32(sc[words16_scale(row0 + r, k / group_size, scale_cols)]);
+      }
+      break;
+    }
   }
 }
 
@@ -85,6 +96,8 @@ MatrixView MatrixView::slice_rows(int64_t first, int64_t count) const {
   if (first < 0 || count < 0 || first + count > rows) throw std::out_of_range("MatrixView::slice_rows");
   if (format == WeightFormat::BF16_PAIRS32 && (first % 32 != 0 || count % 32 != 0))
     throw std::out_of_range("MatrixView::slice_rows: bf16-pairs32 rows come in blocks of 32");
+  if (format == WeightFormat::INT4_WORDS16 && (first % 16 != 0 || count % 16 != 0))
+    throw std::out_of_range("MatrixView::slice_rows: int4-words16 rows come in blocks of 16");
   MatrixView v = *this;
   v.data = static_cast<const uint8_t*>(data) + size_t(first) * row_bytes();
   v.rows = count;

@@ -22,6 +22,12 @@ enum class WeightFormat {
   // VDPBF16PS and FMA prompt GEMMs compute in, so they read the weights where they lie;
   // repack_pairs32 (backend/cpu/repack.h) converts BF16 experts to it at load.
   BF16_PAIRS32,
+  // INT4 groups in blocks of 16 rows (rows a multiple of 16, columns of 32, groups of 32): word
+  // d of INT4_GROUP's row r of a block (8 nibbles, columns 8d .. 8d + 7) at word d * 16 + r,
+  // and the bf16 scale of group g at g * 16 + r of the block's scales. One zmm then holds 16
+  // rows' 8 columns: the order the VNNI GEMM multiplies in (vnni_gemm.h), so it reads the
+  // blocks in place; repack_int4_words16 (backend/cpu/repack.h) converts INT4 experts at load.
+  INT4_WORDS16,
 };
 
 // The bf16 word of weight (r, k) in a BF16_PAIRS32 matrix of `cols` columns, counted from its data.
@@ -29,8 +35,18 @@ inline int64_t pairs32_word(int64_t r, int64_t k, int64_t cols) {
   return (r / 32) * 32 * cols + ((k / 2) * 32 + r % 32) * 2 + k % 2;
 }
 
+// The word holding weight (r, k) of an INT4_WORDS16 matrix of `cols` columns, counted from its
+// data (nibble k % 8 of it), and the index of its scale among the view's scales (row0 + r: the
+// row within the whole tensor, groups of `group_size` columns, `scale_cols` of them).
+inline int64_t words16_word(int64_t r, int64_t k, int64_t cols) { return (r / 16) * 2 * cols + (k / 8) * 16 + r % 16; }
+inline int64_t words16_scale(int64_t r, int64_t g, int64_t scale_cols) {
+  return (r / 16) * 16 * scale_cols + g * 16 + r % 16;
+}
+
 // The formats of integer groups with one bf16 scale per group of a row (INT4, INT8).
-inline bool is_int_group(WeightFormat f) { return f == WeightFormat::INT4_GROUP || f == WeightFormat::INT8_GROUP; }
+inline bool is_int_group(WeightFormat f) {
+  return f == WeightFormat::INT4_GROUP || f == WeightFormat::INT8_GROUP || f == WeightFormat::INT4_WORDS16;
+}
 
 const char* weight_format_name(WeightFormat f);
 
@@ -48,7 +64,8 @@ struct MatrixView {
   size_t scale_bytes() const;
   // Writes row r (0-based within this view) as float32 to out[0..cols).
   void dequant_row(int64_t r, float* out) const;
-  // Rows [first, first + count); BF16_PAIRS32 only in whole blocks of 32 (else out_of_range).
+  // Rows [first, first + count); BF16_PAIRS32 only in whole blocks of 32, INT4_WORDS16 of 16
+  // (else out_of_range).
   MatrixView slice_rows(int64_t first, int64_t count) const;
 };
 

@@ -75,6 +75,7 @@ Owned random_matrix(WeightFormat f, int64_t rows, int64_t cols, std::mt19937& rn
       break;
     }
     case WeightFormat::INT4_GROUP:
+    case WeightFormat::INT4_WORDS16:  // any words and scales are blocks of 16 rows too
     case WeightFormat::INT8_GROUP: {  // every byte is a valid code (INT8: -128..127)
       for (auto& b : m.data) b = uint8_t(byte(rng));
       v.group_size = group;
@@ -875,6 +876,130 @@ TEST(Repack, Pairs32ProductsOnEveryKernel) {
         }
         for (int64_t t = 0; t < T; ++t)
           for (int64_t n = rows; n < ldy; ++n) ASSERT_EQ(y[size_t(t * ldy + n)], -1.0f) << what << ": wrote past the rows";
+      }
+  }
+}
+
+// INT4_WORDS16 (repack.h): INT4 groups repacked in blocks of 16 rows hold the same weights
+// (dequant_row, element, row slices in whole blocks, a view that starts inside its tensor's
+// scales), and every kernel matmul dispatches them to computes their products: the VNNI GEMM
+// reading the blocks in place must equal, bit for bit, the same GEMM on the row-major matrix
+// (which packs each block into the order it then computes in); the GEMVs (float32 FMAs, and
+// VDPBF16PS on bf16 activations) and the bf16 GEMMs (each row unpacked first) within the float32
+// bound of their summation (below).
+TEST(Repack, Words16HoldsTheSameWeights) {
+  std::mt19937 rng(23);
+  Owned m = random_matrix(WeightFormat::INT4_GROUP, 96, 160, rng);
+  std::vector<uint8_t> copy = m.data, scopy = m.scales;
+  MatrixView p = m.view;
+  p.data = copy.data();
+  p.scales = scopy.data();
+  const mla::cpu::Context ctx = kFast;
+  ASSERT_TRUE(mla::cpu::words16_eligible(p));
+  mla::cpu::repack_int4_words16(ctx, p);
+  ASSERT_EQ(p.format, WeightFormat::INT4_WORDS16);
+  ASSERT_NE(std::memcmp(copy.data(), m.data.data(), copy.size()), 0) << "nothing moved";
+  ASSERT_NE(std::memcmp(scopy.data(), m.scales.data(), scopy.size()), 0) << "no scale moved";
+  std::vector<float> a(160), b(160);
+  for (int64_t r = 0; r < 96; ++r) {
+    m.view.dequant_row(r, a.data());
+    p.dequant_row(r, b.data());
+    ASSERT_EQ(a, b) << "row " << r;
+    for (int64_t k : {0, 1, 7, 8, 31, 32, 159}) ASSERT_EQ(mla::cpu::avx512::element(p, r, k), a[size_t(k)]);
+  }
+  const MatrixView s = p.slice_rows(32, 48);
+  for (int64_t r = 0; r < 48; ++r) {
+    m.view.dequant_row(32 + r, a.data());
+    s.dequant_row(r, b.data());
+    ASSERT_EQ(a, b) << "sliced row " << r;
+  }
+  EXPECT_THROW((void)p.slice_rows(8, 16), std::out_of_range);
+  // A view of rows 16.. of its tensor (row0 16: its scales begin inside the tensor's) repacks
+  // its own rows and scales and leaves the others.
+  std::vector<uint8_t> copy2 = m.data, scopy2 = m.scales;
+  MatrixView whole = m.view;
+  whole.data = copy2.data();
+  whole.scales = scopy2.data();
+  MatrixView part = whole.slice_rows(16, 32);
+  mla::cpu::repack_int4_words16(ctx, part);
+  for (int64_t r = 0; r < 32; ++r) {
+    m.view.dequant_row(16 + r, a.data());
+    part.dequant_row(r, b.data());
+    ASSERT_EQ(a, b) << "row " << r << " of the slice";
+  }
+  for (int64_t r : {0, 15, 48, 95}) {
+    m.view.dequant_row(r, a.data());
+    whole.dequant_row(r, b.data());
+    ASSERT_EQ(a, b) << "row " << r << " outside the slice";
+  }
+  Owned odd = random_matrix(WeightFormat::INT4_GROUP, 40, 64, rng);
+  EXPECT_FALSE(mla::cpu::words16_eligible(odd.view));
+  EXPECT_THROW(mla::cpu::repack_int4_words16(ctx, odd.view), std::invalid_argument);
+  EXPECT_FALSE(mla::cpu::words16_eligible(m.view.slice_rows(8, 16)));  // starts inside a block
+  Owned g48 = random_matrix(WeightFormat::INT4_GROUP, 32, 96, rng, 48);
+  EXPECT_FALSE(mla::cpu::words16_eligible(g48.view));
+  Owned int8 = random_matrix(WeightFormat::INT8_GROUP, 32, 64, rng);
+  EXPECT_FALSE(mla::cpu::words16_eligible(int8.view));
+}
+
+// The float32 bound of the GEMVs and bf16 GEMMs on INT4_WORDS16: per output and chunk of 32
+// columns, 4 chains of 8 products (float32 FMAs, or VDPBF16PS's exact products added in pairs),
+// 3 additions, the group scale's product and the FMA into the total (a chain of cols / 32); the
+// reference's float32 weights one more. m = cols / 8 + 16 roundings of u = 2^-24 bound it.
+TEST(Repack, Words16ProductsOnEveryKernel) {
+  std::mt19937 rng(29);
+  mla::cpu::Context vnni = kFast, dp = kFast, bf16 = kFastBf16, host = kFast, precise = kPrecise;
+  vnni.amx = dp.amx = bf16.amx = false;
+  dp.int8_activations = false;
+  dp.vector_gemm = mla::cpu::Context::VectorGemm::Vdpbf16ps;
+  EXPECT_TRUE(mla::cpu::reads_words16(vnni));
+  EXPECT_FALSE(mla::cpu::reads_words16(dp));
+  EXPECT_FALSE(mla::cpu::reads_words16(precise));
+  mla::cpu::Context off = vnni;
+  off.repack_weights = false;
+  EXPECT_FALSE(mla::cpu::reads_words16(off));
+  struct Shape {
+    int64_t rows, cols, group;
+  };
+  for (const Shape sh : {Shape{64, 2048, 32}, {48, 256, 64}, {32, 384, 128}, {16, 96, 32}}) {
+    Owned m = random_matrix(WeightFormat::INT4_GROUP, sh.rows, sh.cols, rng, sh.group);
+    std::vector<uint8_t> copy = m.data, scopy = m.scales;
+    MatrixView p = m.view;
+    p.data = copy.data();
+    p.scales = scopy.data();
+    mla::cpu::repack_int4_words16(vnni, p);
+    for (const auto& [ctx, name] :
+         {std::pair{&vnni, "vnni"}, {&dp, "vdpbf16ps"}, {&bf16, "bf16 gemv"}, {&host, "host"}, {&precise, "precise"}})
+      for (int64_t T : {1, 2, 3, 4, 5, 7, 12, 13, 16, 17, 33, 48}) {
+        const int64_t ldx = sh.cols + 3, ldy = sh.rows + 5;
+        auto x = random_vec(size_t(T * ldx), rng);
+        std::vector<float> y(size_t(T * ldy), -1.0f), ref(size_t(T * ldy), -1.0f);
+        mla::cpu::matmul(*ctx, x.data(), T, ldx, p, y.data(), ldy);
+        mla::cpu::matmul(*ctx, x.data(), T, ldx, m.view, ref.data(), ldy);
+        const mla::cpu::Kernel k = mla::cpu::matmul_kernel(*ctx, T, p, mla::cpu::features(*ctx));
+        const std::string what = std::string(name) + " " + std::to_string(sh.rows) + "x" + std::to_string(sh.cols) +
+                                 " g" + std::to_string(sh.group) + " T=" + std::to_string(T) + " on " +
+                                 mla::cpu::kernel_name(k);
+        if (k == mla::cpu::Kernel::VnniGemm) {
+          ASSERT_EQ(k, mla::cpu::matmul_kernel(*ctx, T, m.view, mla::cpu::features(*ctx))) << what;
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t n = 0; n < sh.rows; ++n)
+              ASSERT_EQ(y[size_t(t * ldy + n)], ref[size_t(t * ldy + n)]) << what << " row " << n << " token " << t;
+        } else {
+          // The bf16 GEMMs and GEMV round the activations to bf16 (the float32 GEMV and sgemm do
+          // not); the GEMMs decode the weights to bf16 first ((q - 8) x scale rounded: the
+          // reference rounds them too) and sum in their own order (oneDNN's, sgemm's): the bound of
+          // the bf16 GEMMs' test, (cols + 16) u, for them.
+          const bool gemv = k == mla::cpu::Kernel::GemvF32 || k == mla::cpu::Kernel::GemvBf16;
+          const bool rounded = k == mla::cpu::Kernel::Dpbf16Gemm || k == mla::cpu::Kernel::AmxGemm ||
+                               k == mla::cpu::Kernel::OnednnBf16 || k == mla::cpu::Kernel::GemvBf16;
+          const bool bf16_weights = !gemv && k != mla::cpu::Kernel::DequantSgemm;
+          const double m_ = gemv ? double(sh.cols) / 8 + 16 : double(sh.cols) + 16;
+          expect_close_bf16(m.view, x.data(), T, ldx, y, ldy, m_ * std::ldexp(1.0, -24), 1e-30, bf16_weights, what,
+                            rounded);
+        }
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t n = sh.rows; n < ldy; ++n) ASSERT_EQ(y[size_t(t * ldy + n)], -1.0f) << what << ": wrote past the rows";
       }
   }
 }

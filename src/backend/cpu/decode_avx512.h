@@ -42,7 +42,8 @@ inline int layout_col(Layout l, int lane) {
 inline Layout layout_of(WeightFormat f) {
   switch (f) {
     case WeightFormat::BF16:
-    case WeightFormat::INT4_GROUP: return Layout::EvenOdd;
+    case WeightFormat::INT4_GROUP:
+    case WeightFormat::INT4_WORDS16: return Layout::EvenOdd;
     default: return Layout::Natural;
   }
 }
@@ -55,6 +56,11 @@ inline bool fast_supported(const MatrixView& W) {
 inline float element(const MatrixView& W, int64_t r, int64_t k) {
   if (W.format == WeightFormat::BF16_PAIRS32)
     return bf16_to_f32(static_cast<const uint16_t*>(W.data)[pairs32_word(r, k, W.cols)]);
+  if (W.format == WeightFormat::INT4_WORDS16) {
+    const uint32_t w = static_cast<const uint32_t*>(W.data)[words16_word(r, k, W.cols)];
+    const uint16_t s = static_cast<const uint16_t*>(W.scales)[words16_scale(W.row0 + r, k / W.group_size, W.scale_cols)];
+    return float(int((w >> (4 * (k % 8))) & 0xF) - 8) * bf16_to_f32(s);
+  }
   const uint8_t* p = static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes();
   switch (W.format) {
     case WeightFormat::F32: { float f; std::memcpy(&f, p + 4 * k, 4); return f; }
@@ -71,7 +77,7 @@ inline float element(const MatrixView& W, int64_t r, int64_t k) {
     case WeightFormat::INT8_GROUP:
       return float(int8_t(p[k])) *
              bf16_to_f32(static_cast<const uint16_t*>(W.scales)[(W.row0 + r) * W.scale_cols + k / W.group_size]);
-    case WeightFormat::BF16_PAIRS32: break;  // above
+    case WeightFormat::BF16_PAIRS32: case WeightFormat::INT4_WORDS16: break;  // above
   }
   return 0;
 }
@@ -88,6 +94,12 @@ inline float hsum(__m512 v) {
 
 // The group scales (INT4, INT8) of row n as float32, one per chunk of 32 columns.
 inline void group_chunk_scales(const MatrixView& W, int64_t n, int64_t Kc, float* s) {
+  if (W.format == WeightFormat::INT4_WORDS16) {
+    const uint16_t* src = static_cast<const uint16_t*>(W.scales);
+    for (int64_t c = 0; c < Kc; ++c)
+      s[c] = bf16_to_f32(src[words16_scale(W.row0 + n, c * kChunk / W.group_size, W.scale_cols)]);
+    return;
+  }
   const uint16_t* src = static_cast<const uint16_t*>(W.scales) + (W.row0 + n) * W.scale_cols;
   if (W.group_size == kChunk) {
     int64_t c = 0;
@@ -219,7 +231,10 @@ struct DecInt8 {
 // faster than a conversion on to bf16 before VDPBF16PS could (gemv_kernel, dispatch.cpp).
 constexpr int64_t kStep = 64;
 
-enum class Layout64 { Natural, Fp8Unpack, EvenOdd };
+// Words16: INT4_WORDS16's bf16 pairs (gemv.cpp's FastRows::words16): pair 4d + j of a step holds
+// columns 8d + j and 8d + j + 4, the two nibbles a 16-bit shift by 4j puts at the bottom of a
+// word's two halves.
+enum class Layout64 { Natural, Fp8Unpack, EvenOdd, Words16 };
 
 // The column (0..63 within the step) held by word w: 0..31 of a, 32..63 of b.
 inline int layout64_col(Layout64 l, int w) {
@@ -228,6 +243,7 @@ inline int layout64_col(Layout64 l, int w) {
     case Layout64::Natural: return w;
     case Layout64::Fp8Unpack: return (j >> 3) * 16 + v * 8 + (j & 7);
     case Layout64::EvenOdd: return 2 * j + v;
+    case Layout64::Words16: return (w / 8) * 8 + (w / 2) % 4 + 4 * (w % 2);
   }
   return w;
 }
@@ -236,6 +252,7 @@ inline Layout64 layout64_of(WeightFormat f) {
   switch (f) {
     case WeightFormat::FP8_BLOCK128: return Layout64::Fp8Unpack;
     case WeightFormat::INT4_GROUP: return Layout64::EvenOdd;
+    case WeightFormat::INT4_WORDS16: return Layout64::Words16;
     default: return Layout64::Natural;
   }
 }
@@ -244,6 +261,7 @@ inline Layout64 layout64_of(WeightFormat f) {
 // modes).
 inline bool bf16_kernel(const MatrixView& W) {
   if (W.format == WeightFormat::BF16_PAIRS32) return W.cols % 64 == 0;  // the prepared activations' steps
+  if (W.format == WeightFormat::INT4_WORDS16) return true;  // a last half step rounds its own pairs
   return W.format == WeightFormat::BF16 || W.format == WeightFormat::FP8_BLOCK128 ||
          (W.format == WeightFormat::INT4_GROUP && W.group_size > 0 && W.group_size % kChunk == 0);
 }
@@ -318,6 +336,16 @@ inline __m512 chunk_pair_scale(const float* scales, int64_t s) {
   return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(scales + 2 * s));
 }
 
+// vpermw's table of INT4 codes: word i holds bf16((i & 15) - 8), the code of i's low nibble
+// (vpermw reads an index's low 5 bits: bit 4 may hold anything).
+alignas(64) inline constexpr uint16_t kInt4Bf16[32] = {
+#define MLA_Q(i) bf16_of_small_int(((i) & 15) - 8)
+    MLA_Q(0),  MLA_Q(1),  MLA_Q(2),  MLA_Q(3),  MLA_Q(4),  MLA_Q(5),  MLA_Q(6),  MLA_Q(7),
+    MLA_Q(8),  MLA_Q(9),  MLA_Q(10), MLA_Q(11), MLA_Q(12), MLA_Q(13), MLA_Q(14), MLA_Q(15),
+    MLA_Q(16), MLA_Q(17), MLA_Q(18), MLA_Q(19), MLA_Q(20), MLA_Q(21), MLA_Q(22), MLA_Q(23),
+    MLA_Q(24), MLA_Q(25), MLA_Q(26), MLA_Q(27), MLA_Q(28), MLA_Q(29), MLA_Q(30), MLA_Q(31)};
+#undef MLA_Q
+
 struct BfDecInt4 {
   static constexpr int kStepsPerScale = 1;
   const uint8_t* row;
@@ -326,14 +354,7 @@ struct BfDecInt4 {
     if ((s & 1) == 0) prefetch_at(row, s * 32);
   }
   uint64_t decode(int64_t s, __m512i& a, __m512i& b) const {
-    alignas(64) static constexpr uint16_t kTable[32] = {
-#define MLA_Q(i) bf16_of_small_int(((i) & 15) - 8)
-        MLA_Q(0),  MLA_Q(1),  MLA_Q(2),  MLA_Q(3),  MLA_Q(4),  MLA_Q(5),  MLA_Q(6),  MLA_Q(7),
-        MLA_Q(8),  MLA_Q(9),  MLA_Q(10), MLA_Q(11), MLA_Q(12), MLA_Q(13), MLA_Q(14), MLA_Q(15),
-        MLA_Q(16), MLA_Q(17), MLA_Q(18), MLA_Q(19), MLA_Q(20), MLA_Q(21), MLA_Q(22), MLA_Q(23),
-        MLA_Q(24), MLA_Q(25), MLA_Q(26), MLA_Q(27), MLA_Q(28), MLA_Q(29), MLA_Q(30), MLA_Q(31)};
-#undef MLA_Q
-    const __m512i table = _mm512_load_si512(kTable);
+    const __m512i table = _mm512_load_si512(kInt4Bf16);
     const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + s * 32)));
     a = _mm512_permutexvar_epi16(v, table);
     b = _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table);

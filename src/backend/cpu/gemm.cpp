@@ -281,6 +281,16 @@ void dequant_rows_bf16(const MatrixView& W, int64_t n0, int64_t n1, uint16_t* ds
         else run(DecInt8{row, sbuf.data()}, unit);
         break;
       }
+      case WeightFormat::INT4_WORDS16: {  // the VNNI GEMM reads it in place; this is the bf16 GEMMs' way in
+        thread_local std::vector<uint32_t> words;
+        words.resize(size_t(K / 8));
+        const uint32_t* block = static_cast<const uint32_t*>(W.data) + (n / 16) * 2 * K;
+        for (int64_t d = 0; d < K / 8; ++d) words[size_t(d)] = block[d * 16 + n % 16];
+        if (sbuf.size() < size_t(Kc)) sbuf.resize(size_t(Kc));
+        group_chunk_scales(W, n, Kc, sbuf.data());
+        run(DecInt4{reinterpret_cast<const uint8_t*>(words.data()), sbuf.data()}, unit);
+        break;
+      }
       case WeightFormat::BF16_PAIRS32: {  // the GEMMs without AMX read it in place; this is AMX's and oneDNN's way in
         const uint32_t* block = static_cast<const uint32_t*>(W.data) + (n / 32) * 16 * K;
         for (int64_t p = 0; p < K / 2; ++p) std::memcpy(out + 2 * p, block + p * 32 + n % 32, 4);
@@ -438,6 +448,11 @@ void matmul_vnni(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
 #pragma omp for schedule(static)
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * kRows, nr = std::min(kRows, N - n0);
+        if (W.format == WeightFormat::INT4_WORDS16) {  // blocks of 16 rows in the kernel's order
+          if (b + 1 < blocks) prefetch_rows(W, n0 + kRows, kRows);
+          vnni_gemm_words16(q, qs, qc, tn, K, Kc, W, n0, y + t0 * ldy + n0, ldy);
+          continue;
+        }
         // Each thread's packed block and its scales.
         struct Tag;
         const size_t words = size_t(K / 4 * kRows);

@@ -41,4 +41,39 @@ void repack_pairs32(const Context& ctx, MatrixView& W) {
   W.format = WeightFormat::BF16_PAIRS32;
 }
 
+bool reads_words16(const Context& ctx) {
+  return ctx.repack_weights && ctx.fast() && ctx.int8_activations && !features(ctx).amx;
+}
+
+bool words16_eligible(const MatrixView& W) {
+  return W.format == WeightFormat::INT4_GROUP && W.data != nullptr && W.scales != nullptr && W.rows % 16 == 0 &&
+         W.row0 % 16 == 0 && W.cols % 32 == 0 && W.group_size > 0 && W.group_size % 32 == 0;
+}
+
+void repack_int4_words16(const Context& ctx, MatrixView& W) {
+  if (!words16_eligible(W))
+    throw std::invalid_argument(std::string("repack_int4_words16: ") + weight_format_name(W.format) + " " +
+                                std::to_string(W.rows) + "x" + std::to_string(W.cols) + " (first row " +
+                                std::to_string(W.row0) + ", groups of " + std::to_string(W.group_size) +
+                                ") is not INT4 groups of 32k columns in blocks of 16 rows");
+  const int64_t words = W.cols / 8, G = W.scale_cols;  // words and groups of a row
+  uint32_t* data = static_cast<uint32_t*>(const_cast<void*>(W.data));
+  uint16_t* scales = static_cast<uint16_t*>(const_cast<void*>(W.scales)) + W.row0 * G;
+  parallel_for(ctx, W.rows / 16, true, [&](int64_t b) {
+    thread_local std::vector<uint32_t> buf;
+    thread_local std::vector<uint16_t> sbuf;
+    buf.resize(size_t(16 * words));
+    sbuf.resize(size_t(16 * G));
+    uint32_t* block = data + b * 16 * words;
+    for (int64_t r = 0; r < 16; ++r)
+      for (int64_t d = 0; d < words; ++d) buf[size_t(d * 16 + r)] = block[r * words + d];
+    std::memcpy(block, buf.data(), buf.size() * 4);
+    uint16_t* s = scales + b * 16 * G;
+    for (int64_t r = 0; r < 16; ++r)
+      for (int64_t g = 0; g < G; ++g) sbuf[size_t(g * 16 + r)] = s[r * G + g];
+    std::memcpy(s, sbuf.data(), sbuf.size() * 2);
+  });
+  W.format = WeightFormat::INT4_WORDS16;
+}
+
 }  // namespace mla::cpu

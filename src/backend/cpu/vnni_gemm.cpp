@@ -41,20 +41,45 @@ inline __m512i row_codes(const MatrixView& W, const uint8_t* row, int64_t k0, bo
   return _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
 }
 
-// y[t, 0..15] for T tokens over the packed block; rows past `rows` not stored.
-template <int T>
-void micro(const uint32_t* p, const float* ws, const int8_t* q, int64_t ldq, const float* qs, const int32_t* qc,
-           int64_t lds, int64_t K, int rows, float* y, int64_t ldy) {
+// A block of 16 rows as vnni_pack_rows16 leaves it: chunk c's 8 code vectors and its scales.
+struct PackedBlock {
+  const uint32_t* p;
+  const float* ws;
+  [[gnu::always_inline]] __m512i code(int64_t c, int j) const { return _mm512_load_si512(p + (c * 8 + j) * kRows); }
+  [[gnu::always_inline]] __m512 scale(int64_t c) const { return _mm512_load_ps(ws + c * kRows); }
+};
+
+// A block of INT4_WORDS16 where it lies: chunk c's 4 words of the 16 rows hold bytes 4v .. 4v + 3
+// of each row's chunk, whose low nibbles are code vector v and high nibbles code vector v + 4
+// (each word loaded twice, from L1: two registers a chunk instead of eight, beside 12 tokens' 24).
+struct Words16Block {
+  const uint32_t* p;
+  const uint16_t* s;  // the block's bf16 scales, [group][16]
+  int64_t per;        // chunks per group
+  [[gnu::always_inline]] __m512i code(int64_t c, int j) const {
+    const __m512i x = _mm512_loadu_si512(p + (c * 4 + (j & 3)) * kRows);
+    return _mm512_and_si512(j < 4 ? x : _mm512_srli_epi16(x, 4), _mm512_set1_epi8(0x0f));
+  }
+  [[gnu::always_inline]] __m512 scale(int64_t c) const {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + (per == 1 ? c : c / per) * kRows));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+};
+
+// y[t, 0..15] for T tokens over the block; rows past `rows` not stored.
+template <int T, class Block>
+void micro(const Block blk, const int8_t* q, int64_t ldq, const float* qs, const int32_t* qc, int64_t lds, int64_t K,
+           int rows, float* y, int64_t ldy) {
   __m512 f[T];
 #pragma GCC unroll 12
   for (int t = 0; t < T; ++t) f[t] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < K / 32; ++c, p += 8 * kRows) {
+  for (int64_t c = 0; c < K / 32; ++c) {
     __m512i acc[T];
 #pragma GCC unroll 12
     for (int t = 0; t < T; ++t) acc[t] = _mm512_set1_epi32(qc[t * lds + c]);
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
-      const __m512i w = _mm512_load_si512(p + j * kRows);
+      const __m512i w = blk.code(c, j);
 #pragma GCC unroll 12
       for (int t = 0; t < T; ++t) {
         // The activations' 4 bytes as the instruction's broadcast memory operand: GCC 12 emits
@@ -63,7 +88,7 @@ void micro(const uint32_t* p, const float* ws, const int8_t* q, int64_t ldq, con
         asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc[t]) : "v"(w), "m"(*static_cast<const int32_t*>(a)));
       }
     }
-    const __m512 s = _mm512_load_ps(ws + c * kRows);
+    const __m512 s = blk.scale(c);
 #pragma GCC unroll 12
     for (int t = 0; t < T; ++t)
       f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_mul_ps(s, _mm512_set1_ps(qs[t * lds + c])), f[t]);
@@ -73,12 +98,21 @@ void micro(const uint32_t* p, const float* ws, const int8_t* q, int64_t ldq, con
   for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + t * ldy, m, f[t]);
 }
 
+template <class Block>
+void gemm_block(const Block& blk, const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t K,
+                int64_t ldq, int64_t lds, int64_t rows, float* y, int64_t ldy) {
+  for_each_token_group<kTokens>(M, [&](auto n, int64_t t0) {
+    micro<decltype(n)::value>(blk, q + t0 * ldq, ldq, qs + t0 * lds, qc + t0 * lds, lds, K, int(rows), y + t0 * ldy,
+                              ldy);
+  });
+}
+
 }  // namespace
 
 int vnni_weight_bias(WeightFormat f) {
   switch (f) {
     case WeightFormat::INT8_GROUP: return 128;
-    case WeightFormat::INT4_GROUP: return 8;
+    case WeightFormat::INT4_GROUP: case WeightFormat::INT4_WORDS16: return 8;
     default: throw std::invalid_argument(std::string("vnni_weight_bias: ") + weight_format_name(f));
   }
 }
@@ -106,10 +140,15 @@ void vnni_pack_rows16(const MatrixView& W, int64_t n0, int64_t rows, uint32_t* p
 
 void vnni_gemm_rows16(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t K, int64_t ldq,
                       int64_t lds, const uint32_t* packed, const float* scales, int64_t rows, float* y, int64_t ldy) {
-  for_each_token_group<kTokens>(M, [&](auto n, int64_t t0) {
-    micro<decltype(n)::value>(packed, scales, q + t0 * ldq, ldq, qs + t0 * lds, qc + t0 * lds, lds, K, int(rows),
-                              y + t0 * ldy, ldy);
-  });
+  gemm_block(PackedBlock{packed, scales}, q, qs, qc, M, K, ldq, lds, rows, y, ldy);
+}
+
+void vnni_gemm_words16(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t ldq, int64_t lds,
+                       const MatrixView& W, int64_t n0, float* y, int64_t ldy) {
+  const Words16Block blk{static_cast<const uint32_t*>(W.data) + n0 * (W.cols / 8),
+                         static_cast<const uint16_t*>(W.scales) + words16_scale(W.row0 + n0, 0, W.scale_cols),
+                         W.group_size / 32};
+  gemm_block(blk, q, qs, qc, M, W.cols, ldq, lds, kRows, y, ldy);
 }
 
 }  // namespace mla::cpu

@@ -12,7 +12,8 @@
 // (an INT8 code + 128; an INT4 nibble as stored, the code + 8): the bias times the chunk's sum of
 // activation codes is taken off by starting the chunk's integer sum at minus that product.
 //
-// Per block of 16 weight rows, the codes are first reordered into a per-thread buffer of column
+// Per block of 16 weight rows, the codes are first reordered (INT4_WORDS16 weights are stored in
+// that order, nibbles unpacked with an AND and a shift as the kernel loads them) into a per-thread buffer of column
 // quads (for each 4 columns, the 16 rows' 4 bytes side by side: one zmm), and the group scales
 // into one vector of 16 rows per chunk; then every token group of up to 12 runs over it: per
 // chunk, 8 weight loads, 8 x 12 VPDPBUSD with the activations' 4 bytes broadcast from memory, and
@@ -44,5 +45,10 @@ void vnni_pack_rows16(const MatrixView& W, int64_t n0, int64_t rows, uint32_t* p
 // split the rows.
 void vnni_gemm_rows16(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t K, int64_t ldq,
                       int64_t lds, const uint32_t* packed, const float* scales, int64_t rows, float* y, int64_t ldy);
+
+// The same on rows n0 .. n0 + 15 of an INT4_WORDS16 W (n0 a multiple of 16), read where they lie;
+// K = W.cols.
+void vnni_gemm_words16(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t ldq, int64_t lds,
+                       const MatrixView& W, int64_t n0, float* y, int64_t ldy);
 
 }  // namespace mla::cpu
