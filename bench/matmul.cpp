@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/compute_peak.h"
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
@@ -232,6 +233,42 @@ int main(int argc, char** argv) {
                 count, (long long)N, (long long)K, (long long)T, ours * 1e3, double(s.bytes) / ours / 1e9,
                 2.0 * T * N * K * count / ours / 1e9, onednn * 1e3, double(s.bytes) / onednn / 1e9, ours / onednn);
     munmap(const_cast<void*>(s.views[0].data), s.bytes);
+  }
+
+  // The same 48 tokens through 2816 x 2048 INT4 experts (groups of 32) on the fast precision's
+  // kernel for them (the VNNI GEMM where the CPU has no AMX), row-major and repacked at load
+  // (INT4_WORDS16), against the peak of that kernel's instruction on the same threads.
+  if (!l2_only) {
+    const int64_t T = 48, N = 2816, K = 2048;
+    mla::MatrixView probe;
+    probe.format = mla::WeightFormat::INT4_GROUP;
+    probe.rows = N;
+    probe.cols = K;
+    const int count = int(std::max<size_t>(4, target / (probe.bytes() + size_t(N * K / 16))));
+    const mla::cpu::Context fast = in(mla::cpu::Precision::Fast);
+    const mla::cpu::PeakPath path = mla::cpu::prompt_peak_path(fast, true);
+    const double peak = mla::cpu::peak_gflops(path, fast.num_threads(), 3, mla::cpu::peak_iters(path, 50));
+    std::vector<float> x(size_t(T * K), 0.01f);
+    const int nt = base.num_threads();
+    std::vector<std::vector<float>> y(size_t(nt), std::vector<float>(size_t(T * N)));
+    for (auto f : {mla::WeightFormat::INT4_GROUP, mla::WeightFormat::INT4_WORDS16}) {
+      Set s = make_set(f, N, K, count, huge);
+      double best = 1e30;
+      for (int r = 0; r < reps; ++r) {
+        auto t = Clock::now();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+        for (int e = 0; e < count; ++e)
+          mla::cpu::matmul(fast, x.data(), T, K, s.views[size_t(e)], y[size_t(omp_get_thread_num())].data(), N);
+        best = std::min(best, since(t));
+      }
+      const double gops = 2.0 * T * N * K * count / best / 1e9;
+      std::printf("%sexperts: %d of %lldx%lld %s, %lld tokens each, one per thread: %.1f ms (%.1f GB/s), %.0f GOPS, "
+                  "%.2f of %s's %.0f\n",
+                  f == mla::WeightFormat::INT4_GROUP ? "\n" : "", count, (long long)N, (long long)K,
+                  mla::weight_format_name(f), (long long)T, best * 1e3, double(s.bytes) / best / 1e9, gops,
+                  gops / peak, mla::cpu::peak_path_name(path), peak);
+      munmap(const_cast<void*>(s.views[0].data), s.bytes);
+    }
   }
 
   // Prompt: 512 tokens through a 2048 x 2048 bf16 matrix, fast (AMX) and precise.

@@ -156,6 +156,25 @@ TEST(MultiThread, FastPrecisionExpertsPerThreadMatchOneThread) {
   EXPECT_LT(mean, 3e-2);  // measured 1.1e-2, of which a flipped row is a few 1e-3
 }
 
+// run(ids, want, opt, what) for each of name's golden sequences (want: its logits) in prefill,
+// decode and extend at half the sequence, on both attention paths (opt: that mode and path).
+template <class Run>
+void for_each_golden_run(const std::string& name, Run&& run) {
+  SafetensorsFile golden(test::fixture(name) + "/golden.safetensors");
+  for (int j = 0; j < 4; ++j) {
+    const auto ids = test::read_ids(*golden.find("seq" + std::to_string(j) + "_ids"));
+    const auto want = test::read_f32(*golden.find("seq" + std::to_string(j) + "_logits"));
+    const int64_t n = int64_t(ids.size());
+    for (const std::string& mode : {std::string("prefill"), std::string("decode"), "extend:" + std::to_string(n / 2)})
+      for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
+        RunOptions opt;
+        opt.mode = RunMode::parse(mode);
+        opt.path = path;
+        run(ids, want, opt, "seq" + std::to_string(j) + " " + mode + " " + attn_path_name(path));
+      }
+  }
+}
+
 // The weights repacked at load as column pairs (Context::repack_weights, where
 // the fast precision runs without AMX: repack.h) are the same model: run in the precise
 // precision they give the golden logits (every product on the pairs kernels of the float32
@@ -183,29 +202,17 @@ TEST(Repack, RepackedWeightsReproduceTheGolden) {
   cpu::Context off = fast;
   off.repack_weights = false;
   EXPECT_FALSE(Model::load(test::fixture(name), off)->weights_repacked());
-  SafetensorsFile golden(test::fixture(name) + "/golden.safetensors");
   cpu::Context precise;
-  for (int j = 0; j < 4; ++j) {
-    auto ids = test::read_ids(*golden.find("seq" + std::to_string(j) + "_ids"));
-    auto want = test::read_f32(*golden.find("seq" + std::to_string(j) + "_logits"));
-    const int64_t n = int64_t(ids.size());
-    for (const std::string& mode : {std::string("prefill"), std::string("decode"), "extend:" + std::to_string(n / 2)})
-      for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
-        RunOptions opt;
-        opt.mode = RunMode::parse(mode);
-        opt.path = path;
-        opt.context = &precise;
-        EXPECT_LE(test::max_abs_diff(run_logits(*model, ids, opt), want), kLogitTol)
-            << "seq" << j << " " << mode << " " << attn_path_name(path) << " precise";
-        opt.context = nullptr;  // the model's own: fast, weights in place
-        const auto got = run_logits(*model, ids, opt);
-        double sum = 0;
-        for (size_t i = 0; i < got.size(); ++i) sum += std::fabs(double(got[i]) - double(want[i]));
-        EXPECT_LT(sum / double(got.size()), 3e-2) << "seq" << j << " " << mode << " " << attn_path_name(path) << " fast";
-      }
-  }
+  for_each_golden_run(name, [&](const auto& ids, const auto& want, RunOptions opt, const std::string& what) {
+    opt.context = &precise;
+    EXPECT_LE(test::max_abs_diff(run_logits(*model, ids, opt), want), kLogitTol) << what << " precise";
+    opt.context = nullptr;  // the model's own: fast, weights in place
+    const auto got = run_logits(*model, ids, opt);
+    double sum = 0;
+    for (size_t i = 0; i < got.size(); ++i) sum += std::fabs(double(got[i]) - double(want[i]));
+    EXPECT_LT(sum / double(got.size()), 3e-2) << what << " fast";
+  });
 }
-
 
 // INT4 routed experts (quantized at load) repacked in blocks of 16 rows (INT4_WORDS16, where the
 // prompt's INT4 products run on the VNNI GEMM: repack.h) are the same model as the row-major
@@ -232,30 +239,21 @@ TEST(Repack, RepackedInt4ExpertsGiveTheSameLogits) {
   ASSERT_EQ(L.experts[0].down.format, L.experts[0].down.rows % 16 == 0 ? WeightFormat::INT4_WORDS16
                                                                          : WeightFormat::INT4_GROUP);
   ASSERT_EQ(plain->weights().layers.back().experts[0].gate.format, WeightFormat::INT4_GROUP);
-  SafetensorsFile golden(test::fixture(name) + "/golden.safetensors");
   cpu::Context precise;
   int flipped = 0;
-  for (int j = 0; j < 4; ++j) {
-    auto ids = test::read_ids(*golden.find("seq" + std::to_string(j) + "_ids"));
-    const int64_t n = int64_t(ids.size());
-    for (const std::string& mode : {std::string("prefill"), std::string("decode"), "extend:" + std::to_string(n / 2)})
-      for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
-        RunOptions opt;
-        opt.mode = RunMode::parse(mode);
-        opt.path = path;
-        opt.context = &precise;
-        EXPECT_LE(test::max_abs_diff(run_logits(*model, ids, opt), run_logits(*plain, ids, opt)), kLogitTol)
-            << "seq" << j << " " << mode << " " << attn_path_name(path) << " precise";
-        opt.context = &fast;
-        const auto a = run_logits(*model, ids, opt), b = run_logits(*plain, ids, opt);
-        const float d = test::max_abs_diff(a, b);
-        double sum = 0;
-        for (size_t i = 0; i < a.size(); ++i) sum += std::fabs(double(a[i]) - double(b[i]));
-        EXPECT_LT(sum / double(a.size()), 1e-3) << "seq" << j << " " << mode << " " << attn_path_name(path) << " fast";
-        EXPECT_LT(d, 5e-2f) << "seq" << j << " " << mode << " " << attn_path_name(path) << " fast";
-        flipped += d > kLogitTol;
-      }
-  }
+  for_each_golden_run(name, [&](const auto& ids, const auto&, RunOptions opt, const std::string& what) {
+    opt.context = &precise;
+    EXPECT_LE(test::max_abs_diff(run_logits(*model, ids, opt), run_logits(*plain, ids, opt)), kLogitTol)
+        << what << " precise";
+    opt.context = &fast;
+    const auto a = run_logits(*model, ids, opt), b = run_logits(*plain, ids, opt);
+    const float d = test::max_abs_diff(a, b);
+    double sum = 0;
+    for (size_t i = 0; i < a.size(); ++i) sum += std::fabs(double(a[i]) - double(b[i]));
+    EXPECT_LT(sum / double(a.size()), 1e-3) << what << " fast";
+    EXPECT_LT(d, 5e-2f) << what << " fast";
+    flipped += d > kLogitTol;
+  });
   // In the fast precision a float32 difference of order can flip the bf16 rounding of an
   // activation (2^-8 of it) or a near-tied expert choice, and the cache carries it to the later
   // tokens: measured in 1 of the 24 runs (max 0.012, mean 9e-4).
