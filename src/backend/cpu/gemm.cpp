@@ -445,14 +445,18 @@ void matmul_vnni(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
         const int64_t m0 = tb * 16, mn = std::min<int64_t>(16, tn - m0);
         activations_int8(x + (t0 + m0) * ldx, mn, ldx, K, W.format, bias, q + m0 * K, K, qs + m0 * Kc, qc + m0 * Kc, Kc);
       }
+      if (W.format == WeightFormat::INT4_WORDS16) {  // blocks of 16 rows in the kernel's order, two at a time
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b += 2) {
+          const int64_t n0 = b * kRows, nr = std::min(2 * kRows, N - n0);
+          if (n0 + nr < N) prefetch_rows(W, n0 + nr, std::min(2 * kRows, N - n0 - nr));
+          vnni_gemm_words16(q, qs, qc, tn, K, Kc, W, n0, nr, y + t0 * ldy + n0, ldy);
+        }
+        return;
+      }
 #pragma omp for schedule(static)
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * kRows, nr = std::min(kRows, N - n0);
-        if (W.format == WeightFormat::INT4_WORDS16) {  // blocks of 16 rows in the kernel's order
-          if (b + 1 < blocks) prefetch_rows(W, n0 + kRows, kRows);
-          vnni_gemm_words16(q, qs, qc, tn, K, Kc, W, n0, y + t0 * ldy + n0, ldy);
-          continue;
-        }
         // Each thread's packed block and its scales.
         struct Tag;
         const size_t words = size_t(K / 4 * kRows);
