@@ -454,19 +454,28 @@ void matmul_vnni(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
         }
         return;
       }
+      // Pairs of blocks (32 rows), each reordered into this thread's buffer (a last block of
+      // fewer than 32 rows alone).
 #pragma omp for schedule(static)
-      for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t n0 = b * kRows, nr = std::min(kRows, N - n0);
-        // Each thread's packed block and its scales.
+      for (int64_t b = 0; b < blocks; b += 2) {
+        const int64_t n0 = b * kRows, nr = std::min(2 * kRows, N - n0);
         struct Tag;
-        const size_t words = size_t(K / 4 * kRows);
-        uint32_t* const packed = thread_buffer<Tag, uint32_t>(words + size_t(Kc * kRows));
-        float* const scales = reinterpret_cast<float*>(packed + words);
-        vnni_pack_rows16(W, n0, nr, packed, scales);
-        // The next block's codes and scales (contiguous) into L2 while this one computes: the
-        // 16 rows' strided loads of the pack alone leave most of DRAM's latency exposed.
-        if (b + 1 < blocks) prefetch_rows(W, n0 + kRows, std::min(kRows, N - n0 - kRows));
-        vnni_gemm_rows16(q, qs, qc, tn, K, K, Kc, packed, scales, nr, y + t0 * ldy + n0, ldy);
+        const size_t words = size_t(K / 4 * kRows), scales_n = size_t(Kc * kRows);
+        uint32_t* const packed = thread_buffer<Tag, uint32_t>(2 * words + 2 * scales_n);
+        float* const scales = reinterpret_cast<float*>(packed + 2 * words);
+        vnni_pack_rows16(W, n0, std::min(kRows, nr), packed, scales);
+        if (nr > kRows) vnni_pack_rows16(W, n0 + kRows, nr - kRows, packed + words, scales + scales_n);
+        // The next blocks' codes and scales (contiguous) into L2 while these compute: the 16
+        // rows' strided loads of the pack alone leave most of DRAM's latency exposed.
+        if (n0 + nr < N) prefetch_rows(W, n0 + nr, std::min(2 * kRows, N - n0 - nr));
+        float* const yb = y + t0 * ldy + n0;
+        if (nr == 2 * kRows) {
+          vnni_gemm_rows32(q, qs, qc, tn, K, K, Kc, packed, scales, yb, ldy);
+        } else {
+          vnni_gemm_rows16(q, qs, qc, tn, K, K, Kc, packed, scales, std::min(kRows, nr), yb, ldy);
+          if (nr > kRows) vnni_gemm_rows16(q, qs, qc, tn, K, K, Kc, packed + words, scales + scales_n, nr - kRows,
+                                           yb + kRows, ldy);
+        }
       }
     });
   }

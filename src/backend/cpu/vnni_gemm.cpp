@@ -185,6 +185,14 @@ void vnni_gemm_rows16(const int8_t* q, const float* qs, const int32_t* qc, int64
   gemm_block(PackedBlock{packed, scales}, q, qs, qc, M, K, ldq, lds, rows, y, ldy);
 }
 
+void vnni_gemm_rows32(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t K, int64_t ldq,
+                      int64_t lds, const uint32_t* packed, const float* scales, float* y, int64_t ldy) {
+  const PackedBlock b0{packed, scales}, b1{packed + K / 4 * kRows, scales + K / 32 * kRows};
+  for_each_token_group<kPairTokens>(M, [&](auto n, int64_t t0) {
+    micro_pair<decltype(n)::value>(b0, b1, q + t0 * ldq, ldq, qs + t0 * lds, qc + t0 * lds, lds, K, y + t0 * ldy, ldy);
+  });
+}
+
 void vnni_gemm_words16(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t ldq, int64_t lds,
                        const MatrixView& W, int64_t n0, int64_t rows, float* y, int64_t ldy) {
   auto block = [&](int64_t n) {

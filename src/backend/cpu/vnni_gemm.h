@@ -46,6 +46,12 @@ void vnni_pack_rows16(const MatrixView& W, int64_t n0, int64_t rows, uint32_t* p
 void vnni_gemm_rows16(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t K, int64_t ldq,
                       int64_t lds, const uint32_t* packed, const float* scales, int64_t rows, float* y, int64_t ldy);
 
+// The same for 32 rows packed as two blocks of 16 back to back (vnni_pack_rows16's words, then
+// its scales, of rows 0..15 at packed and scales, of rows 16..31 K / 4 x 16 words and K / 32 x 16
+// floats on), up to 6 tokens at a time, each token's activation bytes broadcast once for both.
+void vnni_gemm_rows32(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t K, int64_t ldq,
+                      int64_t lds, const uint32_t* packed, const float* scales, float* y, int64_t ldy);
+
 // The same on rows n0 .. n0 + rows - 1 of an INT4_WORDS16 W (n0 a multiple of 16, rows 16 or 32),
 // read where they lie; K = W.cols. 32 rows run as two blocks side by side, up to 6 tokens at a
 // time, each token's activation bytes broadcast once for both.
