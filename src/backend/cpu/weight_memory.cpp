@@ -78,16 +78,24 @@ void WeightArena::adopt(const Context& ctx, std::span<MatrixView* const> views) 
   }
   if (ranges.empty()) return;
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
-  std::vector<Range> merged{ranges[0]};
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].begin <= merged.back().end + kMergeGap) merged.back().end = std::max(merged.back().end, ranges[i].end);
-    else merged.push_back(ranges[i]);
-  }
+  // The bytes the views read (overlapping ranges joined), and the regions that hold them: ranges
+  // closer than kMergeGap share one. Only the first are copied: the gap between two heap buffers
+  // of weights quantized at load is the allocator's, not ours to read.
+  auto join = [&](size_t gap) {
+    std::vector<Range> out{ranges[0]};
+    for (size_t i = 1; i < ranges.size(); ++i) {
+      if (ranges[i].begin <= out.back().end + gap) out.back().end = std::max(out.back().end, ranges[i].end);
+      else out.push_back(ranges[i]);
+    }
+    return out;
+  };
+  const std::vector<Range> used = join(0), merged = join(kMergeGap);
   // One mapping per region, on a 2 MiB boundary, between inaccessible guard pages: the kernel
   // would otherwise merge neighbouring mappings into one area, and /proc/self/smaps (where
   // huge_bytes() reads the huge pages) could not tell ours apart. The copy keeps each byte's
   // offset modulo 64 (cache-line alignment).
   std::vector<uintptr_t> bases;
+  const size_t first_region = regions_.size();
   for (const Range& r : merged) {
     const size_t n = r.end - r.begin, len = (n + 64 + kHuge - 1) / kHuge * kHuge, span = len + 2 * kHuge;
     void* res = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -100,24 +108,34 @@ void WeightArena::adopt(const Context& ctx, std::span<MatrixView* const> views) 
       throw std::runtime_error(std::string("WeightArena: cannot make the weight mapping writable: ") + std::strerror(errno));
     regions_.push_back({p, len});
     madvise(p, len, MADV_HUGEPAGE);  // best effort: the system may not allow it
-    uint8_t* dst = static_cast<uint8_t*>(p) + (r.begin % 64);
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(r.begin);
-    const int64_t chunks = int64_t((n + kHuge - 1) / kHuge);
-#pragma omp parallel for schedule(dynamic, 4) num_threads(ctx.num_threads())
-    for (int64_t c = 0; c < chunks; ++c) {
-      const size_t o = size_t(c) * kHuge;
-      std::memcpy(dst + o, src + o, std::min(kHuge, n - o));
-    }
-    // Where the huge pages were not there at fault time (fragmented memory), ask for them now:
-    // MADV_COLLAPSE (Linux 6.1) compacts synchronously. Best effort, like MADV_HUGEPAGE.
-    madvise(p, len, kMadvCollapse);
-    bases.push_back(reinterpret_cast<uintptr_t>(dst));
+    bases.push_back(reinterpret_cast<uintptr_t>(p) + r.begin % 64);
     bytes_ += n;
   }
+  auto region_of = [&](uintptr_t a) {
+    auto it = std::upper_bound(merged.begin(), merged.end(), a, [](uintptr_t x, const Range& r) { return x < r.begin; });
+    return size_t(it - merged.begin()) - 1;
+  };
+  struct Piece {
+    const uint8_t* src;
+    uint8_t* dst;
+    size_t n;
+  };
+  std::vector<Piece> pieces;  // the used bytes in pieces of at most a huge page, copied in parallel
+  for (const Range& u : used) {
+    const size_t i = region_of(u.begin);
+    uint8_t* dst = reinterpret_cast<uint8_t*>(bases[i] + (u.begin - merged[i].begin));
+    for (size_t o = 0; o < u.end - u.begin; o += kHuge)
+      pieces.push_back({reinterpret_cast<const uint8_t*>(u.begin) + o, dst + o, std::min(kHuge, u.end - u.begin - o)});
+  }
+  const int64_t npieces = int64_t(pieces.size());
+#pragma omp parallel for schedule(dynamic, 4) num_threads(ctx.num_threads())
+  for (int64_t c = 0; c < npieces; ++c) std::memcpy(pieces[size_t(c)].dst, pieces[size_t(c)].src, pieces[size_t(c)].n);
+  // Where the huge pages were not there at fault time (fragmented memory), ask for them now:
+  // MADV_COLLAPSE (Linux 6.1) compacts synchronously. Best effort, like MADV_HUGEPAGE.
+  for (size_t i = first_region; i < regions_.size(); ++i) madvise(regions_[i].first, regions_[i].second, kMadvCollapse);
   auto move = [&](const void* p) -> const void* {
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    auto it = std::upper_bound(merged.begin(), merged.end(), a, [](uintptr_t x, const Range& r) { return x < r.begin; });
-    const size_t i = size_t(it - merged.begin()) - 1;
+    const size_t i = region_of(a);
     return reinterpret_cast<const void*>(bases[i] + (a - merged[i].begin));
   };
   for (MatrixView* v : views) {
