@@ -114,6 +114,12 @@ inline void group_chunk_scales(const MatrixView& W, int64_t n, int64_t Kc, float
   }
 }
 
+// The bf16 scales of one group of an INT4_WORDS16 block (its 16 rows, s[0..15]) as float32.
+inline __m512 words16_scales(const uint16_t* s) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 // ---- decoders: decode(c, a, b) writes chunk c of the row -------------------------------------
 
 // prefetch(c): the cache line kPrefetchBytes past chunk c of the row, into L2. The rows of a

@@ -208,8 +208,7 @@ void words16_tokens(const MatrixView& W, const uint32_t* block, const uint16_t* 
     for (auto& a : part)
       for (auto& v : a) v = _mm512_setzero_ps();
     chunk(std::integral_constant<int, TN>{}, part, t0, p, 4 * c);
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc));
-    const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    const __m512 s = words16_scales(sc);
     for (int t = 0; t < TN; ++t)
       total[t] = _mm512_fmadd_ps(
           _mm512_add_ps(_mm512_add_ps(part[t][0], part[t][1]), _mm512_add_ps(part[t][2], part[t][3])), s, total[t]);

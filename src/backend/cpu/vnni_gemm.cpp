@@ -61,8 +61,7 @@ struct Words16Block {
     return _mm512_and_si512(j < 4 ? x : _mm512_srli_epi16(x, 4), _mm512_set1_epi8(0x0f));
   }
   [[gnu::always_inline]] __m512 scale(int64_t c) const {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + (per == 1 ? c : c / per) * kRows));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return avx512::words16_scales(s + (per == 1 ? c : c / per) * kRows);
   }
 };
 
