@@ -4,7 +4,8 @@
 // for a prompt's share of tokens per expert).
 // The weights (about 2 GB per format) are larger than the caches, so every product reads DRAM.
 //
-//   bench/matmul [--quick] [--threads N] [--huge 0|1] [--l2]   (--l2: only the in-cache table)
+//   bench/matmul [--quick] [--threads N] [--huge 0|1] [--l2] [--prompt]
+//   (--l2: only the in-cache table; --prompt: only the prompt-shaped products)
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -112,7 +113,7 @@ Set make_set(mla::WeightFormat f, int64_t rows, int64_t cols, int count, bool hu
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, huge = true, l2_only = false;
+  bool quick = false, huge = true, l2_only = false, prompt_only = false;
   int threads = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -120,8 +121,9 @@ int main(int argc, char** argv) {
     else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (a == "--huge" && i + 1 < argc) huge = std::atoi(argv[++i]) != 0;
     else if (a == "--l2") l2_only = true;
+    else if (a == "--prompt") prompt_only = true;
     else {
-      std::fprintf(stderr, "usage: matmul [--quick] [--threads N] [--huge 0|1] [--l2]\n");
+      std::fprintf(stderr, "usage: matmul [--quick] [--threads N] [--huge 0|1] [--l2] [--prompt]\n");
       return 2;
     }
   }
@@ -134,7 +136,7 @@ int main(int argc, char** argv) {
   };
   const int reps = quick ? 2 : 5;
   const size_t target = quick ? (size_t(1) << 30) : (size_t(2) << 30);
-  const double bw = l2_only ? 0.0 : mla::bench::read_bandwidth_gbps(target, reps, base.threads);
+  const double bw = l2_only || prompt_only ? 0.0 : mla::bench::read_bandwidth_gbps(target, reps, base.threads);
   std::printf("threads %d, huge pages %s; read loop over %.1f GiB: %.1f GB/s\n", base.num_threads(),
               huge ? "asked" : "off", double(target) / (1 << 30), bw);
 
@@ -146,7 +148,7 @@ int main(int argc, char** argv) {
   std::printf("\n%-13s %-12s %3s %-8s %9s %9s %6s\n", "format", "shape", "T", "prec", "ms/pass", "GB/s", "ratio");
   for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP,
                  mla::WeightFormat::INT4_WORDS16, mla::WeightFormat::INT8_GROUP}) {
-    if (l2_only) break;
+    if (l2_only || prompt_only) break;
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1408, 2048}, {2048, 1408}, {129280, 2048}}) {
       if (rows == 129280 && f != mla::WeightFormat::BF16) continue;  // the lm_head, bf16 as the checkpoints ship it
       mla::MatrixView probe;
@@ -172,7 +174,7 @@ int main(int argc, char** argv) {
   // The same kernels on weights that stay in the L2 cache (256 x 2048, on one thread): what the
   // decode costs in instructions, away from DRAM (a kernel near the read loop's bandwidth above
   // needs this well above it per thread). Fast here runs the bf16 kernels at every T.
-  {
+  if (!prompt_only) {
     std::printf("\nin L2, 1 thread:\n%-13s %-12s %3s %-8s %9s %9s\n", "format", "shape", "T", "prec", "us/pass", "GB/s");
     for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP,
                    mla::WeightFormat::INT4_WORDS16, mla::WeightFormat::INT8_GROUP}) {
@@ -204,7 +206,7 @@ int main(int argc, char** argv) {
   // Lite's gate and up projections), one expert per thread, the set larger than the caches.
   // The fast path (our AMX kernel where the CPU has AMX) against oneDNN's matmul on the same
   // bf16 operands, which packs each expert's weights on every call.
-  if (!l2_only) {
+  if (!l2_only && !prompt_only) {
     const int64_t T = 48, N = 2816, K = 2048;
     const int count = int(std::max<size_t>(4, target / size_t(N * K * 2)));
     Set s = make_set(mla::WeightFormat::BF16, N, K, count, huge);
@@ -238,7 +240,7 @@ int main(int argc, char** argv) {
   // The same 48 tokens through 2816 x 2048 INT4 experts (groups of 32) on the fast precision's
   // kernel for them (the VNNI GEMM where the CPU has no AMX), row-major and repacked at load
   // (INT4_WORDS16), against the peak of that kernel's instruction on the same threads.
-  if (!l2_only) {
+  if (!l2_only && !prompt_only) {
     const int64_t T = 48, N = 2816, K = 2048;
     mla::MatrixView probe;
     probe.format = mla::WeightFormat::INT4_GROUP;
@@ -267,6 +269,39 @@ int main(int argc, char** argv) {
                   f == mla::WeightFormat::INT4_GROUP ? "\n" : "", count, (long long)N, (long long)K,
                   mla::weight_format_name(f), (long long)T, best * 1e3, double(s.bytes) / best / 1e9, gops,
                   gops / peak, mla::cpu::peak_path_name(path), peak);
+      munmap(const_cast<void*>(s.views[0].data), s.bytes);
+    }
+  }
+
+  // A 512-token prompt's bf16 products in DeepSeek-V2-Lite's shapes, the weights repacked as at
+  // load where the fast precision reads them so (BF16_PAIRS32), against the peak of the prompt
+  // path's instruction on the same threads: the dense MLP (gate and up fused, down), the shared
+  // experts, the query projection and o_proj.
+  if (!l2_only) {
+    const int64_t T = 512;
+    struct Shape {
+      const char* name;
+      int64_t rows, cols;
+    };
+    const Shape shapes[] = {{"dense gate+up", 21888, 2048}, {"dense down", 2048, 10944},
+                            {"shared gate+up", 5632, 2048}, {"shared down", 2048, 2816},
+                            {"q_proj", 3072, 2048},          {"o_proj", 2048, 2048}};
+    const mla::cpu::Context fast = in(mla::cpu::Precision::Fast);
+    const mla::cpu::PeakPath path = mla::cpu::prompt_peak_path(fast);
+    const double peak = mla::cpu::peak_gflops(path, fast.num_threads(), 3, mla::cpu::peak_iters(path, 50));
+    std::printf("\nprompt of %lld tokens, bf16 weights%s, fast precision; ratio to %s's %.0f GFLOPS\n",
+                (long long)T, mla::cpu::reads_pairs32(fast) ? " repacked as column pairs" : "",
+                mla::cpu::peak_path_name(path), peak);
+    for (const Shape& sh : shapes) {
+      // Enough matrices that a pass reads them from DRAM, as a prompt's layers do.
+      const int count = int(std::max<int64_t>(2, (int64_t(96) << 20) / (sh.rows * sh.cols * 2)));
+      Set s = make_set(mla::WeightFormat::BF16, sh.rows, sh.cols, count, huge);
+      if (mla::cpu::reads_pairs32(fast))
+        for (auto& v : s.views) mla::cpu::repack_pairs32(fast, v);
+      const double best = best_pass_seconds(fast, s.views, T, reps + 1) / double(s.views.size());
+      const double gflops = 2.0 * T * sh.rows * sh.cols / best / 1e9;
+      std::printf("  %-15s %6lld x %5lld: %7.2f ms, %4.0f GFLOPS, %.2f of the peak\n", sh.name, (long long)sh.rows,
+                  (long long)sh.cols, best * 1e3, gflops, gflops / peak);
       munmap(const_cast<void*>(s.views[0].data), s.bytes);
     }
   }

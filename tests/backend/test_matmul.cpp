@@ -11,6 +11,7 @@
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/dpbf16_gemm.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemm_blocking.h"
 #include "backend/cpu/gemv.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
@@ -661,6 +662,51 @@ void check_prompt_sized_products(const mla::cpu::Context& ctx, double roundings_
           for (int64_t n = rows; n < ldy; ++n) ASSERT_EQ(y[size_t(t * ldy + n)], -1.0f) << "wrote past the rows";
       }
     }
+}
+
+// The prompt GEMMs' token groups: threads pack the paired kernel's activations group by group
+// (token_group), the kernels walk them with for_each_token_group; both must cover the tokens in
+// order, each group at most Max and the sizes at most one apart, and agree group by group, and
+// the packed layout must be the same either way.
+TEST(Matmul, TokenGroupsCoverTheTokensAsTheKernelsWalkThem) {
+  for (int64_t M = 1; M <= 200; ++M) {
+    std::vector<mla::cpu::TokenGroup> walked;
+    mla::cpu::for_each_token_group<12>(M, [&](auto n, int64_t t0) { walked.push_back({t0, decltype(n)::value}); });
+    ASSERT_EQ(int64_t(walked.size()), mla::cpu::token_group_count(M, 12)) << M;
+    int64_t next = 0, lo = M, hi = 0;
+    for (int64_t g = 0; g < int64_t(walked.size()); ++g) {
+      const mla::cpu::TokenGroup tg = mla::cpu::token_group(M, 12, g);
+      ASSERT_EQ(tg.t0, walked[size_t(g)].t0) << M << " group " << g;
+      ASSERT_EQ(tg.n, walked[size_t(g)].n) << M << " group " << g;
+      ASSERT_EQ(tg.t0, next) << M;
+      ASSERT_LE(tg.n, 12);
+      next += tg.n;
+      lo = std::min(lo, tg.n);
+      hi = std::max(hi, tg.n);
+    }
+    ASSERT_EQ(next, M);
+    ASSERT_LE(hi - lo, 1) << M;
+  }
+  std::mt19937 rng(5);
+  for (int64_t M : {1, 13, 29, 52, 256}) {
+    const int64_t K = 96, ldx = K + 6;
+    std::vector<uint16_t> x(size_t(M * ldx));
+    for (auto& v : x) v = uint16_t(rng());
+    std::vector<uint32_t> whole(size_t(M * K / 2)), by_group(size_t(M * K / 2), 0);
+    mla::cpu::pack_activation_pairs(x.data(), M, K, ldx, whole.data());
+    for (int64_t g = mla::cpu::token_group_count(M, mla::cpu::kDpbf16PairsTokens) - 1; g >= 0; --g) {
+      const mla::cpu::TokenGroup tg = mla::cpu::token_group(M, mla::cpu::kDpbf16PairsTokens, g);
+      mla::cpu::pack_activation_pair_group(x.data() + tg.t0 * ldx, tg.n, K, ldx, by_group.data() + tg.t0 * (K / 2));
+    }
+    ASSERT_EQ(whole, by_group) << M;
+    // Token t's column pair j sits at [j * n + i] of its group (t = t0 + i).
+    const mla::cpu::TokenGroup last = mla::cpu::token_group(M, mla::cpu::kDpbf16PairsTokens,
+                                                            mla::cpu::token_group_count(M, mla::cpu::kDpbf16PairsTokens) - 1);
+    const int64_t t = M - 1, j = K / 2 - 1;
+    uint32_t want;
+    std::memcpy(&want, x.data() + t * ldx + 2 * j, 4);
+    ASSERT_EQ(whole[size_t(last.t0 * (K / 2) + j * last.n + (t - last.t0))], want) << M;
+  }
 }
 
 TEST(Matmul, FastPrecisionPromptSizedProducts) {

@@ -99,15 +99,18 @@ void micro_pairs(const uint32_t* p, const uint32_t* x, int64_t K, const char* pf
 
 }  // namespace
 
+void pack_activation_pair_group(const uint16_t* x, int64_t n, int64_t K, int64_t ldx, uint32_t* out) {
+  for (int64_t t = 0; t < n; ++t) {
+    const uint16_t* row = x + t * ldx;
+    for (int64_t j = 0; j < K / 2; ++j) std::memcpy(out + j * n + t, row + 2 * j, 4);
+  }
+}
+
 void pack_activation_pairs(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, uint32_t* out) {
-  for_each_token_group<kDpbf16PairsTokens>(M, [&](auto n, int64_t t0) {
-    constexpr int T = decltype(n)::value;
-    uint32_t* g = out + t0 * (K / 2);
-    for (int t = 0; t < T; ++t) {
-      const uint16_t* row = x + (t0 + t) * ldx;
-      for (int64_t j = 0; j < K / 2; ++j) std::memcpy(g + j * T + t, row + 2 * j, 4);
-    }
-  });
+  for (int64_t g = 0, groups = token_group_count(M, kDpbf16PairsTokens); g < groups; ++g) {
+    const TokenGroup tg = token_group(M, kDpbf16PairsTokens, g);
+    pack_activation_pair_group(x + tg.t0 * ldx, tg.n, K, ldx, out + tg.t0 * (K / 2));
+  }
 }
 
 void dpbf16_gemm_packed_rows32(const uint32_t* xp, int64_t M, int64_t K, const uint32_t* p, const void* next,

@@ -34,6 +34,10 @@ constexpr int64_t kDpbf16PairsMinTokens = 16;
 constexpr int kDpbf16PairsTokens = 12;
 void pack_activation_pairs(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, uint32_t* out);
 
+// One token group of that layout (gemm_blocking.h's token_group(M, kDpbf16PairsTokens, g)): its n
+// tokens x (ldx apart) into out + t0 * K / 2, so that threads can pack the groups between them.
+void pack_activation_pair_group(const uint16_t* x, int64_t n, int64_t K, int64_t ldx, uint32_t* out);
+
 // The same product with the 32 rows first transposed into column pairs in a per-thread buffer
 // (pack_column_pairs32, as the FMA GEMM does): each VDPBF16PS then takes one column pair of 16
 // rows against one token's pair broadcast, 16 outputs in its lanes, 12 tokens x 32 rows of

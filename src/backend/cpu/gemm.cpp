@@ -107,9 +107,10 @@ int64_t pass_tokens(int64_t T, int64_t K) {
 // The AMX, VDPBF16PS and FMA paths of matmul_bf16, the weight rows split across the threads 32
 // at a time. bf16 weights are read where they lie; other formats are decoded to bf16 32 rows at
 // a time into a per-thread buffer (a short last block is padded). The activations, per pass of
-// tokens: converted to bf16 (and packed into B tiles for amx_gemm_rows32; dpbf16_gemm_rows32
-// reads them row-major), or for fma_gemm_rows32 left in float32, permuted into the decoded rows'
-// column order where that differs (INT4).
+// tokens: converted to bf16 (and packed into B tiles for amx_gemm_rows32, into column pairs per
+// token group for the paired VDPBF16PS kernel; dpbf16_gemm_rows32 reads them row-major), or for
+// fma_gemm_rows32 left in float32, permuted into the decoded rows' column order where that
+// differs (INT4).
 void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y,
                    int64_t ldy, Kernel kernel, Scratch& s) {
   const bool amx = kernel == Kernel::AmxGemm, fma = kernel == Kernel::FmaGemm;
@@ -123,18 +124,30 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
   const int64_t pass = pass_tokens(T, K);
   for (int64_t t0 = 0; t0 < T; t0 += pass) {
     const int64_t tn = std::min(pass, T - t0);
-    if (!fma && s.a.size() < size_t(tn * K)) s.a.resize(size_t(tn * K));
+    const bool pairs = dpbf16 && (tn >= kDpbf16PairsMinTokens || stored_pairs);
+    if (!fma && !pairs && s.a.size() < size_t(tn * K)) s.a.resize(size_t(tn * K));
     if (amx && s.p.size() < size_t(amx_packed_size(tn, K))) s.p.resize(size_t(amx_packed_size(tn, K)));
     if (permute_f32 && s.f.size() < size_t(tn * K)) s.f.resize(size_t(tn * K));
-    const bool pairs = dpbf16 && (tn >= kDpbf16PairsMinTokens || stored_pairs);
     if (pairs && s.pairs.size() < size_t(tn * K / 2)) s.pairs.resize(size_t(tn * K / 2));
     const uint16_t* xa = s.a.data();
     const uint16_t* xp = s.p.data();
     const float* xf = permute_f32 ? s.f.data() : x + t0 * ldx;
     const int64_t ldf = permute_f32 ? K : ldx;
     parallel_region(ctx, true, [&] {
-    // Activations to bf16 (and packed), or permuted, 16 tokens (one token tile) per iteration.
-    if (!fma || permute_f32) {
+    // The paired kernel's activations: each token group converted to bf16 in this thread's
+    // buffer and packed as column pairs, the groups split across the threads.
+    if (pairs) {
+#pragma omp for schedule(static)
+      for (int64_t g = 0; g < token_group_count(tn, kDpbf16PairsTokens); ++g) {
+        const TokenGroup tg = token_group(tn, kDpbf16PairsTokens, g);
+        struct Tag;
+        uint16_t* const rows = thread_buffer<Tag, uint16_t>(size_t(tg.n * K));
+        activations_bf16(x + (t0 + tg.t0) * ldx, tg.n, ldx, K, W.format, !direct, rows, K);
+        pack_activation_pair_group(rows, tg.n, K, K, s.pairs.data() + tg.t0 * (K / 2));
+      }
+    }
+    // Otherwise to bf16 (and packed), or permuted, 16 tokens (one token tile) per iteration.
+    if (!pairs && (!fma || permute_f32)) {
 #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < (tn + 15) / 16; ++tb) {
         const int64_t m0 = tb * 16, mn = std::min<int64_t>(16, tn - m0);
@@ -145,10 +158,6 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
         activations_bf16(x + (t0 + m0) * ldx, mn, ldx, K, W.format, !direct, s.a.data() + m0 * K, K);
         if (amx) amx_pack_activations(s.a.data() + m0 * K, mn, K, K, s.p.data() + m0 * K);
       }
-    }
-    if (pairs) {
-#pragma omp single
-      pack_activation_pairs(s.a.data(), tn, K, K, s.pairs.data());
     }
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {

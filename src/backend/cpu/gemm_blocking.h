@@ -21,14 +21,21 @@ inline void with_token_count(int n, F&& f) {
   }
   f(std::integral_constant<int, N>{});
 }
+// The groups of at most Max tokens that M tokens split into, and group g's first token and size
+// (the first M % groups groups one token larger), so that the groups can be handed to threads.
+struct TokenGroup {
+  int64_t t0, n;
+};
+inline int64_t token_group_count(int64_t M, int Max) { return (M + Max - 1) / Max; }
+inline TokenGroup token_group(int64_t M, int Max, int64_t g) {
+  const int64_t groups = token_group_count(M, Max), q = M / groups, r = M % groups;
+  return {g * q + std::min(g, r), q + (g < r ? 1 : 0)};
+}
 template <int Max, class Run>
 inline void for_each_token_group(int64_t M, Run&& run) {
-  const int64_t groups = (M + Max - 1) / Max;
-  int64_t t0 = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t left = groups - g, tn = (M - t0 + left - 1) / left;
-    with_token_count<Max>(int(tn), [&](auto n) { run(n, t0); });
-    t0 += tn;
+  for (int64_t g = 0, groups = token_group_count(M, Max); g < groups; ++g) {
+    const TokenGroup tg = token_group(M, Max, g);
+    with_token_count<Max>(int(tg.n), [&](auto n) { run(n, tg.t0); });
   }
 }
 
