@@ -145,9 +145,8 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
         activations_bf16(x + (t0 + tg.t0) * ldx, tg.n, ldx, K, W.format, !direct, rows, K);
         pack_activation_pair_group(rows, tg.n, K, K, s.pairs.data() + tg.t0 * (K / 2));
       }
-    }
-    // Otherwise to bf16 (and packed), or permuted, 16 tokens (one token tile) per iteration.
-    if (!pairs && (!fma || permute_f32)) {
+    } else if (!fma || permute_f32) {
+      // Otherwise to bf16 (and packed), or permuted, 16 tokens (one token tile) per iteration.
 #pragma omp for schedule(static)
       for (int64_t tb = 0; tb < (tn + 15) / 16; ++tb) {
         const int64_t m0 = tb * 16, mn = std::min<int64_t>(16, tn - m0);
