@@ -46,12 +46,14 @@ struct Set {
   size_t bytes = 0;  // weights + scales of all views
 };
 
-// `count` matrices of rows x cols in one format, random contents (valid codes). INT4_WORDS16: INT4
-// groups repacked at "load" (repack.h), as Model::load leaves a model's experts.
+// `count` matrices of rows x cols in one format, random contents (valid codes). INT4_WORDS16,
+// INT8_WORDS16: INT4 / INT8 groups repacked at "load" (repack.h), as Model::load leaves a model's
+// weights.
 Set make_set(mla::WeightFormat f, int64_t rows, int64_t cols, int count, bool huge) {
-  if (f == mla::WeightFormat::INT4_WORDS16) {
-    Set s = make_set(mla::WeightFormat::INT4_GROUP, rows, cols, count, huge);
-    for (auto& v : s.views) mla::cpu::repack_int4_words16(mla::cpu::Context{}, v);
+  if (mla::is_words16(f)) {
+    const bool int8 = f == mla::WeightFormat::INT8_WORDS16;
+    Set s = make_set(int8 ? mla::WeightFormat::INT8_GROUP : mla::WeightFormat::INT4_GROUP, rows, cols, count, huge);
+    for (auto& v : s.views) mla::cpu::repack_words16(mla::cpu::Context{}, v);
     return s;
   }
   mla::MatrixView v;
@@ -146,8 +148,10 @@ int main(int argc, char** argv) {
   // (activations rounded to bf16, weights decoded to bf16, VDPBF16PS; f32/f16 weights excepted;
   // by default only for 1 token, see cpu::Context::gemv_bf16_max_tokens: fast at T = 4 is the float32 kernel).
   std::printf("\n%-13s %-12s %3s %-8s %9s %9s %6s\n", "format", "shape", "T", "prec", "ms/pass", "GB/s", "ratio");
+  // INT8_WORDS16 runs only in the fast precision (its GEMV is the VNNI one; precise would take
+  // the reference).
   for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP,
-                 mla::WeightFormat::INT4_WORDS16, mla::WeightFormat::INT8_GROUP}) {
+                 mla::WeightFormat::INT4_WORDS16, mla::WeightFormat::INT8_GROUP, mla::WeightFormat::INT8_WORDS16}) {
     if (l2_only || prompt_only) break;
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1408, 2048}, {2048, 1408}, {129280, 2048}}) {
       if (rows == 129280 && f != mla::WeightFormat::BF16) continue;  // the lm_head, bf16 as the checkpoints ship it
@@ -160,6 +164,7 @@ int main(int argc, char** argv) {
       Set s = make_set(f, rows, cols, count, huge);
       for (int64_t T : {1, 4})
         for (auto p : {mla::cpu::Precision::Precise, mla::cpu::Precision::Fast}) {
+          if (f == mla::WeightFormat::INT8_WORDS16 && p == mla::cpu::Precision::Precise) continue;
           const double t = best_pass_seconds(in(p), s.views, T, reps);
           const double gbs = double(s.bytes) / t / 1e9;
           std::printf("%-13s %5lldx%-6lld %3lld %-8s %9.2f %9.1f %6.2f\n", mla::weight_format_name(f),
@@ -177,11 +182,12 @@ int main(int argc, char** argv) {
   if (!prompt_only) {
     std::printf("\nin L2, 1 thread:\n%-13s %-12s %3s %-8s %9s %9s\n", "format", "shape", "T", "prec", "us/pass", "GB/s");
     for (auto f : {mla::WeightFormat::BF16, mla::WeightFormat::FP8_BLOCK128, mla::WeightFormat::INT4_GROUP,
-                   mla::WeightFormat::INT4_WORDS16, mla::WeightFormat::INT8_GROUP}) {
+                   mla::WeightFormat::INT4_WORDS16, mla::WeightFormat::INT8_GROUP, mla::WeightFormat::INT8_WORDS16}) {
       const int64_t rows = 256, cols = 2048;
       Set s = make_set(f, rows, cols, 1, false);
       for (int64_t T : {1, 2, 4})
         for (auto p : {mla::cpu::Precision::Precise, mla::cpu::Precision::Fast}) {
+          if (f == mla::WeightFormat::INT8_WORDS16 && p == mla::cpu::Precision::Precise) continue;
           mla::cpu::Context ctx = in(p);
           ctx.threads = 1;
           ctx.gemv_bf16_max_tokens = int64_t(1) << 40;

@@ -56,7 +56,8 @@ inline void add_cpu_options(CLI::App& app, CpuOptions& o, const std::string& pre
   if (!precision_help.empty()) app.add_option("--precision", o.precision, precision_help);
   app.add_option("--int8-activations", o.int8_activations,
                  "on | off: in the fast precision without AMX, the prompt's INT4 / INT8 weight products on int8 "
-                 "activations (VNNI's VPDPBUSD; off: on the bf16 / float32 GEMMs)")
+                 "activations (VNNI's VPDPBUSD; off: on the bf16 / float32 GEMMs), and with --repack on decode's "
+                 "INT8 products too")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--indexer-precision", o.indexer_precision,
                  "float | fp8: DeepSeek-V3.2 / GLM-5's sparse-attention indexer scores float values (default) or, "
@@ -65,8 +66,8 @@ inline void add_cpu_options(CLI::App& app, CpuOptions& o, const std::string& pre
   app.add_option("--repack", o.repack,
                  "on | off: in the fast precision without AMX, rewrite the weights that only matrix products read "
                  "(MLPs, experts, attention projections but kv_b, lm_head) at load into the order the prompt's GEMMs "
-                 "compute in: bf16 as column pairs, INT4 in blocks of 16 rows (when the weights are copied onto huge "
-                 "pages)")
+                 "compute in: bf16 as column pairs, INT4 and INT8 in blocks of 16 rows (when the weights are copied "
+                 "onto huge pages)")
       ->check(CLI::IsMember({"on", "off"}));
 }
 

@@ -144,24 +144,27 @@ bool Model::repack_weights() {
     for (MtpWeights& t : w_.mtp)
       if (t.head.data == w_.lm_head.data) views.push_back(&t.head);
   }
-  size_t bf16_bytes = 0, int4_bytes = 0;
+  size_t bf16_bytes = 0, int4_bytes = 0, int8_bytes = 0;
   std::set<const void*> done;  // a view sharing another's memory takes its format, not a second rewrite
   for (MatrixView* v : views) {
     const bool to_pairs = pairs && cpu::pairs32_eligible(*v), to_words = words && cpu::words16_eligible(*v);
     if (!to_pairs && !to_words) continue;
+    const WeightFormat to = to_pairs ? WeightFormat::BF16_PAIRS32
+                            : v->format == WeightFormat::INT8_GROUP ? WeightFormat::INT8_WORDS16
+                                                                    : WeightFormat::INT4_WORDS16;
     if (!done.insert(v->data).second) {
-      v->format = to_pairs ? WeightFormat::BF16_PAIRS32 : WeightFormat::INT4_WORDS16;
+      v->format = to;
       continue;
     }
     if (to_pairs) {
       cpu::repack_pairs32(ctx_, *v);
       bf16_bytes += v->bytes();
     } else {
-      cpu::repack_int4_words16(ctx_, *v);
-      int4_bytes += v->bytes() + v->scale_bytes();
+      cpu::repack_words16(ctx_, *v);
+      (to == WeightFormat::INT8_WORDS16 ? int8_bytes : int4_bytes) += v->bytes() + v->scale_bytes();
     }
   }
-  if (bf16_bytes + int4_bytes == 0) return false;
+  if (bf16_bytes + int4_bytes + int8_bytes == 0) return false;
   // The bytes move to their new format's line of the load summary, from the lines they came from.
   auto& by = w_.bytes_by_format;
   auto move = [&](size_t bytes, std::initializer_list<const char*> from, const char* to) {
@@ -177,6 +180,7 @@ bool Model::repack_weights() {
   };
   move(bf16_bytes, {"bf16"}, "bf16 as column pairs (repacked at load)");
   move(int4_bytes, {"int4-group", "int4-group (quantized at load)"}, "int4 in blocks of 16 rows (repacked at load)");
+  move(int8_bytes, {"int8-group", "int8-group (quantized at load)"}, "int8 in blocks of 16 rows (repacked at load)");
   return true;
 }
 

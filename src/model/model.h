@@ -196,7 +196,8 @@ class Model {
   cpu::Context ctx_;
   const cpu::Context* pass_ctx_ = &ctx_;
   // The weights in the arena that only matmul reads, rewritten where ctx_ reads them in place
-  // (Context::repack_weights): bf16 as BF16_PAIRS32, INT4 groups as INT4_WORDS16; whether any was.
+  // (Context::repack_weights): bf16 as BF16_PAIRS32, INT4 and INT8 groups as INT4_WORDS16 and
+  // INT8_WORDS16; whether any was.
   bool repack_weights();
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;

@@ -1,6 +1,7 @@
 #include "tensor/matrix.h"
 
 #include <stdexcept>
+#include <string>
 
 namespace mla {
 
@@ -14,6 +15,7 @@ const char* weight_format_name(WeightFormat f) {
     case WeightFormat::INT8_GROUP: return "int8-group";
     case WeightFormat::BF16_PAIRS32: return "bf16-pairs32";
     case WeightFormat::INT4_WORDS16: return "int4-words16";
+    case WeightFormat::INT8_WORDS16: return "int8-words16";
   }
   return "?";
 }
@@ -22,7 +24,8 @@ size_t MatrixView::row_bytes() const {
   switch (format) {
     case WeightFormat::F32: return size_t(cols) * 4;
     case WeightFormat::BF16: case WeightFormat::F16: case WeightFormat::BF16_PAIRS32: return size_t(cols) * 2;
-    case WeightFormat::FP8_BLOCK128: case WeightFormat::INT8_GROUP: return size_t(cols);
+    case WeightFormat::FP8_BLOCK128: case WeightFormat::INT8_GROUP: case WeightFormat::INT8_WORDS16:
+      return size_t(cols);
     case WeightFormat::INT4_GROUP: case WeightFormat::INT4_WORDS16: return size_t(cols) / 2;
   }
   return 0;
@@ -32,6 +35,7 @@ size_t MatrixView::scale_bytes() const {
   switch (format) {
     case WeightFormat::FP8_BLOCK128: return size_t((rows + 127) / 128) * size_t(scale_cols) * 4;
     case WeightFormat::INT4_GROUP: case WeightFormat::INT8_GROUP: case WeightFormat::INT4_WORDS16:
+    case WeightFormat::INT8_WORDS16:
       return size_t(rows) * size_t(scale_cols) * 2;
     default: return 0;
   }
@@ -89,6 +93,15 @@ void MatrixView::dequant_row(int64_t r, float* out) const {
       }
       break;
     }
+    case WeightFormat::INT8_WORDS16: {
+      const uint8_t* b = static_cast<const uint8_t*>(data);
+      const uint16_t* sc = static_cast<const uint16_t*>(scales);
+      for (int64_t k = 0; k < cols; ++k) {
+        const int q = int(b[4 * int8_words16_word(r, k, cols) + k % 4]) - 128;
+        out[k] = float(q) * bf16_to_f32(sc[words16_scale(row0 + r, k / group_size, scale_cols)]);
+      }
+      break;
+    }
   }
 }
 
@@ -96,8 +109,9 @@ MatrixView MatrixView::slice_rows(int64_t first, int64_t count) const {
   if (first < 0 || count < 0 || first + count > rows) throw std::out_of_range("MatrixView::slice_rows");
   if (format == WeightFormat::BF16_PAIRS32 && (first % 32 != 0 || count % 32 != 0))
     throw std::out_of_range("MatrixView::slice_rows: bf16-pairs32 rows come in blocks of 32");
-  if (format == WeightFormat::INT4_WORDS16 && (first % 16 != 0 || count % 16 != 0))
-    throw std::out_of_range("MatrixView::slice_rows: int4-words16 rows come in blocks of 16");
+  if (is_words16(format) && (first % 16 != 0 || count % 16 != 0))
+    throw std::out_of_range(std::string("MatrixView::slice_rows: ") + weight_format_name(format) +
+                            " rows come in blocks of 16");
   MatrixView v = *this;
   v.data = static_cast<const uint8_t*>(data) + size_t(first) * row_bytes();
   v.rows = count;

@@ -26,8 +26,14 @@ enum class WeightFormat {
   // d of INT4_GROUP's row r of a block (8 nibbles, columns 8d .. 8d + 7) at word d * 16 + r,
   // and the bf16 scale of group g at g * 16 + r of the block's scales. One zmm then holds 16
   // rows' 8 columns: the order the VNNI GEMM multiplies in (vnni_gemm.h), so it reads the
-  // blocks in place; repack_int4_words16 (backend/cpu/repack.h) converts INT4 experts at load.
+  // blocks in place; repack_words16 (backend/cpu/repack.h) converts INT4 experts at load.
   INT4_WORDS16,
+  // INT8 groups in blocks of 16 rows (the same conditions): dword d of INT8_GROUP's row r of a
+  // block (columns 4d .. 4d + 3), each code biased to unsigned (q + 128), at word d * 16 + r,
+  // and the scales as INT4_WORDS16's. One zmm holds 16 rows' 4 columns, VPDPBUSD's unsigned
+  // operand as the VNNI GEMM and GEMV multiply it (vnni_gemm.h, gemv.cpp); repack_words16
+  // converts INT8 weights at load.
+  INT8_WORDS16,
 };
 
 // The bf16 word of weight (r, k) in a BF16_PAIRS32 matrix of `cols` columns, counted from its data.
@@ -39,14 +45,21 @@ inline int64_t pairs32_word(int64_t r, int64_t k, int64_t cols) {
 // data (nibble k % 8 of it), and the index of its scale among the view's scales (row0 + r: the
 // row within the whole tensor, groups of `group_size` columns, `scale_cols` of them).
 inline int64_t words16_word(int64_t r, int64_t k, int64_t cols) { return (r / 16) * 2 * cols + (k / 8) * 16 + r % 16; }
+// The dword holding weight (r, k) of an INT8_WORDS16 matrix (byte k % 4 of it).
+inline int64_t int8_words16_word(int64_t r, int64_t k, int64_t cols) {
+  return (r / 16) * 4 * cols + (k / 4) * 16 + r % 16;
+}
 inline int64_t words16_scale(int64_t r, int64_t g, int64_t scale_cols) {
   return (r / 16) * 16 * scale_cols + g * 16 + r % 16;
 }
 
 // The formats of integer groups with one bf16 scale per group of a row (INT4, INT8).
 inline bool is_int_group(WeightFormat f) {
-  return f == WeightFormat::INT4_GROUP || f == WeightFormat::INT8_GROUP || f == WeightFormat::INT4_WORDS16;
+  return f == WeightFormat::INT4_GROUP || f == WeightFormat::INT8_GROUP || f == WeightFormat::INT4_WORDS16 ||
+         f == WeightFormat::INT8_WORDS16;
 }
+// The formats stored in blocks of 16 rows (INT4_WORDS16, INT8_WORDS16).
+inline bool is_words16(WeightFormat f) { return f == WeightFormat::INT4_WORDS16 || f == WeightFormat::INT8_WORDS16; }
 
 const char* weight_format_name(WeightFormat f);
 
@@ -64,7 +77,7 @@ struct MatrixView {
   size_t scale_bytes() const;
   // Writes row r (0-based within this view) as float32 to out[0..cols).
   void dequant_row(int64_t r, float* out) const;
-  // Rows [first, first + count); BF16_PAIRS32 only in whole blocks of 32, INT4_WORDS16 of 16
+  // Rows [first, first + count); BF16_PAIRS32 only in whole blocks of 32, the WORDS16 formats of 16
   // (else out_of_range).
   MatrixView slice_rows(int64_t first, int64_t count) const;
 };

@@ -45,6 +45,7 @@ std::string row(const Context& ctx, const MatrixView& w, const CpuFeatures& f) {
       case Kernel::GemvF32: s += " f32"; break;
       case Kernel::GemvBf16: s += " bf16"; break;
       case Kernel::GemvAmxFp8: s += " tile"; break;
+      case Kernel::GemvVnni: s += " vgemv"; break;
       case Kernel::AmxGemm: s += " amx"; break;
       case Kernel::Dpbf16Gemm: s += " dp"; break;
       case Kernel::FmaGemm: s += " fma"; break;
@@ -100,6 +101,8 @@ TEST(Dispatch, FastWithoutAmx) {
       {"bf16 K=7150", weight(WeightFormat::BF16, 7150), "bf16 f32 f32 dnnl dnnl dnnl dnnl dnnl dnnl dnnl dnnl"},
       {"int8 g32", weight(WeightFormat::INT8_GROUP), "f32 f32 f32 f32 f32 vnni vnni vnni vnni vnni vnni"},
       {"int8 g48", weight(WeightFormat::INT8_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
+      // Repacked at load (repack.h): decode on the VNNI GEMV too.
+      {"int8 words16", weight(WeightFormat::INT8_WORDS16), "vgemv vgemv vgemv vgemv vgemv vnni vnni vnni vnni vnni vnni"},
   };
   for (const Row& r : rows) EXPECT_EQ(row(fast, r.w, no_amx), r.kernels) << r.name;
 }
@@ -132,6 +135,10 @@ TEST(Dispatch, Int8ActivationsOffKeepsIntWeightsOnTheBf16Gemms) {
     EXPECT_EQ(row(fast, weight(f), CpuFeatures{false, false}), one + " f32 f32 f32 f32 dp dp dp dp dp dp");
     EXPECT_EQ(row(fast, weight(f), CpuFeatures{false, true}), one + " f32 f32 f32 f32 dp fma fma fma fma fma");
   }
+  // INT8_WORDS16 (repacked where int8 activations were on): the GEMV's only kernel for it is
+  // the VNNI one, so a context without them takes the reference.
+  EXPECT_EQ(row(fast, weight(WeightFormat::INT8_WORDS16), CpuFeatures{false, false}),
+            "ref ref ref ref ref dp dp dp dp dp dp");
   // The precise precision never quantizes activations.
   const Context precise = context(mla::cpu::Precision::Precise);
   EXPECT_EQ(row(precise, weight(WeightFormat::INT4_GROUP), CpuFeatures{false, true}),
@@ -165,6 +172,7 @@ TEST(Dispatch, PreciseIgnoresAmxAndTheBf16Threshold) {
       {"int4 g48", weight(WeightFormat::INT4_GROUP, 7152, 48), "ref ref ref ref ref ref ref deq deq deq deq"},
       {"int8 g32", weight(WeightFormat::INT8_GROUP), "f32 f32 f32 f32 f32 f32 f32 deq deq deq deq"},
       {"int8 g48", weight(WeightFormat::INT8_GROUP, 7152, 48), "ref ref ref ref ref ref ref deq deq deq deq"},
+      {"int8 words16", weight(WeightFormat::INT8_WORDS16), "ref ref ref ref ref ref ref deq deq deq deq"},
   };
   for (const Context& ctx : {context(mla::cpu::Precision::Precise), context(mla::cpu::Precision::Precise, 1000)})
     for (bool amx : {true, false})

@@ -61,6 +61,11 @@ inline float element(const MatrixView& W, int64_t r, int64_t k) {
     const uint16_t s = static_cast<const uint16_t*>(W.scales)[words16_scale(W.row0 + r, k / W.group_size, W.scale_cols)];
     return float(int((w >> (4 * (k % 8))) & 0xF) - 8) * bf16_to_f32(s);
   }
+  if (W.format == WeightFormat::INT8_WORDS16) {
+    const uint8_t b = static_cast<const uint8_t*>(W.data)[4 * int8_words16_word(r, k, W.cols) + k % 4];
+    const uint16_t s = static_cast<const uint16_t*>(W.scales)[words16_scale(W.row0 + r, k / W.group_size, W.scale_cols)];
+    return float(int(b) - 128) * bf16_to_f32(s);
+  }
   const uint8_t* p = static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes();
   switch (W.format) {
     case WeightFormat::F32: { float f; std::memcpy(&f, p + 4 * k, 4); return f; }
@@ -77,7 +82,7 @@ inline float element(const MatrixView& W, int64_t r, int64_t k) {
     case WeightFormat::INT8_GROUP:
       return float(int8_t(p[k])) *
              bf16_to_f32(static_cast<const uint16_t*>(W.scales)[(W.row0 + r) * W.scale_cols + k / W.group_size]);
-    case WeightFormat::BF16_PAIRS32: case WeightFormat::INT4_WORDS16: break;  // above
+    case WeightFormat::BF16_PAIRS32: case WeightFormat::INT4_WORDS16: case WeightFormat::INT8_WORDS16: break;  // above
   }
   return 0;
 }
@@ -94,7 +99,7 @@ inline float hsum(__m512 v) {
 
 // The group scales (INT4, INT8) of row n as float32, one per chunk of 32 columns.
 inline void group_chunk_scales(const MatrixView& W, int64_t n, int64_t Kc, float* s) {
-  if (W.format == WeightFormat::INT4_WORDS16) {
+  if (is_words16(W.format)) {
     const uint16_t* src = static_cast<const uint16_t*>(W.scales);
     for (int64_t c = 0; c < Kc; ++c)
       s[c] = bf16_to_f32(src[words16_scale(W.row0 + n, c * kChunk / W.group_size, W.scale_cols)]);
@@ -114,7 +119,7 @@ inline void group_chunk_scales(const MatrixView& W, int64_t n, int64_t Kc, float
   }
 }
 
-// The bf16 scales of one group of an INT4_WORDS16 block (its 16 rows, s[0..15]) as float32.
+// The bf16 scales of one group of a WORDS16 block (its 16 rows, s[0..15]) as float32.
 inline __m512 words16_scales(const uint16_t* s) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));

@@ -41,6 +41,7 @@ const char* kernel_name(Kernel k) {
     case Kernel::GemvF32: return "gemv-f32";
     case Kernel::GemvBf16: return "gemv-bf16";
     case Kernel::GemvAmxFp8: return "gemv-amx-fp8";
+    case Kernel::GemvVnni: return "gemv-vnni";
     case Kernel::AmxGemm: return "amx-gemm";
     case Kernel::Dpbf16Gemm: return "vdpbf16ps-gemm";
     case Kernel::FmaGemm: return "fma-gemm";
@@ -72,16 +73,24 @@ int64_t gemv_max_tokens(const Context& ctx, const MatrixView& W, const CpuFeatur
   return W.format == WeightFormat::BF16 || W.format == WeightFormat::BF16_PAIRS32 ? 4 : 12;
 }
 
-// INT8 weights stay on the float32 GEMV in the fast precision too (bf16_kernel is false for
-// them): decoding int8 to float32 for FMAs takes fewer instructions than going on to bf16 for
-// VDPBF16PS. bench/matmul --quick, 2 threads, AMD Zen 5, one token, five runs, float32 against
-// bf16 GB/s in each: 1408 x 2048 from DRAM 24.5-31.7 against 24.2-30.0, 2048 x 1408 24.2-28.7
-// against 24.1-27.2 (float32 ahead in 9 of 10 pairs), 256 x 2048 in L2 (one thread) 28.2-40.9
-// against 25.0-30.8; mla bench --weights int8 decode, 3 alternating pairs: 29.96-32.61 against
-// 28.43-30.55 tokens/s (+5 to +7% in each pair).
+// Row-major INT8 weights stay on the float32 GEMV in the fast precision too (bf16_kernel is
+// false for them): decoding int8 to float32 for FMAs takes fewer instructions than going on to
+// bf16 for VDPBF16PS. bench/matmul --quick, 2 threads, AMD Zen 5, one token, five runs, float32
+// against bf16 GB/s in each: 1408 x 2048 from DRAM 24.5-31.7 against 24.2-30.0, 2048 x 1408
+// 24.2-28.7 against 24.1-27.2 (float32 ahead in 9 of 10 pairs), 256 x 2048 in L2 (one thread)
+// 28.2-40.9 against 25.0-30.8; mla bench --weights int8 decode, 3 alternating pairs: 29.96-32.61
+// against 28.43-30.55 tokens/s (+5 to +7% in each pair).
+// Repacked at load (INT8_WORDS16, where the prompt runs on int8 activations) they take the VNNI
+// GEMV (GemvVnni): one VPDPBUSD per 64 weight bytes, one sequential stream. mla bench --weights
+// int8 --depth 0 (2 threads, AMD Zen 5, 4 alternating pairs against the float32 GEMV on the
+// row-major weights): decode 28.96 / 29.68 / 27.43 / 27.57 against 25.45 / 22.82 / 24.14 / 25.22
+// tokens/s; the prompt, whose VNNI GEMM then reads the blocks in place, 720 / 657 / 616 / 662
+// against 554 / 515 / 543 / 535 tokens/s.
 Kernel gemv_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f) {
   if (ctx.one_token_kernels) T = 1;
   if (!fast_supported(W)) return Kernel::GemvReference;
+  if (W.format == WeightFormat::INT8_WORDS16)
+    return ctx.fast() && ctx.int8_activations ? Kernel::GemvVnni : Kernel::GemvReference;
   if (ctx.fast() && f.amx && T >= 2 && T <= kAmxGemvTokens && W.cols >= kStep &&
       W.format == WeightFormat::FP8_BLOCK128)
     return Kernel::GemvAmxFp8;

@@ -289,14 +289,21 @@ void dequant_rows_bf16(const MatrixView& W, int64_t n0, int64_t n1, uint16_t* ds
         else run(DecInt8{row, sbuf.data()}, unit);
         break;
       }
-      case WeightFormat::INT4_WORDS16: {  // the VNNI GEMM reads it in place; this is the bf16 GEMMs' way in
+      case WeightFormat::INT4_WORDS16:
+      case WeightFormat::INT8_WORDS16: {  // the VNNI GEMM reads them in place; this is the bf16 GEMMs' way in
+        // The row's words gathered from its block (INT8: unbiased again), then as INT4 / INT8 groups.
+        const bool int8 = W.format == WeightFormat::INT8_WORDS16;
+        const int64_t words_per_row = K / (int8 ? 4 : 8);
+        const uint32_t bias = int8 ? 0x80808080u : 0;
         thread_local std::vector<uint32_t> words;
-        words.resize(size_t(K / 8));
-        const uint32_t* block = static_cast<const uint32_t*>(W.data) + (n / 16) * 2 * K;
-        for (int64_t d = 0; d < K / 8; ++d) words[size_t(d)] = block[d * 16 + n % 16];
+        words.resize(size_t(words_per_row));
+        const uint32_t* block = static_cast<const uint32_t*>(W.data) + (n / 16) * 16 * words_per_row;
+        for (int64_t d = 0; d < words_per_row; ++d) words[size_t(d)] = block[d * 16 + n % 16] ^ bias;
         if (sbuf.size() < size_t(Kc)) sbuf.resize(size_t(Kc));
         group_chunk_scales(W, n, Kc, sbuf.data());
-        run(DecInt4{reinterpret_cast<const uint8_t*>(words.data()), sbuf.data()}, unit);
+        const uint8_t* codes = reinterpret_cast<const uint8_t*>(words.data());
+        if (int8) run(DecInt8{codes, sbuf.data()}, unit);
+        else run(DecInt4{codes, sbuf.data()}, unit);
         break;
       }
       case WeightFormat::BF16_PAIRS32: {  // the GEMMs without AMX read it in place; this is AMX's and oneDNN's way in
@@ -453,7 +460,7 @@ void matmul_vnni(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
         const int64_t m0 = tb * 16, mn = std::min<int64_t>(16, tn - m0);
         activations_int8(x + (t0 + m0) * ldx, mn, ldx, K, W.format, bias, q + m0 * K, K, qs + m0 * Kc, qc + m0 * Kc, Kc);
       }
-      if (W.format == WeightFormat::INT4_WORDS16) {  // blocks of 16 rows in the kernel's order, two at a time
+      if (is_words16(W.format)) {  // blocks of 16 rows in the kernel's order, two at a time
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b += 2) {
           const int64_t n0 = b * kRows, nr = std::min(2 * kRows, N - n0);

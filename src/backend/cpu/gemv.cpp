@@ -11,7 +11,8 @@
 // and dotted by VDPBF16PS, whose products of two bf16 are exact in float32 and summed in
 // float32. FP8 block scales and INT4 group scales multiply the float32 partial sums of their
 // 128 / 32 columns. F32, F16 and INT8 weights keep the float32 kernels in both precisions (INT8:
-// dispatch.cpp's gemv_kernel has the measurements), and so do
+// dispatch.cpp's gemv_kernel has the measurements) but INT8 repacked at load (INT8_WORDS16),
+// which runs on VPDPBUSD over int8 activations as the prompt's VNNI GEMM does (VnniRows), and so do
 // products of more tokens than Context::gemv_bf16_max_tokens (1 by default), except FP8
 // products of 2 to 16 tokens where the CPU has AMX: those run on tiles of 16 rows (amx.h), the
 // activations rounded to bf16 as above. dispatch.h's gemv_kernel decides, per product.
@@ -28,6 +29,8 @@
 #include "backend/cpu/amx.h"
 #include "backend/cpu/decode_avx512.h"
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/vnni_gemm.h"
 #include "tensor/dtype.h"
 
 namespace mla::cpu {
@@ -49,8 +52,12 @@ constexpr int64_t kSerialWork = int64_t(1) << 18;
 // 15.9-16.4, int4 21.2-22.5 against 20.3-20.5 (alternating runs); up to 2 MiB, fp8 24.1-24.3.
 constexpr double kMinUnitBytes = 192 * 1024, kMaxUnitBytes = 1024 * 1024;
 
+// The kernels of a job: the float32 GEMV (Rows), the bf16 ones (FastRows: VDPBF16PS, AMX FP8
+// tiles), the VNNI GEMV of INT8_WORDS16 (VnniRows).
+enum class Family { F32, Bf16, Vnni };
+
 struct Unit {
-  bool fast;  // a job of the bf16 kernels
+  Family family;
   size_t job;
   int64_t n0, n1;
 };
@@ -355,6 +362,7 @@ struct Rows {
     switch (W.format) {
       case WeightFormat::BF16_PAIRS32: pairs32(n0, n1); break;
       case WeightFormat::INT4_WORDS16: words16(n0, n1); break;
+      case WeightFormat::INT8_WORDS16: break;  // VnniRows, or the reference (gemv_kernel)
       case WeightFormat::F32: segment<DecF32>(n0, n1, xp, 1.0f); break;
       case WeightFormat::F16: segment<DecF16>(n0, n1, xp, 1.0f); break;
       case WeightFormat::BF16: segment<DecBF16>(n0, n1, xp, 1.0f); break;
@@ -675,6 +683,76 @@ struct FastRows {
   }
 };
 
+// ---- INT8_WORDS16 on int8 activations (VPDPBUSD) -------------------------------------------
+
+// How far ahead of the chunk it computes the VNNI GEMV prefetches its block, into L1. Its blocks
+// are one sequential stream (16 rows' 4 columns a 64-byte vector); without a software prefetch
+// this stream ran no faster than the row-major float32 GEMV (bench/matmul).
+constexpr int64_t kVnniPrefetchBytes = 2048;
+
+// Rows b .. b + 15 of an INT8_WORDS16 W for tokens t0 .. t0 + TN - 1: per chunk of 32 columns,
+// each token's integer sum starts at its correction qc, takes the block's 8 code vectors by
+// VPDPBUSD against the token's 4 activation codes broadcast, and adds into the float32 total as
+// the VNNI GEMM's micro kernel does (the same operations in the same order: equal results).
+template <int TN>
+[[gnu::always_inline]] inline void vnni_words16_block(const MatrixView& W, int64_t b, const int8_t* q, int64_t ldq,
+                                                      const float* qs, const int32_t* qc, int64_t lds, float* y,
+                                                      int64_t ldy) {
+  const int64_t Kc = W.cols / kChunk, per = W.group_size / kChunk;
+  const uint8_t* p = static_cast<const uint8_t*>(W.data) + b * W.cols;
+  const uint16_t* sc = static_cast<const uint16_t*>(W.scales) + words16_scale(W.row0 + b, 0, W.scale_cols);
+  __m512 f[TN];
+  for (int t = 0; t < TN; ++t) f[t] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < Kc; ++c, p += 16 * kChunk) {
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) _mm_prefetch(reinterpret_cast<const char*>(p) + kVnniPrefetchBytes + 64 * l, _MM_HINT_T0);
+    __m512i acc[TN];
+    for (int t = 0; t < TN; ++t) acc[t] = _mm512_set1_epi32(qc[t * lds + c]);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m512i w = _mm512_loadu_si512(p + 64 * j);
+      for (int t = 0; t < TN; ++t) {
+        // The activations' 4 codes as the instruction's broadcast memory operand (vnni_gemm.cpp).
+        const void* a = q + t * ldq + c * kChunk + 4 * j;
+        asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc[t]) : "v"(w), "m"(*static_cast<const int32_t*>(a)));
+      }
+    }
+    const __m512 s = words16_scales(sc + (per == 1 ? c : c / per) * 16);
+    for (int t = 0; t < TN; ++t)
+      f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_mul_ps(s, _mm512_set1_ps(qs[t * lds + c])), f[t]);
+  }
+  for (int t = 0; t < TN; ++t) _mm512_storeu_ps(y + t * ldy + b, f[t]);
+}
+
+// The INT8_WORDS16 rows [n0, n1) (whole blocks of 16) of one thread, the activations' codes,
+// scales and corrections prepared once per call (activations_int8, gemm.h).
+struct VnniRows {
+  const MatrixView* W;
+  const int8_t* q;
+  const float* qs;
+  const int32_t* qc;
+  int64_t T;
+  float* y;
+  int64_t ldy;
+
+  void run(int64_t n0, int64_t n1) const {
+    const int64_t K = W->cols, Kc = K / kChunk;
+    for (int64_t b = n0; b < n1; b += 16)
+      for (int64_t t0 = 0; t0 < T; t0 += 4) {
+        const int8_t* qt = q + t0 * K;
+        const float* st = qs + t0 * Kc;
+        const int32_t* ct = qc + t0 * Kc;
+        float* yt = y + t0 * ldy;
+        switch (std::min<int64_t>(4, T - t0)) {
+          case 1: vnni_words16_block<1>(*W, b, qt, K, st, ct, Kc, yt, ldy); break;
+          case 2: vnni_words16_block<2>(*W, b, qt, K, st, ct, Kc, yt, ldy); break;
+          case 3: vnni_words16_block<3>(*W, b, qt, K, st, ct, Kc, yt, ldy); break;
+          default: vnni_words16_block<4>(*W, b, qt, K, st, ct, Kc, yt, ldy); break;
+        }
+      }
+  }
+};
+
 // x [T, cols] (row stride ldx) times mul, rounded to bf16 and permuted into the layout of each
 // step of 64 columns: out [T, S * 64].
 void prepare_bf16(const float* x, int64_t T, int64_t ldx, int64_t S, Layout64 layout, float mul, uint16_t* out) {
@@ -736,35 +814,44 @@ void gemv_reference(const float* x, int64_t T, int64_t ldx, const MatrixView& W,
 void gemv_batch(const Context& ctx, std::span<const GemvJob> jobs) {
   // Jobs without a fast kernel run on the reference; the rest are prepared (activations permuted
   // into the format's lane layout, on this thread; in the fast precision rounded to bf16 for the
-  // formats with a bf16 kernel) and split across the threads by weight bytes.
+  // formats with a bf16 kernel, quantized to int8 for the VNNI GEMV) and split across the
+  // threads by weight bytes.
   thread_local std::vector<float> prepared;
   thread_local std::vector<uint16_t> prepared16;
   thread_local std::vector<uint16_t> amx_tmp;
+  thread_local std::vector<int8_t> codes;     // the VNNI GEMV's activations: int8 codes,
+  thread_local std::vector<float> code_scales;  // a scale per token and chunk,
+  thread_local std::vector<int32_t> code_fix;   // and the bias's correction
   thread_local std::vector<Rows> rows;
   thread_local std::vector<FastRows> frows;
+  thread_local std::vector<VnniRows> vrows;
   thread_local std::vector<double> cum;  // weight bytes before each fast job
-  thread_local std::vector<std::pair<bool, size_t>> order;  // (bf16 kernel, index) of each job in cum
+  thread_local std::vector<std::pair<Family, size_t>> order;  // (kernel family, index) of each job in cum
   thread_local std::vector<Unit> units;
   const CpuFeatures feats = features(ctx);
   auto kernel_of = [&](const GemvJob& j) { return gemv_kernel(ctx, j.T, j.W, feats); };
-  size_t need = 0, need16 = 0;
+  size_t need = 0, need16 = 0, need8 = 0, need_chunks = 0;
   for (const auto& j : jobs) {
     if (j.T <= 0 || j.W.rows <= 0) continue;
     const Kernel k = kernel_of(j);
     if (k == Kernel::GemvReference) continue;
     const size_t words = size_t(j.T * (j.W.cols / kStep) * kStep);
     if (k == Kernel::GemvAmxFp8 || k == Kernel::GemvBf16) need16 += words;
+    else if (k == Kernel::GemvVnni) need8 += size_t(j.T * j.W.cols), need_chunks += size_t(j.T * (j.W.cols / kChunk));
     else need += size_t(j.T * (j.W.cols / kChunk) * kChunk);
   }
   if (prepared.size() < need) prepared.resize(need);
   if (prepared16.size() < need16) prepared16.resize(need16);
+  if (codes.size() < need8) codes.resize(need8);
+  if (code_scales.size() < need_chunks) code_scales.resize(need_chunks), code_fix.resize(need_chunks);
   rows.clear();
   frows.clear();
+  vrows.clear();
   cum.clear();
   order.clear();
   double total = 0;
   int64_t weights = 0;
-  size_t off = 0, off16 = 0;
+  size_t off = 0, off16 = 0, off8 = 0, off_chunks = 0;
   for (const auto& j : jobs) {
     if (j.T <= 0 || j.W.rows <= 0) continue;
     const Kernel k = kernel_of(j);
@@ -772,13 +859,23 @@ void gemv_batch(const Context& ctx, std::span<const GemvJob> jobs) {
       gemv_reference(j.x, j.T, j.ldx, j.W, j.y, j.ldy);
       continue;
     }
-    if (k == Kernel::GemvAmxFp8) {
+    if (k == Kernel::GemvVnni) {
+      const int64_t K = j.W.cols, Kc = K / kChunk;
+      int8_t* q = codes.data() + off8;
+      float* qs = code_scales.data() + off_chunks;
+      int32_t* qc = code_fix.data() + off_chunks;
+      off8 += size_t(j.T * K);
+      off_chunks += size_t(j.T * Kc);
+      activations_int8(j.x, j.T, j.ldx, K, j.W.format, vnni_weight_bias(j.W.format), q, K, qs, qc, Kc);
+      order.push_back({Family::Vnni, vrows.size()});
+      vrows.push_back(VnniRows{&j.W, q, qs, qc, j.T, j.y, j.ldy});
+    } else if (k == Kernel::GemvAmxFp8) {
       const int64_t S = j.W.cols / kStep, n = j.T * S * kStep;
       uint16_t* xp = prepared16.data() + off16;
       off16 += size_t(n);
       if (amx_tmp.size() < size_t(n)) amx_tmp.resize(size_t(n));
       prepare_amx(j.x, j.T, j.ldx, S, Layout64::Fp8Unpack, kFp8FastXScale, amx_tmp.data(), xp);
-      order.push_back({true, frows.size()});
+      order.push_back({Family::Bf16, frows.size()});
       frows.push_back(FastRows{&j.W, j.x, j.ldx, xp, j.T, S, j.W.cols / kChunk, j.y, j.ldy, true});
     } else if (k == Kernel::GemvBf16) {
       const int64_t S = j.W.cols / kStep;
@@ -786,7 +883,7 @@ void gemv_batch(const Context& ctx, std::span<const GemvJob> jobs) {
       off16 += size_t(j.T * S * kStep);
       const float mul = j.W.format == WeightFormat::FP8_BLOCK128 ? kFp8FastXScale : 1.0f;
       prepare_bf16(j.x, j.T, j.ldx, S, layout64_of(j.W.format), mul, xp);
-      order.push_back({true, frows.size()});
+      order.push_back({Family::Bf16, frows.size()});
       frows.push_back(FastRows{&j.W, j.x, j.ldx, xp, j.T, S, j.W.cols / kChunk, j.y, j.ldy});
     } else {
       const int64_t Kc = j.W.cols / kChunk, width = Kc * kChunk;
@@ -806,7 +903,7 @@ void gemv_batch(const Context& ctx, std::span<const GemvJob> jobs) {
           _mm512_storeu_ps(xp + t * width + c * kChunk, _mm512_permutex2var_ps(lo, pa, hi));
           _mm512_storeu_ps(xp + t * width + c * kChunk + 16, _mm512_permutex2var_ps(lo, pb, hi));
         }
-      order.push_back({false, rows.size()});
+      order.push_back({Family::F32, rows.size()});
       rows.push_back(Rows{j.W, j.x, j.ldx, xp, j.T, Kc, j.y, j.ldy});
     }
     cum.push_back(total);
@@ -815,40 +912,47 @@ void gemv_batch(const Context& ctx, std::span<const GemvJob> jobs) {
   }
   if (order.empty()) return;
   cum.push_back(total);
-  auto run = [](const std::vector<Rows>& rs, const std::vector<FastRows>& fs, bool fast, size_t k, int64_t n0,
-                int64_t n1) {
-    if (fast) fs[k].run(n0, n1);
-    else rs[k].run(n0, n1);
+  // The workers read this thread's lists (thread_local names would be their own).
+  const std::vector<Rows>& all = rows;
+  const std::vector<FastRows>& fall = frows;
+  const std::vector<VnniRows>& vall = vrows;
+  auto run = [&](Family f, size_t k, int64_t n0, int64_t n1) {
+    switch (f) {
+      case Family::F32: all[k].run(n0, n1); break;
+      case Family::Bf16: fall[k].run(n0, n1); break;
+      case Family::Vnni: vall[k].run(n0, n1); break;
+    }
+  };
+  auto weight_of = [&](Family f, size_t k) -> const MatrixView& {
+    return f == Family::F32 ? all[k].W : f == Family::Bf16 ? *fall[k].W : *vall[k].W;
   };
   const int threads = ctx.num_threads();
   const bool serial = weights < kSerialWork || omp_in_parallel() || threads == 1;
   if (serial) {
-    for (const auto& [fast, k] : order) run(rows, frows, fast, k, 0, fast ? frows[k].W->rows : rows[k].W.rows);
+    for (const auto& [f, k] : order) run(f, k, 0, weight_of(f, k).rows);
     return;
   }
-  // Work units of about unit_bytes of weights (whole multiples of 16 rows: AMX tiles and
-  // INT4_WORDS16's blocks; of 32 for BF16_PAIRS32's blocks), handed out
+  // Work units of about unit_bytes of weights (whole multiples of 16 rows: AMX tiles and the
+  // WORDS16 formats' blocks; of 32 for BF16_PAIRS32's blocks), handed out
   // dynamically: a thread that is descheduled for a while (shared cores) holds up one unit, not
   // half of the product.
   units.clear();
   const double unit_bytes = std::clamp(total / (4.0 * threads), kMinUnitBytes, kMaxUnitBytes);
   for (size_t i = 0; i < order.size(); ++i) {
-    const auto [fast, k] = order[i];
-    const int64_t N = fast ? frows[k].W->rows : rows[k].W.rows;
+    const auto [f, k] = order[i];
+    const MatrixView& W = weight_of(f, k);
+    const int64_t N = W.rows;
     const double row_bytes = (cum[i + 1] - cum[i]) / double(N);
-    const int64_t align = (fast ? frows[k].W->format : rows[k].W.format) == WeightFormat::BF16_PAIRS32 ? 32 : 16;
+    const int64_t align = W.format == WeightFormat::BF16_PAIRS32 ? 32 : 16;
     const int64_t step = std::max<int64_t>(align, int64_t(unit_bytes / std::max(1.0, row_bytes)) / align * align);
-    for (int64_t n = 0; n < N; n += step) units.push_back({fast, k, n, std::min(N, n + step)});
+    for (int64_t n = 0; n < N; n += step) units.push_back({f, k, n, std::min(N, n + step)});
   }
-  // The workers read this thread's lists (thread_local names would be their own).
-  const std::vector<Rows>& all = rows;
-  const std::vector<FastRows>& fall = frows;
   const std::vector<Unit>& work = units;
   const int64_t nunits = int64_t(work.size());
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t u = 0; u < nunits; ++u) {
     const Unit& w = work[size_t(u)];
-    run(all, fall, w.fast, w.job, w.n0, w.n1);
+    run(w.family, w.job, w.n0, w.n1);
   }
 }
 

@@ -13,6 +13,12 @@
 // for each call (vnni_pack_rows16: about 29% of that GEMM's time in an INT4 prompt). Stored as
 // the rows' 32-bit words side by side, a block's 8 code vectors of 32 columns are 4 loads, an AND
 // and a shift each; the GEMVs of decode read the same blocks (gemv.cpp).
+//
+// INT8_WORDS16 (tensor/matrix.h): INT8 groups the same way, each row's 4 codes of a dword biased
+// to unsigned: a block is exactly what vnni_pack_rows16 would build from it, so the VNNI GEMM
+// reads it in place, and decode's GEMV runs on VPDPBUSD too (gemv.cpp: Kernel::GemvVnni), one
+// sequential stream of 64-byte vectors of 16 rows instead of the row-major GEMV's 4 rows a page
+// apart.
 #pragma once
 #include "backend/cpu/context.h"
 #include "tensor/matrix.h"
@@ -31,17 +37,18 @@ bool pairs32_eligible(const MatrixView& W);
 // as BF16_PAIRS32 and sets its format; the blocks of 32 rows are split across ctx's threads.
 void repack_pairs32(const Context& ctx, MatrixView& W);
 
-// Whether ctx's products read INT4_WORDS16 weights in place: where the prompt's INT4 products run
-// on the VNNI GEMM (the fast precision without AMX, ctx.int8_activations) and ctx.repack_weights
-// is set.
+// Whether ctx's products read INT4_WORDS16 and INT8_WORDS16 weights in place: where the prompt's
+// INT4 and INT8 products run on the VNNI GEMM (the fast precision without AMX,
+// ctx.int8_activations) and ctx.repack_weights is set.
 bool reads_words16(const Context& ctx);
 
-// Whether W can be stored as INT4_WORDS16: INT4 groups of a multiple of 32 columns, rows a
-// multiple of 16 starting on one (row0), columns of 32.
+// Whether W can be stored as INT4_WORDS16 or INT8_WORDS16: INT4 or INT8 groups of a multiple of
+// 32 columns, rows a multiple of 16 starting on one (row0), columns of 32.
 bool words16_eligible(const MatrixView& W);
 
-// Rewrites an eligible W's words and its rows' scales in place (both writable, as in a
-// WeightArena) as INT4_WORDS16 and sets its format; the blocks are split across ctx's threads.
-void repack_int4_words16(const Context& ctx, MatrixView& W);
+// Rewrites an eligible W's codes and its rows' scales in place (both writable, as in a
+// WeightArena) as INT4_WORDS16 or INT8_WORDS16 and sets its format; the blocks are split across
+// ctx's threads.
+void repack_words16(const Context& ctx, MatrixView& W);
 
 }  // namespace mla::cpu

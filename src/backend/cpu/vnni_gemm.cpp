@@ -65,6 +65,18 @@ struct Words16Block {
   }
 };
 
+// A block of INT8_WORDS16 where it lies: vnni_pack_rows16's code vectors already, with
+// INT4_WORDS16's bf16 scales.
+struct Int8Words16Block {
+  const uint32_t* p;
+  const uint16_t* s;
+  int64_t per;
+  [[gnu::always_inline]] __m512i code(int64_t c, int j) const { return _mm512_loadu_si512(p + (c * 8 + j) * kRows); }
+  [[gnu::always_inline]] __m512 scale(int64_t c) const {
+    return avx512::words16_scales(s + (per == 1 ? c : c / per) * kRows);
+  }
+};
+
 // y[t, 0..15] for T tokens over the block; rows past `rows` not stored.
 template <int T, class Block>
 void micro(const Block blk, const int8_t* q, int64_t ldq, const float* qs, const int32_t* qc, int64_t lds, int64_t K,
@@ -148,11 +160,25 @@ void gemm_block(const Block& blk, const int8_t* q, const float* qs, const int32_
   });
 }
 
+// One block of 16 rows (b0; rows 16) or two side by side (b0, b1; rows 32) of a WORDS16 format,
+// where they lie.
+template <class Block>
+void blocks_words16(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t ldq, int64_t lds,
+                    int64_t K, const Block b0, const Block b1, int64_t rows, float* y, int64_t ldy) {
+  if (rows == kRows) {
+    gemm_block(b0, q, qs, qc, M, K, ldq, lds, kRows, y, ldy);
+    return;
+  }
+  for_each_token_group<kPairTokens>(M, [&](auto n, int64_t t0) {
+    micro_pair<decltype(n)::value>(b0, b1, q + t0 * ldq, ldq, qs + t0 * lds, qc + t0 * lds, lds, K, y + t0 * ldy, ldy);
+  });
+}
+
 }  // namespace
 
 int vnni_weight_bias(WeightFormat f) {
   switch (f) {
-    case WeightFormat::INT8_GROUP: return 128;
+    case WeightFormat::INT8_GROUP: case WeightFormat::INT8_WORDS16: return 128;
     case WeightFormat::INT4_GROUP: case WeightFormat::INT4_WORDS16: return 8;
     default: throw std::invalid_argument(std::string("vnni_weight_bias: ") + weight_format_name(f));
   }
@@ -194,20 +220,21 @@ void vnni_gemm_rows32(const int8_t* q, const float* qs, const int32_t* qc, int64
 
 void vnni_gemm_words16(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t ldq, int64_t lds,
                        const MatrixView& W, int64_t n0, int64_t rows, float* y, int64_t ldy) {
+  if (W.format == WeightFormat::INT8_WORDS16) {
+    auto block = [&](int64_t n) {
+      return Int8Words16Block{static_cast<const uint32_t*>(W.data) + n * (W.cols / 4),
+                              static_cast<const uint16_t*>(W.scales) + words16_scale(W.row0 + n, 0, W.scale_cols),
+                              W.group_size / 32};
+    };
+    blocks_words16(q, qs, qc, M, ldq, lds, W.cols, block(n0), rows == 16 ? block(n0) : block(n0 + 16), rows, y, ldy);
+    return;
+  }
   auto block = [&](int64_t n) {
     return Words16Block{static_cast<const uint32_t*>(W.data) + n * (W.cols / 8),
                         static_cast<const uint16_t*>(W.scales) + words16_scale(W.row0 + n, 0, W.scale_cols),
                         W.group_size / 32};
   };
-  if (rows == 16) {
-    gemm_block(block(n0), q, qs, qc, M, W.cols, ldq, lds, kRows, y, ldy);
-    return;
-  }
-  const Words16Block b0 = block(n0), b1 = block(n0 + 16);
-  for_each_token_group<kPairTokens>(M, [&](auto n, int64_t t0) {
-    micro_pair<decltype(n)::value>(b0, b1, q + t0 * ldq, ldq, qs + t0 * lds, qc + t0 * lds, lds, W.cols,
-                                   y + t0 * ldy, ldy);
-  });
+  blocks_words16(q, qs, qc, M, ldq, lds, W.cols, block(n0), rows == 16 ? block(n0) : block(n0 + 16), rows, y, ldy);
 }
 
 }  // namespace mla::cpu

@@ -14,7 +14,7 @@
 //
 // Per block of 16 weight rows, the codes are first reordered into a per-thread buffer of column
 // quads (for each 4 columns, the 16 rows' 4 bytes side by side: one zmm), and the group scales
-// into one vector of 16 rows per chunk (INT4_WORDS16 weights lie in that order already, a chunk's
+// into one vector of 16 rows per chunk (the WORDS16 formats lie in that order already, INT4 a chunk's
 // nibbles unpacked by an AND and a shift as the kernel loads them). Two blocks (32 rows) then
 // run together over token groups of up to 6: per chunk and token, each column quad's 4
 // activation bytes broadcast into a register once for both blocks' VPDPBUSD (16 a chunk), then
@@ -56,7 +56,7 @@ void vnni_gemm_rows16(const int8_t* q, const float* qs, const int32_t* qc, int64
 void vnni_gemm_rows32(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t K, int64_t ldq,
                       int64_t lds, const uint32_t* packed, const float* scales, float* y, int64_t ldy);
 
-// The same on rows n0 .. n0 + rows - 1 of an INT4_WORDS16 W (n0 a multiple of 16, rows 16 or 32),
+// The same on rows n0 .. n0 + rows - 1 of an INT4_WORDS16 or INT8_WORDS16 W (n0 a multiple of 16, rows 16 or 32),
 // read where they lie; K = W.cols. 32 rows run as two blocks side by side, up to 6 tokens at a
 // time, each token's activation bytes broadcast once for both.
 void vnni_gemm_words16(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t ldq, int64_t lds,
