@@ -175,6 +175,16 @@ void for_each_golden_run(const std::string& name, Run&& run) {
   }
 }
 
+// A context whose loads repack the weights (repack.h): the fast precision without AMX, the
+// weights copied onto huge pages.
+cpu::Context repacking_context() {
+  cpu::Context c;
+  c.precision = cpu::Precision::Fast;
+  c.amx = false;
+  c.weights = cpu::WeightPlacement::HugePages;
+  return c;
+}
+
 // The weights repacked at load as column pairs (Context::repack_weights, where
 // the fast precision runs without AMX: repack.h) are the same model: run in the precise
 // precision they give the golden logits (every product on the pairs kernels of the float32
@@ -182,10 +192,7 @@ void for_each_golden_run(const std::string& name, Run&& run) {
 // whose prompt products then read them in place, they stay as near the golden as the fast
 // precision does (the bound and its reasoning as above).
 TEST(Repack, RepackedWeightsReproduceTheGolden) {
-  cpu::Context fast;
-  fast.precision = cpu::Precision::Fast;
-  fast.amx = false;
-  fast.weights = cpu::WeightPlacement::HugePages;
+  const cpu::Context fast = repacking_context();
   const std::string name = "deepseek-v2-lite-tiny";  // dense, shared and routed MLPs
   auto model = Model::load(test::fixture(name), fast);
   ASSERT_TRUE(model->weights_repacked());
@@ -222,10 +229,7 @@ TEST(Repack, RepackedWeightsReproduceTheGolden) {
 // activations, whose VNNI GEMM computes the same sums bit for bit and whose GEMVs differ by
 // float32 order.
 TEST(Repack, RepackedInt4ExpertsGiveTheSameLogits) {
-  cpu::Context fast;
-  fast.precision = cpu::Precision::Fast;
-  fast.amx = false;
-  fast.weights = cpu::WeightPlacement::HugePages;
+  const cpu::Context fast = repacking_context();
   cpu::Context off = fast;
   off.int8_activations = false;
   const std::string name = "deepseek-v2-lite-tiny";
@@ -267,10 +271,7 @@ TEST(Repack, RepackedInt4ExpertsGiveTheSameLogits) {
 // (the row-major load decodes on float32 activations), and stays within that quantization's
 // reach of the row-major logits (bounds below).
 TEST(Repack, RepackedInt8WeightsGiveTheSameLogits) {
-  cpu::Context fast;
-  fast.precision = cpu::Precision::Fast;
-  fast.amx = false;
-  fast.weights = cpu::WeightPlacement::HugePages;
+  const cpu::Context fast = repacking_context();
   cpu::Context off = fast;
   off.repack_weights = false;
   const std::string name = "deepseek-v2-lite-tiny";

@@ -685,9 +685,13 @@ struct FastRows {
 
 // ---- INT8_WORDS16 on int8 activations (VPDPBUSD) -------------------------------------------
 
-// How far ahead of the chunk it computes the VNNI GEMV prefetches its block, into L1. Its blocks
-// are one sequential stream (16 rows' 4 columns a 64-byte vector); without a software prefetch
-// this stream ran no faster than the row-major float32 GEMV (bench/matmul).
+// How far ahead of the chunk it computes the VNNI GEMV prefetches its block and its scales,
+// into L1. Its blocks are one sequential stream (16 rows' 4 columns a 64-byte vector); without
+// a software prefetch this stream ran no faster than the row-major float32 GEMV (a harness
+// beside bench/matmul). 1, 2 and 4 KiB measured alike; prefetching the scales and each work
+// unit's first 2 KiB too took the experts' share of an INT8 decode step from 0.80-0.90 of the
+// lm_head's (bf16, unchanged) to 0.78-0.84 (mla bench --weights int8 --depth 0, 4 alternating
+// pairs, 2 threads, AMD Zen 5 VM).
 constexpr int64_t kVnniPrefetchBytes = 2048;
 
 // Rows b .. b + 15 of an INT8_WORDS16 W for tokens t0 .. t0 + TN - 1: per chunk of 32 columns,
@@ -706,6 +710,8 @@ template <int TN>
   for (int64_t c = 0; c < Kc; ++c, p += 16 * kChunk) {
 #pragma GCC unroll 8
     for (int l = 0; l < 8; ++l) _mm_prefetch(reinterpret_cast<const char*>(p) + kVnniPrefetchBytes + 64 * l, _MM_HINT_T0);
+    // The scales' stream, 32 bytes a chunk: a line every other chunk, as far ahead in chunks.
+    if ((c & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(sc + c * 16) + kVnniPrefetchBytes / 16, _MM_HINT_T0);
     __m512i acc[TN];
     for (int t = 0; t < TN; ++t) acc[t] = _mm512_set1_epi32(qc[t * lds + c]);
 #pragma GCC unroll 8
@@ -737,6 +743,10 @@ struct VnniRows {
 
   void run(int64_t n0, int64_t n1) const {
     const int64_t K = W->cols, Kc = K / kChunk;
+    // A unit starts its stream cold: its first kVnniPrefetchBytes, which the kernel's prefetch
+    // (that far ahead) never asks for.
+    const char* start = static_cast<const char*>(W->data) + n0 * K;
+    for (int64_t o = 0; o < std::min<int64_t>(kVnniPrefetchBytes, (n1 - n0) * K); o += 64) _mm_prefetch(start + o, _MM_HINT_T0);
     for (int64_t b = n0; b < n1; b += 16)
       for (int64_t t0 = 0; t0 < T; t0 += 4) {
         const int8_t* qt = q + t0 * K;
