@@ -71,6 +71,14 @@ inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>&
   return m;
 }
 
+// The mean of |a[i] - b[i]|, summed in double.
+inline double mean_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size() || a.empty()) return INFINITY;
+  double sum = 0;
+  for (size_t i = 0; i < a.size(); ++i) sum += std::fabs(double(a[i]) - double(b[i]));
+  return sum / double(a.size());
+}
+
 // A fresh, empty folder under the system temp dir, removed with the object.
 struct TempDir {
   std::filesystem::path path;

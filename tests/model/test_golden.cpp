@@ -150,9 +150,7 @@ TEST(MultiThread, FastPrecisionExpertsPerThreadMatchOneThread) {
   // Against transformers' float32: bf16 activations move most logits by a few 1e-3, but on these
   // random weights a rounding can flip a near-tied expert choice and move that token's row by
   // O(1) (see tests/engine/test_verify.cpp), so the mean is bounded, not the max.
-  double sum = 0;
-  for (size_t i = 0; i < two.size(); ++i) sum += std::fabs(double(two[i]) - double(want[i]));
-  const double mean = sum / double(two.size());
+  const double mean = test::mean_abs_diff(two, want);
   EXPECT_LT(mean, 3e-2);  // measured 1.1e-2, of which a flipped row is a few 1e-3
 }
 
@@ -215,9 +213,7 @@ TEST(Repack, RepackedWeightsReproduceTheGolden) {
     EXPECT_LE(test::max_abs_diff(run_logits(*model, ids, opt), want), kLogitTol) << what << " precise";
     opt.context = nullptr;  // the model's own: fast, weights in place
     const auto got = run_logits(*model, ids, opt);
-    double sum = 0;
-    for (size_t i = 0; i < got.size(); ++i) sum += std::fabs(double(got[i]) - double(want[i]));
-    EXPECT_LT(sum / double(got.size()), 3e-2) << what << " fast";
+    EXPECT_LT(test::mean_abs_diff(got, want), 3e-2) << what << " fast";
   });
 }
 
@@ -252,9 +248,7 @@ TEST(Repack, RepackedInt4ExpertsGiveTheSameLogits) {
     opt.context = &fast;
     const auto a = run_logits(*model, ids, opt), b = run_logits(*plain, ids, opt);
     const float d = test::max_abs_diff(a, b);
-    double sum = 0;
-    for (size_t i = 0; i < a.size(); ++i) sum += std::fabs(double(a[i]) - double(b[i]));
-    EXPECT_LT(sum / double(a.size()), 1e-3) << what << " fast";
+    EXPECT_LT(test::mean_abs_diff(a, b), 1e-3) << what << " fast";
     EXPECT_LT(d, 5e-2f) << what << " fast";
     flipped += d > kLogitTol;
   });
@@ -294,9 +288,7 @@ TEST(Repack, RepackedInt8WeightsGiveTheSameLogits) {
         << what << " precise";
     opt.context = &fast;
     const auto a = run_logits(*model, ids, opt), b = run_logits(*plain, ids, opt);
-    double sum = 0;
-    for (size_t i = 0; i < a.size(); ++i) sum += std::fabs(double(a[i]) - double(b[i]));
-    worst_mean = std::max(worst_mean, sum / double(a.size()));
+    worst_mean = std::max(worst_mean, test::mean_abs_diff(a, b));
     worst = std::max(worst, test::max_abs_diff(a, b));
   });
   // Int8 activations move each product by up to half a step of its chunk's largest value

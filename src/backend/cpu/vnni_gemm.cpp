@@ -67,14 +67,8 @@ struct Words16Block {
 
 // A block of INT8_WORDS16 where it lies: vnni_pack_rows16's code vectors already, with
 // INT4_WORDS16's bf16 scales.
-struct Int8Words16Block {
-  const uint32_t* p;
-  const uint16_t* s;
-  int64_t per;
+struct Int8Words16Block : Words16Block {
   [[gnu::always_inline]] __m512i code(int64_t c, int j) const { return _mm512_loadu_si512(p + (c * 8 + j) * kRows); }
-  [[gnu::always_inline]] __m512 scale(int64_t c) const {
-    return avx512::words16_scales(s + (per == 1 ? c : c / per) * kRows);
-  }
 };
 
 // y[t, 0..15] for T tokens over the block; rows past `rows` not stored.
@@ -220,21 +214,19 @@ void vnni_gemm_rows32(const int8_t* q, const float* qs, const int32_t* qc, int64
 
 void vnni_gemm_words16(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t ldq, int64_t lds,
                        const MatrixView& W, int64_t n0, int64_t rows, float* y, int64_t ldy) {
-  if (W.format == WeightFormat::INT8_WORDS16) {
+  // Block: Words16Block or Int8Words16Block, rows of `words` 32-bit words (8 or 4 codes each).
+  auto run = [&](auto kind, int64_t words) {
+    using Block = decltype(kind);
     auto block = [&](int64_t n) {
-      return Int8Words16Block{static_cast<const uint32_t*>(W.data) + n * (W.cols / 4),
-                              static_cast<const uint16_t*>(W.scales) + words16_scale(W.row0 + n, 0, W.scale_cols),
-                              W.group_size / 32};
+      const Words16Block b{static_cast<const uint32_t*>(W.data) + n * words,
+                           static_cast<const uint16_t*>(W.scales) + words16_scale(W.row0 + n, 0, W.scale_cols),
+                           W.group_size / 32};
+      return Block{b};
     };
     blocks_words16(q, qs, qc, M, ldq, lds, W.cols, block(n0), rows == 16 ? block(n0) : block(n0 + 16), rows, y, ldy);
-    return;
-  }
-  auto block = [&](int64_t n) {
-    return Words16Block{static_cast<const uint32_t*>(W.data) + n * (W.cols / 8),
-                        static_cast<const uint16_t*>(W.scales) + words16_scale(W.row0 + n, 0, W.scale_cols),
-                        W.group_size / 32};
   };
-  blocks_words16(q, qs, qc, M, ldq, lds, W.cols, block(n0), rows == 16 ? block(n0) : block(n0 + 16), rows, y, ldy);
+  if (W.format == WeightFormat::INT8_WORDS16) run(Int8Words16Block{}, W.cols / 4);
+  else run(Words16Block{}, W.cols / 8);
 }
 
 }  // namespace mla::cpu
