@@ -710,6 +710,33 @@ TEST(Matmul, TokenGroupsCoverTheTokensAsTheKernelsWalkThem) {
   }
 }
 
+// The float32 group packer must give, bit for bit, what converting the tokens to bf16
+// (activations_bf16: round to nearest even) and packing them does, for every group size up to 16
+// (the lanes past n must not be written) and for values that round up, down, to even and overflow.
+TEST(Matmul, Float32PairGroupsEqualConvertThenPack) {
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  const int64_t K = 96, ldx = K + 5;
+  for (int64_t n = 1; n <= 16; ++n) {
+    std::vector<float> x(size_t(n * ldx));
+    for (auto& v : x) v = u(rng);
+    // Exact ties (the 17th mantissa bit set alone, so even and odd bf16 neighbours), huge values
+    // that round to infinity, negative zero and a denormal.
+    for (int64_t t = 0; t < n; ++t) {
+      const uint32_t bits[] = {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x80000000u, 0x00000001u};
+      for (int i = 0; i < 5; ++i) std::memcpy(&x[size_t(t * ldx + 7 * i + t)], &bits[i], 4);
+    }
+    std::vector<uint16_t> rows(size_t(n * K));
+    mla::cpu::activations_bf16(x.data(), n, ldx, K, mla::WeightFormat::BF16, false, rows.data(), K);
+    std::vector<uint32_t> want(size_t(n * K / 2)), got(size_t(n * K / 2) + 16, 0xdeadbeefu);
+    mla::cpu::pack_activation_pair_group(rows.data(), n, K, K, want.data());
+    mla::cpu::pack_activation_pair_group(x.data(), n, K, ldx, got.data());
+    for (size_t i = want.size(); i < got.size(); ++i) ASSERT_EQ(got[i], 0xdeadbeefu) << n << " wrote past its group";
+    got.resize(want.size());
+    ASSERT_EQ(got, want) << n;
+  }
+}
+
 TEST(Matmul, FastPrecisionPromptSizedProducts) {
   // AMX tiles where the CPU has them (up to 127 tokens; oneDNN above), VDPBF16PS without (the
   // context keeps the FMA kernel out: it has its own test below). The

@@ -106,6 +106,20 @@ void pack_activation_pair_group(const uint16_t* x, int64_t n, int64_t K, int64_t
   }
 }
 
+void pack_activation_pair_group(const float* x, int64_t n, int64_t K, int64_t ldx, uint32_t* out) {
+  const __mmask16 keep = __mmask16((1u << n) - 1);
+  for (int64_t c = 0; c < K / 32; ++c) {
+    __m512i r[16];  // r[t]: token t's 16 pairs of this chunk, then (transposed) r[j]: pair j of every token
+    for (int t = 0; t < 16; ++t) {
+      const float* src = x + t * ldx + c * 32;
+      r[t] = t < n ? reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src)))
+                   : _mm512_setzero_si512();
+    }
+    transpose16(r);
+    for (int j = 0; j < 16; ++j) _mm512_mask_storeu_epi32(out + (c * 16 + j) * n, keep, r[j]);
+  }
+}
+
 void pack_activation_pairs(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, uint32_t* out) {
   for (int64_t g = 0, groups = token_group_count(M, kDpbf16PairsTokens); g < groups; ++g) {
     const TokenGroup tg = token_group(M, kDpbf16PairsTokens, g);

@@ -134,16 +134,22 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
     const float* xf = permute_f32 ? s.f.data() : x + t0 * ldx;
     const int64_t ldf = permute_f32 ? K : ldx;
     parallel_region(ctx, true, [&] {
-    // The paired kernel's activations: each token group converted to bf16 in this thread's
-    // buffer and packed as column pairs, the groups split across the threads.
+    // The paired kernel's activations: each token group converted to bf16 and packed as column
+    // pairs in one pass (through this thread's buffer where the weights' columns are permuted),
+    // the groups split across the threads.
     if (pairs) {
 #pragma omp for schedule(static)
       for (int64_t g = 0; g < token_group_count(tn, kDpbf16PairsTokens); ++g) {
         const TokenGroup tg = token_group(tn, kDpbf16PairsTokens, g);
+        uint32_t* const out = s.pairs.data() + tg.t0 * (K / 2);
+        if (direct || layout_of(W.format) == Layout::Natural) {
+          pack_activation_pair_group(x + (t0 + tg.t0) * ldx, tg.n, K, ldx, out);
+          continue;
+        }
         struct Tag;
         uint16_t* const rows = thread_buffer<Tag, uint16_t>(size_t(tg.n * K));
-        activations_bf16(x + (t0 + tg.t0) * ldx, tg.n, ldx, K, W.format, !direct, rows, K);
-        pack_activation_pair_group(rows, tg.n, K, K, s.pairs.data() + tg.t0 * (K / 2));
+        activations_bf16(x + (t0 + tg.t0) * ldx, tg.n, ldx, K, W.format, true, rows, K);
+        pack_activation_pair_group(rows, tg.n, K, K, out);
       }
     } else if (!fma || permute_f32) {
       // Otherwise to bf16 (and packed), or permuted, 16 tokens (one token tile) per iteration.
