@@ -107,7 +107,7 @@ int64_t max_pass_tokens(int64_t K, int64_t bytes) { return std::clamp<int64_t>(b
 
 // Tokens per pass for T tokens: at most max_pass_tokens(K, bytes), the passes of equal size (a
 // short last pass would read every weight again for a few tokens).
-int64_t pass_tokens(int64_t T, int64_t K, int64_t bytes = kAmxPassBytes) {
+int64_t pass_tokens(int64_t T, int64_t K, int64_t bytes) {
   const int64_t most = max_pass_tokens(K, bytes), npass = (T + most - 1) / most;
   return (T + npass - 1) / npass;
 }
@@ -458,9 +458,9 @@ void matmul_vnni(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
   thread_local Codes a;
   constexpr int64_t kRows = 16;
   const int64_t blocks = (N + kRows - 1) / kRows;
-  // Passes of tokens whose codes (a byte a column) stay within about 512 KiB, read again for
-  // every block of rows (each pass repacks every weight).
-  const int64_t pass = pass_tokens(T, K);
+  // Passes of AMX's token counts, whose codes (a byte a column) stay within about 512 KiB, read
+  // again for every block of rows (each pass repacks every weight).
+  const int64_t pass = pass_tokens(T, K, kAmxPassBytes);
   for (int64_t t0 = 0; t0 < T; t0 += pass) {
     const int64_t tn = std::min(pass, T - t0);
     if (a.q.size() < size_t(tn * K)) a.q.resize(size_t(tn * K));
