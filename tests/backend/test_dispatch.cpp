@@ -103,6 +103,7 @@ TEST(Dispatch, FastWithoutAmx) {
       {"int8 g48", weight(WeightFormat::INT8_GROUP, 7152, 48), "ref ref ref ref ref deq deq deq deq deq deq"},
       // Repacked at load (repack.h): decode on the VNNI GEMV too.
       {"int8 words16", weight(WeightFormat::INT8_WORDS16), "vgemv vgemv vgemv vgemv vgemv vnni vnni vnni vnni vnni vnni"},
+      {"int4 words16", weight(WeightFormat::INT4_WORDS16), "vgemv vgemv vgemv vgemv vgemv vnni vnni vnni vnni vnni vnni"},
   };
   for (const Row& r : rows) EXPECT_EQ(row(fast, r.w, no_amx), r.kernels) << r.name;
 }
@@ -139,6 +140,9 @@ TEST(Dispatch, Int8ActivationsOffKeepsIntWeightsOnTheBf16Gemms) {
   // the VNNI one, so a context without them takes the reference.
   EXPECT_EQ(row(fast, weight(WeightFormat::INT8_WORDS16), CpuFeatures{false, false}),
             "ref ref ref ref ref dp dp dp dp dp dp");
+  // INT4_WORDS16 keeps the bf16 and float32 GEMVs (gemv.cpp's words16 kernels).
+  EXPECT_EQ(row(fast, weight(WeightFormat::INT4_WORDS16), CpuFeatures{false, false}),
+            "bf16 f32 f32 f32 f32 dp dp dp dp dp dp");
   // The precise precision never quantizes activations.
   const Context precise = context(mla::cpu::Precision::Precise);
   EXPECT_EQ(row(precise, weight(WeightFormat::INT4_GROUP), CpuFeatures{false, true}),
@@ -173,6 +177,7 @@ TEST(Dispatch, PreciseIgnoresAmxAndTheBf16Threshold) {
       {"int8 g32", weight(WeightFormat::INT8_GROUP), "f32 f32 f32 f32 f32 f32 f32 deq deq deq deq"},
       {"int8 g48", weight(WeightFormat::INT8_GROUP, 7152, 48), "ref ref ref ref ref ref ref deq deq deq deq"},
       {"int8 words16", weight(WeightFormat::INT8_WORDS16), "ref ref ref ref ref ref ref deq deq deq deq"},
+      {"int4 words16", weight(WeightFormat::INT4_WORDS16), "f32 f32 f32 f32 f32 f32 f32 deq deq deq deq"},
   };
   for (const Context& ctx : {context(mla::cpu::Precision::Precise), context(mla::cpu::Precision::Precise, 1000)})
     for (bool amx : {true, false})

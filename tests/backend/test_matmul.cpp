@@ -1022,7 +1022,7 @@ TEST(Repack, Words16HoldsTheSameWeights) {
   EXPECT_FALSE(mla::cpu::words16_eligible(fp8.view));
 }
 
-// y = W x of INT8 groups on int8 activations as integers: per token and chunk of 32 columns,
+// y = W x of INT4 or INT8 groups on int8 activations as integers: per token and chunk of 32 columns,
 // the exact sum of the weights' codes times the activations' codes (activations_int8), times
 // both scales, summed in double: what the VNNI kernels compute before their float32 roundings.
 // Each output's value and the sum of its chunks' magnitudes.
@@ -1032,7 +1032,12 @@ std::vector<std::pair<double, double>> vnni_exact(const MatrixView& W, const flo
   std::vector<float> qs(size_t(T * Kc));
   std::vector<int32_t> qc(size_t(T * Kc));
   mla::cpu::activations_int8(x, T, ldx, K, WeightFormat::INT8_GROUP, 128, q.data(), K, qs.data(), qc.data(), Kc);
-  const int8_t* codes = static_cast<const int8_t*>(W.data);
+  // The weight's code: INT8 a signed byte, INT4 nibble k % 8 of the row's word k / 8, less 8.
+  auto code = [&](int64_t n, int64_t k) -> int64_t {
+    const uint8_t* row = static_cast<const uint8_t*>(W.data) + size_t(n) * W.row_bytes();
+    if (W.format == WeightFormat::INT8_GROUP) return int8_t(row[k]);
+    return int64_t((row[k / 2] >> (4 * (k % 2))) & 0xf) - 8;
+  };
   const uint16_t* scales = static_cast<const uint16_t*>(W.scales);
   std::vector<std::pair<double, double>> y(size_t(T * W.rows));
   for (int64_t t = 0; t < T; ++t)
@@ -1040,7 +1045,7 @@ std::vector<std::pair<double, double>> vnni_exact(const MatrixView& W, const flo
       double sum = 0, mag = 0;
       for (int64_t c = 0; c < Kc; ++c) {
         int64_t dot = 0;
-        for (int64_t k = c * 32; k < c * 32 + 32; ++k) dot += int64_t(codes[n * K + k]) * q[size_t(t * K + k)];
+        for (int64_t k = c * 32; k < c * 32 + 32; ++k) dot += code(n, k) * q[size_t(t * K + k)];
         const double s = mla::bf16_to_f32(scales[(W.row0 + n) * W.scale_cols + c * 32 / W.group_size]);
         const double term = double(dot) * s * double(qs[size_t(t * Kc + c)]);
         sum += term;
@@ -1055,7 +1060,7 @@ std::vector<std::pair<double, double>> vnni_exact(const MatrixView& W, const flo
 // 32 columns, 4 chains of 8 products (float32 FMAs, or VDPBF16PS's exact products added in
 // pairs), 3 additions, the group scale's product and the FMA into the total (a chain of
 // cols / 32); the reference's float32 weights one more. m = cols / 8 + 16 roundings of u = 2^-24
-// bound it. INT8_WORDS16's decode GEMV (VNNI, int8 activations) computes the VNNI GEMM's
+// bound it. The WORDS16 formats' decode GEMV (VNNI, int8 activations) computes the VNNI GEMM's
 // operations in the same order: the same results bit for bit, and within (cols / 32 + 2) u of
 // the exact integer arithmetic (vnni_exact).
 TEST(Repack, Words16ProductsOnEveryKernel) {

@@ -220,10 +220,11 @@ TEST(Repack, RepackedWeightsReproduceTheGolden) {
 // INT4 routed experts (quantized at load) repacked in blocks of 16 rows (INT4_WORDS16, where the
 // prompt's INT4 products run on the VNNI GEMM: repack.h) are the same model as the row-major
 // INT4: every mode and path gives the logits of a load that keeps them row-major (int8
-// activations off at load; its bf16 weights repacked alike), in the precise precision (float32
-// GEMVs of another summation order: the golden's 1e-3) and in the fast one with int8
-// activations, whose VNNI GEMM computes the same sums bit for bit and whose GEMVs differ by
-// float32 order.
+// activations off at load; its bf16 weights repacked alike) in the precise precision (float32
+// GEMVs of another summation order: the golden's 1e-3). In the fast one with int8 activations
+// the repacked experts' products of a few tokens run on the VNNI GEMV, the activations
+// quantized to int8 as the VNNI GEMM has them (the row-major load's GEMVs round them to bf16):
+// within that quantization's reach of the row-major logits (bounds below).
 TEST(Repack, RepackedInt4ExpertsGiveTheSameLogits) {
   const cpu::Context fast = repacking_context();
   cpu::Context off = fast;
@@ -240,22 +241,24 @@ TEST(Repack, RepackedInt4ExpertsGiveTheSameLogits) {
                                                                          : WeightFormat::INT4_GROUP);
   ASSERT_EQ(plain->weights().layers.back().experts[0].gate.format, WeightFormat::INT4_GROUP);
   cpu::Context precise;
-  int flipped = 0;
+  double worst_mean = 0;
+  float worst = 0;
   for_each_golden_run(name, [&](const auto& ids, const auto&, RunOptions opt, const std::string& what) {
     opt.context = &precise;
     EXPECT_LE(test::max_abs_diff(run_logits(*model, ids, opt), run_logits(*plain, ids, opt)), kLogitTol)
         << what << " precise";
     opt.context = &fast;
     const auto a = run_logits(*model, ids, opt), b = run_logits(*plain, ids, opt);
-    const float d = test::max_abs_diff(a, b);
-    EXPECT_LT(test::mean_abs_diff(a, b), 1e-3) << what << " fast";
-    EXPECT_LT(d, 5e-2f) << what << " fast";
-    flipped += d > kLogitTol;
+    worst_mean = std::max(worst_mean, test::mean_abs_diff(a, b));
+    worst = std::max(worst, test::max_abs_diff(a, b));
   });
-  // In the fast precision a float32 difference of order can flip the bf16 rounding of an
-  // activation (2^-8 of it) or a near-tied expert choice, and the cache carries it to the later
-  // tokens: measured in 1 of the 24 runs (max 0.012, mean 9e-4).
-  EXPECT_LE(flipped, 2);
+  std::printf("int4 words16 against row-major, fast: worst mean |d| %.3g, max %.3g\n", worst_mean, worst);
+  // Int8 activations move each product by up to half a step of its chunk's largest value
+  // (vnni_gemm.h), bf16 ones by up to 2^-9 of each value: measured at most 0.0041 mean and 0.109
+  // max over the 24 runs; the bounds leave 2x.
+  EXPECT_GT(worst, 0.0f) << "the fast runs should differ: decode on int8 activations against bf16";
+  EXPECT_LT(worst_mean, 8.2e-3) << "mean |d|";
+  EXPECT_LT(worst, 0.22f) << "max |d|";
 }
 
 // INT8 weights (every projection but kv_b, quantized at load) repacked in blocks of 16 rows

@@ -89,8 +89,8 @@ int64_t gemv_max_tokens(const Context& ctx, const MatrixView& W, const CpuFeatur
 Kernel gemv_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f) {
   if (ctx.one_token_kernels) T = 1;
   if (!fast_supported(W)) return Kernel::GemvReference;
-  if (W.format == WeightFormat::INT8_WORDS16)
-    return ctx.fast() && ctx.int8_activations ? Kernel::GemvVnni : Kernel::GemvReference;
+  if (is_words16(W.format) && ctx.fast() && ctx.int8_activations) return Kernel::GemvVnni;
+  if (W.format == WeightFormat::INT8_WORDS16) return Kernel::GemvReference;
   if (ctx.fast() && f.amx && T >= 2 && T <= kAmxGemvTokens && W.cols >= kStep &&
       W.format == WeightFormat::FP8_BLOCK128)
     return Kernel::GemvAmxFp8;

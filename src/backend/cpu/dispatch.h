@@ -26,7 +26,7 @@ enum class Kernel {
   GemvF32,        // fused dequantize-and-FMA GEMV on float32 activations (gemv.h)
   GemvBf16,       // the GEMV's VDPBF16PS kernels on bf16 activations (fast; bf16, FP8, INT4)
   GemvAmxFp8,     // FP8 rows decoded onto AMX tiles, 2 to 16 tokens (fast; amx.h)
-  GemvVnni,       // INT8_WORDS16 blocks x int8 activations on VPDPBUSD (fast, int8_activations; gemv.h)
+  GemvVnni,       // INT4 / INT8_WORDS16 blocks x int8 activations on VPDPBUSD (fast, int8_activations; gemv.h)
   AmxGemm,        // bf16 GEMM on AMX tiles, amx_gemm_rows32, 32 weight rows at a time (fast; gemm.h)
   Dpbf16Gemm,     // bf16 GEMM on VDPBF16PS, dpbf16_gemm_rows32, activations row-major (fast, no AMX; dpbf16_gemm.h)
   FmaGemm,        // bf16 weights x float32 activations on FMAs, fma_gemm_rows32 (fast, no AMX; fma_gemm.h)
@@ -44,8 +44,9 @@ inline bool is_gemv(Kernel k) { return k <= Kernel::GemvVnni; }
 int64_t gemv_max_tokens(const Context& ctx, const MatrixView& W, const CpuFeatures& f);
 
 // The kernel of the GEMV family that gemv and gemv_batch run a product of T tokens on (any T).
-// INT8_WORDS16 weights (repacked at load where the prompt's products run on int8 activations)
-// take GemvVnni there, and the reference in any other context.
+// The WORDS16 formats (repacked at load where the prompt's products run on int8 activations)
+// take GemvVnni there; in any other context INT8_WORDS16 takes the reference and INT4_WORDS16
+// the float32 or bf16 GEMVs.
 Kernel gemv_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f);
 
 // The bf16 GEMM of a product past the GEMV's tokens (matmul_bf16, gemm.h) where K is a multiple

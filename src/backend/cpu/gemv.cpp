@@ -683,55 +683,55 @@ struct FastRows {
   }
 };
 
-// ---- INT8_WORDS16 on int8 activations (VPDPBUSD) -------------------------------------------
+// ---- the WORDS16 formats on int8 activations (VPDPBUSD) ------------------------------------
 
 // How far ahead of the chunk it computes the VNNI GEMV prefetches its block and its scales,
-// into L1. Its blocks are one sequential stream (16 rows' 4 columns a 64-byte vector); without
-// a software prefetch this stream ran no faster than the row-major float32 GEMV (a harness
-// beside bench/matmul). 1, 2 and 4 KiB measured alike; prefetching the scales and each work
-// unit's first 2 KiB too took the experts' share of an INT8 decode step from 0.80-0.90 of the
-// lm_head's (bf16, unchanged) to 0.78-0.84 (mla bench --weights int8 --depth 0, 4 alternating
-// pairs, 2 threads, AMD Zen 5 VM).
+// into L1. Its blocks are one sequential stream (16 rows' 4 or 8 columns a 64-byte vector);
+// without a software prefetch this stream ran no faster than the row-major float32 GEMV (a
+// harness beside bench/matmul). 1, 2 and 4 KiB measured alike; prefetching the scales and each
+// work unit's first 2 KiB too took the experts' share of an INT8 decode step from 0.80-0.90 of
+// the lm_head's (bf16, unchanged) to 0.78-0.84 (mla bench --weights int8 --depth 0, 4
+// alternating pairs, 2 threads, AMD Zen 5 VM).
 constexpr int64_t kVnniPrefetchBytes = 2048;
 
-// Rows b .. b + 15 of an INT8_WORDS16 W for tokens t0 .. t0 + TN - 1: per chunk of 32 columns,
-// each token's integer sum starts at its correction qc, takes the block's 8 code vectors by
-// VPDPBUSD against the token's 4 activation codes broadcast, and adds into the float32 total as
-// the VNNI GEMM's micro kernel does (the same operations in the same order: equal results).
-template <int TN>
-[[gnu::always_inline]] inline void vnni_words16_block(const MatrixView& W, int64_t b, const int8_t* q, int64_t ldq,
+// Rows b .. b + 15 (blk: vnni_gemm.h's Words16Block or Int8Words16Block) for tokens
+// t0 .. t0 + TN - 1: per chunk of 32 columns, each token's integer sum starts at its correction
+// qc, takes the block's 8 code vectors by VPDPBUSD against the token's 4 activation codes
+// broadcast, and adds into the float32 total as the VNNI GEMM's micro kernel does (the same
+// block reader, the same operations in the same order: equal results).
+template <int TN, class Block>
+[[gnu::always_inline]] inline void vnni_words16_block(const Block blk, int64_t Kc, const int8_t* q, int64_t ldq,
                                                       const float* qs, const int32_t* qc, int64_t lds, float* y,
                                                       int64_t ldy) {
-  const int64_t Kc = W.cols / kChunk, per = W.group_size / kChunk;
-  const uint8_t* p = static_cast<const uint8_t*>(W.data) + b * W.cols;
-  const uint16_t* sc = static_cast<const uint16_t*>(W.scales) + words16_scale(W.row0 + b, 0, W.scale_cols);
+  constexpr int64_t kAhead = kVnniPrefetchBytes / Block::kChunkBytes;  // chunks
+  const char* p = reinterpret_cast<const char*>(blk.p) + kVnniPrefetchBytes;
   __m512 f[TN];
   for (int t = 0; t < TN; ++t) f[t] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < Kc; ++c, p += 16 * kChunk) {
+  for (int64_t c = 0; c < Kc; ++c, p += Block::kChunkBytes) {
 #pragma GCC unroll 8
-    for (int l = 0; l < 8; ++l) _mm_prefetch(reinterpret_cast<const char*>(p) + kVnniPrefetchBytes + 64 * l, _MM_HINT_T0);
-    // The scales' stream, 32 bytes a chunk: a line every other chunk, as far ahead in chunks.
-    if ((c & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(sc + c * 16) + kVnniPrefetchBytes / 16, _MM_HINT_T0);
+    for (int l = 0; l < Block::kChunkBytes / 64; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
+    // The scales' stream, 32 bytes a group of 16 rows: a line every other chunk, as far ahead.
+    if ((c & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(blk.s + (c + kAhead) / blk.per * 16), _MM_HINT_T0);
     __m512i acc[TN];
     for (int t = 0; t < TN; ++t) acc[t] = _mm512_set1_epi32(qc[t * lds + c]);
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
-      const __m512i w = _mm512_loadu_si512(p + 64 * j);
+      const __m512i w = blk.code(c, j);
       for (int t = 0; t < TN; ++t) {
         // The activations' 4 codes as the instruction's broadcast memory operand (vnni_gemm.cpp).
         const void* a = q + t * ldq + c * kChunk + 4 * j;
         asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc[t]) : "v"(w), "m"(*static_cast<const int32_t*>(a)));
       }
     }
-    const __m512 s = words16_scales(sc + (per == 1 ? c : c / per) * 16);
+    const __m512 s = blk.scale(c);
     for (int t = 0; t < TN; ++t)
       f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_mul_ps(s, _mm512_set1_ps(qs[t * lds + c])), f[t]);
   }
-  for (int t = 0; t < TN; ++t) _mm512_storeu_ps(y + t * ldy + b, f[t]);
+  for (int t = 0; t < TN; ++t) _mm512_storeu_ps(y + t * ldy, f[t]);
 }
 
-// The INT8_WORDS16 rows [n0, n1) (whole blocks of 16) of one thread, the activations' codes,
-// scales and corrections prepared once per call (activations_int8, gemm.h).
+// The INT4_WORDS16 or INT8_WORDS16 rows [n0, n1) (whole blocks of 16) of one thread, the
+// activations' codes, scales and corrections prepared once per call (activations_int8, gemm.h).
 struct VnniRows {
   const MatrixView* W;
   const int8_t* q;
@@ -741,25 +741,34 @@ struct VnniRows {
   float* y;
   int64_t ldy;
 
-  void run(int64_t n0, int64_t n1) const {
+  template <class Block>
+  void blocks(int64_t n0, int64_t n1) const {
     const int64_t K = W->cols, Kc = K / kChunk;
     // A unit starts its stream cold: its first kVnniPrefetchBytes, which the kernel's prefetch
     // (that far ahead) never asks for.
-    const char* start = static_cast<const char*>(W->data) + n0 * K;
-    for (int64_t o = 0; o < std::min<int64_t>(kVnniPrefetchBytes, (n1 - n0) * K); o += 64) _mm_prefetch(start + o, _MM_HINT_T0);
-    for (int64_t b = n0; b < n1; b += 16)
+    const char* start = reinterpret_cast<const char*>(words16_block<Block>(*W, n0).p);
+    const int64_t bytes = (n1 - n0) / 16 * Kc * Block::kChunkBytes;
+    for (int64_t o = 0; o < std::min(kVnniPrefetchBytes, bytes); o += 64) _mm_prefetch(start + o, _MM_HINT_T0);
+    for (int64_t b = n0; b < n1; b += 16) {
+      const Block blk = words16_block<Block>(*W, b);
       for (int64_t t0 = 0; t0 < T; t0 += 4) {
         const int8_t* qt = q + t0 * K;
         const float* st = qs + t0 * Kc;
         const int32_t* ct = qc + t0 * Kc;
-        float* yt = y + t0 * ldy;
+        float* yt = y + t0 * ldy + b;
         switch (std::min<int64_t>(4, T - t0)) {
-          case 1: vnni_words16_block<1>(*W, b, qt, K, st, ct, Kc, yt, ldy); break;
-          case 2: vnni_words16_block<2>(*W, b, qt, K, st, ct, Kc, yt, ldy); break;
-          case 3: vnni_words16_block<3>(*W, b, qt, K, st, ct, Kc, yt, ldy); break;
-          default: vnni_words16_block<4>(*W, b, qt, K, st, ct, Kc, yt, ldy); break;
+          case 1: vnni_words16_block<1>(blk, Kc, qt, K, st, ct, Kc, yt, ldy); break;
+          case 2: vnni_words16_block<2>(blk, Kc, qt, K, st, ct, Kc, yt, ldy); break;
+          case 3: vnni_words16_block<3>(blk, Kc, qt, K, st, ct, Kc, yt, ldy); break;
+          default: vnni_words16_block<4>(blk, Kc, qt, K, st, ct, Kc, yt, ldy); break;
         }
       }
+    }
+  }
+
+  void run(int64_t n0, int64_t n1) const {
+    if (W->format == WeightFormat::INT8_WORDS16) blocks<Int8Words16Block>(n0, n1);
+    else blocks<Words16Block>(n0, n1);
   }
 };
 

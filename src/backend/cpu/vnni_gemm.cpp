@@ -49,28 +49,6 @@ struct PackedBlock {
   [[gnu::always_inline]] __m512 scale(int64_t c) const { return _mm512_load_ps(ws + c * kRows); }
 };
 
-// A block of INT4_WORDS16 where it lies: chunk c's 4 words of the 16 rows hold bytes 4v .. 4v + 3
-// of each row's chunk, whose low nibbles are code vector v and high nibbles code vector v + 4
-// (each word loaded twice, from L1: two registers a chunk instead of eight, beside 12 tokens' 24).
-struct Words16Block {
-  const uint32_t* p;
-  const uint16_t* s;  // the block's bf16 scales, [group][16]
-  int64_t per;        // chunks per group
-  [[gnu::always_inline]] __m512i code(int64_t c, int j) const {
-    const __m512i x = _mm512_loadu_si512(p + (c * 4 + (j & 3)) * kRows);
-    return _mm512_and_si512(j < 4 ? x : _mm512_srli_epi16(x, 4), _mm512_set1_epi8(0x0f));
-  }
-  [[gnu::always_inline]] __m512 scale(int64_t c) const {
-    return avx512::words16_scales(s + (per == 1 ? c : c / per) * kRows);
-  }
-};
-
-// A block of INT8_WORDS16 where it lies: vnni_pack_rows16's code vectors already, with
-// INT4_WORDS16's bf16 scales.
-struct Int8Words16Block : Words16Block {
-  [[gnu::always_inline]] __m512i code(int64_t c, int j) const { return _mm512_loadu_si512(p + (c * 8 + j) * kRows); }
-};
-
 // y[t, 0..15] for T tokens over the block; rows past `rows` not stored.
 template <int T, class Block>
 void micro(const Block blk, const int8_t* q, int64_t ldq, const float* qs, const int32_t* qc, int64_t lds, int64_t K,
@@ -214,19 +192,13 @@ void vnni_gemm_rows32(const int8_t* q, const float* qs, const int32_t* qc, int64
 
 void vnni_gemm_words16(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t ldq, int64_t lds,
                        const MatrixView& W, int64_t n0, int64_t rows, float* y, int64_t ldy) {
-  // Block: Words16Block or Int8Words16Block, rows of `words` 32-bit words (8 or 4 codes each).
-  auto run = [&](auto kind, int64_t words) {
+  auto run = [&](auto kind) {
     using Block = decltype(kind);
-    auto block = [&](int64_t n) {
-      const Words16Block b{static_cast<const uint32_t*>(W.data) + n * words,
-                           static_cast<const uint16_t*>(W.scales) + words16_scale(W.row0 + n, 0, W.scale_cols),
-                           W.group_size / 32};
-      return Block{b};
-    };
-    blocks_words16(q, qs, qc, M, ldq, lds, W.cols, block(n0), rows == 16 ? block(n0) : block(n0 + 16), rows, y, ldy);
+    const Block b0 = words16_block<Block>(W, n0), b1 = rows == 16 ? b0 : words16_block<Block>(W, n0 + 16);
+    blocks_words16(q, qs, qc, M, ldq, lds, W.cols, b0, b1, rows, y, ldy);
   };
-  if (W.format == WeightFormat::INT8_WORDS16) run(Int8Words16Block{}, W.cols / 4);
-  else run(Words16Block{}, W.cols / 8);
+  if (W.format == WeightFormat::INT8_WORDS16) run(Int8Words16Block{});
+  else run(Words16Block{});
 }
 
 }  // namespace mla::cpu

@@ -26,11 +26,49 @@
 // per chunk and output two float32 roundings (the scales' product, the FMA). Internal to
 // src/backend/cpu.
 #pragma once
-#include <cstdint>
+#include <immintrin.h>
 
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/cpu/decode_avx512.h"
 #include "tensor/matrix.h"
 
 namespace mla::cpu {
+
+// A block of 16 INT4_WORDS16 rows where it lies, as the VNNI GEMM and the decode GEMV (gemv.cpp)
+// both read it: chunk c's 4 words of the 16 rows hold bytes 4v .. 4v + 3 of each row's chunk,
+// whose low nibbles are code vector v and high nibbles code vector v + 4 (each word loaded
+// twice, from L1: two registers a chunk instead of eight, beside 12 tokens' 24).
+struct Words16Block {
+  static constexpr int64_t kChunkBytes = 256;  // a chunk of 32 columns of the 16 rows
+  const uint32_t* p;
+  const uint16_t* s;  // the block's bf16 scales, [group][16]
+  int64_t per;        // chunks per group
+  [[gnu::always_inline]] __m512i code(int64_t c, int j) const {
+    const __m512i x = _mm512_loadu_si512(p + (c * 4 + (j & 3)) * 16);
+    return _mm512_and_si512(j < 4 ? x : _mm512_srli_epi16(x, 4), _mm512_set1_epi8(0x0f));
+  }
+  [[gnu::always_inline]] __m512 scale(int64_t c) const { return avx512::words16_scales(s + (per == 1 ? c : c / per) * 16); }
+};
+
+// A block of INT8_WORDS16 where it lies: vnni_pack_rows16's code vectors already, with
+// INT4_WORDS16's bf16 scales.
+struct Int8Words16Block : Words16Block {
+  static constexpr int64_t kChunkBytes = 512;
+  [[gnu::always_inline]] __m512i code(int64_t c, int j) const { return _mm512_loadu_si512(p + (c * 8 + j) * 16); }
+};
+
+// The block of rows n .. n + 15 of a WORDS16 W (Block: Words16Block for INT4_WORDS16,
+// Int8Words16Block for INT8_WORDS16).
+template <class Block>
+Block words16_block(const MatrixView& W, int64_t n) {
+  const int64_t words = W.cols / (std::is_same_v<Block, Int8Words16Block> ? 4 : 8);  // a row's 32-bit words
+  const Words16Block b{static_cast<const uint32_t*>(W.data) + n * words,
+                       static_cast<const uint16_t*>(W.scales) + words16_scale(W.row0 + n, 0, W.scale_cols),
+                       W.group_size / 32};
+  return Block{b};
+}
 
 // The bias of W's unsigned codes (128 for INT8, 8 for INT4); W's format must be one of those.
 int vnni_weight_bias(WeightFormat f);
