@@ -86,6 +86,13 @@ int64_t gemv_max_tokens(const Context& ctx, const MatrixView& W, const CpuFeatur
 // row-major weights): decode 28.96 / 29.68 / 27.43 / 27.57 against 25.45 / 22.82 / 24.14 / 25.22
 // tokens/s; the prompt, whose VNNI GEMM then reads the blocks in place, 720 / 657 / 616 / 662
 // against 554 / 515 / 543 / 535 tokens/s.
+// INT4_WORDS16 takes it too (before: the VDPBF16PS GEMV at one token, the float32 one beyond, on
+// the same blocks), so that decode computes as the prompt does. A decode step's MoE products
+// (5 layers of bf16 shared experts and 6 of 64 INT4 experts from DRAM, 2 threads, AMD Zen 5,
+// alternating in one process, 3 runs of 61 rounds): 1.03-1.06x; one token through batches of 12
+// INT4 experts 1408 x 2048 from L3 1.22x, 4 tokens from DRAM 1.41x; mla bench --weights int4
+// --batches 4 8 (alternating builds): batch 8 124.3 / 112.9 -> 146.9 / 138.8 tokens/s, batch 4
+// 86.3 / 70.0 -> 88.9 / 74.8.
 Kernel gemv_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f) {
   if (ctx.one_token_kernels) T = 1;
   if (!fast_supported(W)) return Kernel::GemvReference;

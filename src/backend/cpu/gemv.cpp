@@ -11,11 +11,12 @@
 // and dotted by VDPBF16PS, whose products of two bf16 are exact in float32 and summed in
 // float32. FP8 block scales and INT4 group scales multiply the float32 partial sums of their
 // 128 / 32 columns. F32, F16 and INT8 weights keep the float32 kernels in both precisions (INT8:
-// dispatch.cpp's gemv_kernel has the measurements) but INT8 repacked at load (INT8_WORDS16),
-// which runs on VPDPBUSD over int8 activations as the prompt's VNNI GEMM does (VnniRows), and so do
-// products of more tokens than Context::gemv_bf16_max_tokens (1 by default), except FP8
+// dispatch.cpp's gemv_kernel has the measurements), and so do products of more tokens than
+// Context::gemv_bf16_max_tokens (1 by default), except FP8
 // products of 2 to 16 tokens where the CPU has AMX: those run on tiles of 16 rows (amx.h), the
-// activations rounded to bf16 as above. dispatch.h's gemv_kernel decides, per product.
+// activations rounded to bf16 as above. Where int8 activations are on, INT4 and INT8 repacked at
+// load (INT4_WORDS16, INT8_WORDS16) run on VPDPBUSD over int8 activations instead, as the
+// prompt's VNNI GEMM does (VnniRows). dispatch.h's gemv_kernel decides, per product.
 #include "backend/cpu/gemv.h"
 
 #include <omp.h>
@@ -686,13 +687,17 @@ struct FastRows {
 // ---- the WORDS16 formats on int8 activations (VPDPBUSD) ------------------------------------
 
 // How far ahead of the chunk it computes the VNNI GEMV prefetches its block and its scales,
-// into L1. Its blocks are one sequential stream (16 rows' 4 or 8 columns a 64-byte vector);
-// without a software prefetch this stream ran no faster than the row-major float32 GEMV (a
-// harness beside bench/matmul). 1, 2 and 4 KiB measured alike; prefetching the scales and each
-// work unit's first 2 KiB too took the experts' share of an INT8 decode step from 0.80-0.90 of
-// the lm_head's (bf16, unchanged) to 0.78-0.84 (mla bench --weights int8 --depth 0, 4
-// alternating pairs, 2 threads, AMD Zen 5 VM).
-constexpr int64_t kVnniPrefetchBytes = 2048;
+// into L1, by format. Its blocks are one sequential stream (16 rows' 4 or 8 columns a 64-byte
+// vector); without a software prefetch this stream ran no faster than the row-major float32 GEMV
+// (a harness beside bench/matmul). INT8: 1, 2 and 4 KiB measured alike; prefetching the scales
+// and each work unit's first 2 KiB too took the experts' share of an INT8 decode step from
+// 0.80-0.90 of the lm_head's (bf16, unchanged) to 0.78-0.84 (mla bench --weights int8 --depth 0,
+// 4 alternating pairs, 2 threads, AMD Zen 5 VM). Distances alternating in one process, batches
+// of 12 experts from DRAM as a decode step's (2 threads, one token, 3 runs of 6 rounds, GB/s
+// relative to 2 KiB): INT4 1408 x 2048 4 KiB 1.06-1.14, 8 KiB 1.12-1.19, 16 KiB 1.10-1.15,
+// 2048 x 1408 8 KiB 1.09-1.21 (8 KiB into L2 instead: 1.07-1.19); INT8 8 KiB 0.94-0.97.
+template <class Block>
+constexpr int64_t kVnniPrefetchBytes = std::is_same_v<Block, Int8Words16Block> ? 2048 : 8192;
 
 // Rows b .. b + 15 (blk: vnni_gemm.h's Words16Block or Int8Words16Block) for tokens
 // t0 .. t0 + TN - 1: per chunk of 32 columns, each token's integer sum starts at its correction
@@ -703,8 +708,8 @@ template <int TN, class Block>
 [[gnu::always_inline]] inline void vnni_words16_block(const Block blk, int64_t Kc, const int8_t* q, int64_t ldq,
                                                       const float* qs, const int32_t* qc, int64_t lds, float* y,
                                                       int64_t ldy) {
-  constexpr int64_t kAhead = kVnniPrefetchBytes / Block::kChunkBytes;  // chunks
-  const char* p = reinterpret_cast<const char*>(blk.p) + kVnniPrefetchBytes;
+  constexpr int64_t kAhead = kVnniPrefetchBytes<Block> / Block::kChunkBytes;  // chunks
+  const char* p = reinterpret_cast<const char*>(blk.p) + kVnniPrefetchBytes<Block>;
   __m512 f[TN];
   for (int t = 0; t < TN; ++t) f[t] = _mm512_setzero_ps();
   for (int64_t c = 0; c < Kc; ++c, p += Block::kChunkBytes) {
@@ -746,9 +751,10 @@ struct VnniRows {
     const int64_t K = W->cols, Kc = K / kChunk;
     // A unit starts its stream cold: its first kVnniPrefetchBytes, which the kernel's prefetch
     // (that far ahead) never asks for.
+    constexpr int64_t kAheadBytes = kVnniPrefetchBytes<Block>;
     const char* start = reinterpret_cast<const char*>(words16_block<Block>(*W, n0).p);
     const int64_t bytes = (n1 - n0) / 16 * Kc * Block::kChunkBytes;
-    for (int64_t o = 0; o < std::min(kVnniPrefetchBytes, bytes); o += 64) _mm_prefetch(start + o, _MM_HINT_T0);
+    for (int64_t o = 0; o < std::min(kAheadBytes, bytes); o += 64) _mm_prefetch(start + o, _MM_HINT_T0);
     for (int64_t b = n0; b < n1; b += 16) {
       const Block blk = words16_block<Block>(*W, b);
       for (int64_t t0 = 0; t0 < T; t0 += 4) {

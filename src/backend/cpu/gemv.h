@@ -8,9 +8,10 @@
 // fast: for bf16, FP8 and INT4 weights, the activations are rounded to bf16 (nearest even) once
 // per call and the weights decoded exactly to bf16 and dotted by VDPBF16PS (products exact,
 // sums float32): fewer instructions per weight byte. F32, F16 and INT8 weights: float32 in both
-// (for INT8 the conversion on to bf16 costs more than VDPBF16PS saves); INT8 repacked at load
-// (INT8_WORDS16: only where the prompt's products run on int8 activations) on VNNI's VPDPBUSD,
-// the activations quantized to int8 per chunk of 32 as the prompt's VNNI GEMM does (vnni_gemm.h).
+// (for INT8 the conversion on to bf16 costs more than VDPBF16PS saves). INT4 and INT8 repacked
+// at load (INT4_WORDS16, INT8_WORDS16: only where the prompt's products run on int8 activations)
+// on VNNI's VPDPBUSD, the activations quantized to int8 per chunk of 32 as the prompt's VNNI GEMM
+// does (vnni_gemm.h), with the same results.
 // With AMX, fast FP8 products of 2 to 16 tokens run on tiles instead (amx.h), also on bf16
 // activations: one tile product serves all the tokens.
 #pragma once
