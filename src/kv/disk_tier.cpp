@@ -491,6 +491,7 @@ void DiskTier::writer_loop() {
     busy_ = true;
     const bool go = writable_;
     lock.unlock();
+    if (opt_.before_write) opt_.before_write();
     const bool ok = go && write_file(s);
     for (PageWrite& w : s.pages) {
       if (w.done) w.done();

@@ -69,6 +69,7 @@ struct DiskTierOptions {
   int64_t segment_pages = 0;
   int64_t max_pending_bytes = int64_t(1) << 30;    // queued writes at most; past it writes are skipped
   std::function<void(const std::string&)> warn;    // default: a line on stderr
+  std::function<void()> before_write;  // runs on the writer thread before each segment (tests hold writes there)
 };
 
 // A page to write: key, tokens and bytes (as parts); `keep` keeps the parts alive until the

@@ -27,6 +27,7 @@ PrefixCache::PrefixCache(LatentPool& pool, PrefixCacheOptions opt) : pool_(pool)
     o.part_bytes = part_bytes_;
     o.max_pending_bytes = opt_.disk_max_pending_bytes;
     o.segment_pages = opt_.disk_segment_pages;
+    o.before_write = opt_.disk_before_write;
     o.warn = opt_.warn;
     disk_ = std::make_unique<DiskTier>(std::move(o));
     if (!disk_->readable()) disk_.reset();
@@ -53,6 +54,14 @@ void PrefixCache::poll() {
 
 void PrefixCache::flush() {
   if (disk_) disk_->flush();
+  poll();
+}
+
+void PrefixCache::wait_for_a_write() {
+  {
+    std::unique_lock lock(written_mu_);
+    written_cv_.wait(lock, [&] { return !written_.empty(); });
+  }
   poll();
 }
 
@@ -122,8 +131,11 @@ PageWrite PrefixCache::pinned_write(const Hash128& key, int32_t page, std::span<
   w.tokens.assign(tokens.begin(), tokens.end());
   w.parts = pool_.page_parts(page);
   w.done = [this, page] {
-    std::lock_guard lock(written_mu_);
-    written_.push_back(page);
+    {
+      std::lock_guard lock(written_mu_);
+      written_.push_back(page);
+    }
+    written_cv_.notify_all();
   };
   return w;
 }
@@ -261,7 +273,7 @@ void PrefixCache::prefetch(std::span<const int32_t> tokens) {
 
 bool PrefixCache::evict_one() {
   poll();
-  for (int attempt = 0; attempt < 2; ++attempt) {
+  while (true) {
     for (auto it = lru_.begin(); it != lru_.end(); ++it) {
       const Hash128 key = it->second;
       const Resident& r = resident_.at(key);
@@ -277,10 +289,14 @@ bool PrefixCache::evict_one() {
       remove_resident(key);
       return true;
     }
-    if (pins_.empty()) break;
-    flush();  // only pages waiting for their disk writes are left: wait for them, once
+    // Every page no sequence holds waits for its disk write: wait for the next write to finish
+    // (each write calls its page's done, written or not), not for the queue behind it, which
+    // may hold up to disk_max_pending_bytes. The first segments of a run hold a chain's first
+    // pages, so such a page can go before the chain's later ones; a match then reads it back
+    // from disk and takes the rest from the pool.
+    if (pins_.empty()) return false;
+    wait_for_a_write();
   }
-  return false;
 }
 
 int64_t PrefixCache::pages_held_alone() const {

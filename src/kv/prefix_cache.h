@@ -21,6 +21,7 @@
 // first has the kernel read the prompt's segments into its page cache (prefetch), so that the
 // engine's stepping thread, which does everything else, copies instead of waiting for the disk.
 #pragma once
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -52,6 +53,7 @@ struct PrefixCacheOptions {
   // Called after a page from the RAM or disk tier was copied into the pool: under mpirun the
   // other ranks' pools get the same bytes (engine/lockstep.h).
   std::function<void(int32_t page, std::span<const uint8_t> bytes)> on_page_in;
+  std::function<void()> disk_before_write;  // DiskTierOptions::before_write
 };
 
 enum class CacheTier { Pool = 0, Ram = 1, Disk = 2 };
@@ -88,7 +90,9 @@ class PrefixCache {
   // (DiskTier::warm), so that admitting it copies from the page cache instead of reading.
   void prefetch(std::span<const int32_t> tokens);
   // Gives up the least recently used pool page no sequence holds (into the RAM tier when it is
-  // on). False when there is none.
+  // on). Where every such page still waits for its disk write, waits for the next write to
+  // finish (one segment, not the disk tier's whole queue) and looks again. False when there is
+  // none.
   bool evict_one();
   // Releases the pool pages whose disk writes are done (the scheduler calls it every step).
   void poll();
@@ -117,6 +121,7 @@ class PrefixCache {
   // Hands a run of consecutive pages of one chain (only non-empty with a disk tier) to the disk
   // tier, which writes them as segments, and empties it.
   void write_through(std::vector<PageWrite>& run);
+  void wait_for_a_write();  // until a pinned page's write is done (pins_ not empty), then polls
   void persist(const PageBlockPtr& block);  // RAM block -> disk
   std::vector<std::span<const uint8_t>> split(std::span<const uint8_t> bytes) const;
   bool resident_key(const Hash128& key) const;
@@ -133,6 +138,7 @@ class PrefixCache {
   mutable std::mutex keys_mu_;  // the pool tier's keys, for prefetch on other threads
   std::unordered_set<Hash128, Hash128Hasher> resident_keys_;
   std::mutex written_mu_;
+  std::condition_variable written_cv_;  // written_ gained a page
   std::vector<int32_t> written_;  // pinned pages whose writes are done, for poll
 
   std::unique_ptr<HostTier> ram_;

@@ -1,7 +1,8 @@
 // The prompt cache's RAM and disk tiers over a small latent pool of two layers with indexer keys
 // (every part of a page): pages move from the pool to RAM to disk and back bit for bit, a
 // restart reads the disk, a page inside a segment is found, prefetch warms the page cache from
-// another thread; and nothing wrong is ever served: flipped, truncated and foreign segments are dropped
+// another thread, a full pool whose pages all wait for their writes frees one as soon as one
+// write is done; and nothing wrong is ever served: flipped, truncated and foreign segments are dropped
 // and recomputed (a bad page ends a read, the pages before it are used), a SIGKILL mid-write
 // leaves no half entry, two caches on one directory never corrupt it, every budget holds (the
 // disk's by whole segments), and an unwritable or full disk turns the tier off with a warning
@@ -16,8 +17,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
@@ -137,6 +141,59 @@ TEST(PromptCacheTiers, PagesMoveFromPoolToRamToDiskAndBackBitForBit) {
   EXPECT_EQ(s.hit_bytes[int(CacheTier::Disk)], 2 * pool.bytes_per_page());
   EXPECT_EQ(cache.ram()->blocks(), 0) << "promotion takes a page out of RAM";
   EXPECT_EQ(cache.entries(), 4);
+  pool.release(back);
+}
+
+// A pool full of cached pages that all wait for their disk writes (a long prompt just inserted,
+// the writer behind): evict_one waits for one write, not for the queue behind it (up to
+// disk_max_pending_bytes), and the chain stays whole across the tiers.
+TEST(PromptCacheTiers, AFullPoolWaitsForOneDiskWriteNotTheQueue) {
+  test::TempDir dir("evict-wait");
+  LatentPool pool = make_pool(4);
+  std::mutex mu;
+  std::condition_variable cv;
+  int allowed = 0, started = 0;  // segment writes let through, and begun
+  PrefixCacheOptions o = tiers(0, dir.str(), int64_t(1) << 30);
+  o.disk_segment_pages = 1;  // a segment a page: four writes queued
+  o.disk_before_write = [&] {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return started < allowed; });
+    ++started;
+  };
+  auto let_through = [&](int n) {
+    {
+      std::lock_guard lock(mu);
+      allowed = n;
+    }
+    cv.notify_all();
+  };
+  PrefixCache cache(pool, o);
+  const auto tokens = ids(4 * kPage);
+  PageTable a = written(pool, tokens);
+  const std::vector<uint8_t> original = page_bytes(pool, a, 4);
+  cache.insert(tokens, a);
+  pool.release(a);
+  ASSERT_EQ(pool.free_pages(), 0) << "the cache holds the four pages, each pinned by its write";
+  auto evicting = std::async(std::launch::async, [&] { return cache.evict_one(); });
+  EXPECT_EQ(evicting.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+      << "no page can go before its write is done";
+  let_through(1);
+  const bool finished = evicting.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  if (finished) {
+    EXPECT_TRUE(evicting.get());
+    EXPECT_EQ(pool.free_pages(), 1);
+    std::lock_guard lock(mu);
+    EXPECT_EQ(started, 1) << "the other three writes still wait";
+  }
+  let_through(4);  // (where evict_one waited for the whole queue, this lets it end)
+  ASSERT_TRUE(finished) << "evict_one waited for the writes queued behind the first";
+  cache.flush();
+  EXPECT_EQ(cache.disk()->stats().pages, 4);
+  PageTable back;
+  EXPECT_EQ(cache.match(tokens, 16, &back), 16) << "the evicted page from disk, the others from the pool";
+  EXPECT_EQ(page_bytes(pool, back, 4), original);
+  EXPECT_EQ(cache.stats().hit_tokens[int(CacheTier::Disk)], kPage);
+  EXPECT_EQ(cache.stats().hit_tokens[int(CacheTier::Pool)], 3 * kPage);
   pool.release(back);
 }
 
