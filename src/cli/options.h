@@ -57,7 +57,7 @@ inline void add_cpu_options(CLI::App& app, CpuOptions& o, const std::string& pre
   app.add_option("--int8-activations", o.int8_activations,
                  "on | off: in the fast precision without AMX, the prompt's INT4 / INT8 weight products on int8 "
                  "activations (VNNI's VPDPBUSD; off: on the bf16 / float32 GEMMs), and with --repack on decode's "
-                 "INT8 products too")
+                 "INT4 / INT8 products too")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--indexer-precision", o.indexer_precision,
                  "float | fp8: DeepSeek-V3.2 / GLM-5's sparse-attention indexer scores float values (default) or, "

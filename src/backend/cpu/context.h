@@ -50,17 +50,17 @@ struct Context {
   // Where AMX is not used, whether the fast precision's prompt-sized products of INT4 / INT8
   // group weights quantize the activations to int8 per chunk of 32 columns (a float32 scale
   // each, as llama.cpp's Q8_0 activations) and run on VNNI's VPDPBUSD (vnni_gemm.h: 64
-  // multiply-adds an instruction against a float32 FMA's 16); with repack_weights, decode's INT8
-  // products too (INT8_WORDS16). False keeps those products on the bf16 / float32 GEMMs above,
-  // activations as vector_gemm's kernel takes them.
+  // multiply-adds an instruction against a float32 FMA's 16); with repack_weights, decode's INT4
+  // and INT8 products too (INT4_WORDS16, INT8_WORDS16). False keeps those products on the bf16 /
+  // float32 GEMMs above, activations as vector_gemm's kernel takes them.
   bool int8_activations = true;
   // Where the fast precision runs without AMX, whether Model::load rewrites the weights that only
   // matrix products read (the MLPs and experts, the attention's projections but kv_b, lm_head),
   // where they lie in its WeightArena, into the order the prompt's GEMMs compute in (repack.h):
   // bf16 into BF16_PAIRS32 (the VDPBF16PS and FMA GEMMs), INT4 and INT8 groups into
   // INT4_WORDS16 and INT8_WORDS16 (the VNNI GEMM, where int8_activations), so that a prompt's
-  // products read them in place; decode's products of INT8_WORDS16 then run on int8 activations
-  // too (gemv.cpp's VNNI GEMV). False keeps them as stored.
+  // products read them in place; decode's products of both then run on int8 activations too
+  // (gemv.cpp's VNNI GEMV). False keeps them as stored.
   bool repack_weights = true;
   // DeepSeek Sparse Attention's indexer in the official code's FP8 arithmetic (model/indexer.h):
   // its queries and keys rounded to e4m3 with one scale per 128 values (power-of-two scales

@@ -7,7 +7,8 @@
 //    weights on the GEMV's VDPBF16PS kernels (gemv.h, Context::gemv_bf16_max_tokens), FP8
 //    products of 2 to 16 tokens on AMX tiles where the CPU has them (amx.h). Without AMX, the
 //    prompt-sized products of INT4 / INT8 weights take int8 activations instead (per chunk of
-//    32 columns a scale; Context::int8_activations, vnni_gemm.h). dispatch.h says
+//    32 columns a scale; Context::int8_activations, vnni_gemm.h), and so do their decode
+//    products where the weights are repacked at load (repack.h). dispatch.h says
 //    which kernel runs a product. `mla verify` reports the difference against float32.
 #pragma once
 #include <string>
