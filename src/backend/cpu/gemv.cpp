@@ -753,7 +753,7 @@ struct VnniRows {
     // (that far ahead) never asks for.
     constexpr int64_t kAheadBytes = kVnniPrefetchBytes<Block>;
     const char* start = reinterpret_cast<const char*>(words16_block<Block>(*W, n0).p);
-    const int64_t bytes = (n1 - n0) / 16 * Kc * Block::kChunkBytes;
+    const int64_t bytes = (n1 - n0) * int64_t(W->row_bytes());
     for (int64_t o = 0; o < std::min(kAheadBytes, bytes); o += 64) _mm_prefetch(start + o, _MM_HINT_T0);
     for (int64_t b = n0; b < n1; b += 16) {
       const Block blk = words16_block<Block>(*W, b);

@@ -29,7 +29,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "backend/cpu/decode_avx512.h"
 #include "tensor/matrix.h"
@@ -63,8 +62,7 @@ struct Int8Words16Block : Words16Block {
 // Int8Words16Block for INT8_WORDS16).
 template <class Block>
 Block words16_block(const MatrixView& W, int64_t n) {
-  const int64_t words = W.cols / (std::is_same_v<Block, Int8Words16Block> ? 4 : 8);  // a row's 32-bit words
-  const Words16Block b{static_cast<const uint32_t*>(W.data) + n * words,
+  const Words16Block b{reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(W.data) + size_t(n) * W.row_bytes()),
                        static_cast<const uint16_t*>(W.scales) + words16_scale(W.row0 + n, 0, W.scale_cols),
                        W.group_size / 32};
   return Block{b};
