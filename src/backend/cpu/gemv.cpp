@@ -31,6 +31,7 @@
 #include "backend/cpu/decode_avx512.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/stream_prefetch.h"
 #include "backend/cpu/vnni_gemm.h"
 #include "tensor/dtype.h"
 
@@ -72,8 +73,7 @@ constexpr float kFp8YScale = 72057594037927936.0f;     // 2^56 (2^64 * 2^56 = 2^
 // streamer, which follows one stream per page, then fetches less ahead. bench/matmul --quick
 // (2 threads, 1 GB of 1408 x 2048 and 2048 x 1408 experts from DRAM, one token, two runs each):
 // FP8 19.1-20.3 GB/s with adjacent rows, 22.8-23.5 a page apart, 20.7-21.2 two pages apart;
-// INT4 13.9-15.1, 16.1-17.3 and 13.4-15.7.
-constexpr int64_t kPageBytes = 4096;
+// INT4 13.9-15.1, 16.1-17.3 and 13.4-15.7 (kPageBytes: stream_prefetch.h).
 
 // Calls tile(n, gap) for tiles of R rows n, n + gap, ..., n + (R - 1) gap covering [s, e) (gap:
 // the fewest rows that span a page), then for adjacent rows, and rest(n) with the first of the
@@ -185,7 +185,11 @@ void pairs32_blocks(const MatrixView& W, int64_t n0, int64_t n1, int64_t T, floa
       for (auto& a : acc)
         for (auto& v : a) v = _mm512_setzero_ps();
       const uint32_t* p = block;
-      for (int64_t k = 0; k < half; k += 2, p += 32) pair(acc, t0, tn, p, p + half * 16, k);
+      for (int64_t k = 0; k < half; k += 2, p += 32) {
+        touch_page_ahead<128>(p);  // stream_prefetch.h: both streams a page at a time
+        touch_page_ahead<128>(p + half * 16);
+        pair(acc, t0, tn, p, p + half * 16, k);
+      }
       for (int t = 0; t < tn; ++t) {
         float* yt = y + (t0 + t) * ldy + b;
         _mm512_storeu_ps(yt, _mm512_add_ps(acc[t][0], acc[t][2]));
@@ -686,16 +690,13 @@ struct FastRows {
 
 // ---- the WORDS16 formats on int8 activations (VPDPBUSD) ------------------------------------
 
-// How far ahead of the chunk it computes the VNNI GEMV prefetches its block and its scales,
-// into L1, by format. Its blocks are one sequential stream (16 rows' 4 or 8 columns a 64-byte
-// vector); without a software prefetch this stream ran no faster than the row-major float32 GEMV
-// (a harness beside bench/matmul). INT8: 1, 2 and 4 KiB measured alike; prefetching the scales
-// and each work unit's first 2 KiB too took the experts' share of an INT8 decode step from
-// 0.80-0.90 of the lm_head's (bf16, unchanged) to 0.78-0.84 (mla bench --weights int8 --depth 0,
-// 4 alternating pairs, 2 threads, AMD Zen 5 VM). Distances alternating in one process, batches
-// of 12 experts from DRAM as a decode step's (2 threads, one token, 3 runs of 6 rounds, GB/s
-// relative to 2 KiB): INT4 1408 x 2048 4 KiB 1.06-1.14, 8 KiB 1.12-1.19, 16 KiB 1.10-1.15,
-// 2048 x 1408 8 KiB 1.09-1.21 (8 KiB into L2 instead: 1.07-1.19); INT8 8 KiB 0.94-0.97.
+// The VNNI GEMV's blocks are one sequential stream (16 rows' 4 or 8 columns a 64-byte vector),
+// which it prefetches a page at a time (touch_page_ahead, stream_prefetch.h). Its scales, a
+// second stream of 32 bytes a chunk, it prefetches a line every other chunk, this many bytes of
+// codes ahead of the chunk it computes; a work unit fetches its first this many bytes of codes
+// into L1 as it starts. The distances were measured when the codes too were prefetched a line at
+// a time (batches of 12 experts from DRAM as a decode step's, 2 threads, one token, GB/s relative
+// to 2 KiB: INT4 8 KiB 1.09-1.21, INT8 8 KiB 0.94-0.97).
 template <class Block>
 constexpr int64_t kVnniPrefetchBytes = std::is_same_v<Block, Int8Words16Block> ? 2048 : 8192;
 
@@ -709,13 +710,12 @@ template <int TN, class Block>
                                                       const float* qs, const int32_t* qc, int64_t lds, float* y,
                                                       int64_t ldy) {
   constexpr int64_t kAhead = kVnniPrefetchBytes<Block> / Block::kChunkBytes;  // chunks
-  const char* p = reinterpret_cast<const char*>(blk.p) + kVnniPrefetchBytes<Block>;
+  const char* p = reinterpret_cast<const char*>(blk.p);
   __m512 f[TN];
   for (int t = 0; t < TN; ++t) f[t] = _mm512_setzero_ps();
   for (int64_t c = 0; c < Kc; ++c, p += Block::kChunkBytes) {
-#pragma GCC unroll 8
-    for (int l = 0; l < Block::kChunkBytes / 64; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
-    // The scales' stream, 32 bytes a group of 16 rows: a line every other chunk, as far ahead.
+    touch_page_ahead<Block::kChunkBytes>(p);
+    // The scales' stream, 32 bytes a group of 16 rows: a line every other chunk.
     if ((c & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(blk.s + (c + kAhead) / blk.per * 16), _MM_HINT_T0);
     __m512i acc[TN];
     for (int t = 0; t < TN; ++t) acc[t] = _mm512_set1_epi32(qc[t * lds + c]);
@@ -749,8 +749,9 @@ struct VnniRows {
   template <class Block>
   void blocks(int64_t n0, int64_t n1) const {
     const int64_t K = W->cols, Kc = K / kChunk;
-    // A unit starts its stream cold: its first kVnniPrefetchBytes, which the kernel's prefetch
-    // (that far ahead) never asks for.
+    // A unit starts its stream cold: its first kVnniPrefetchBytes into L1 at once (the kernel's
+    // page touches run two pages ahead of it; touching the unit's second page here too measured
+    // alike).
     constexpr int64_t kAheadBytes = kVnniPrefetchBytes<Block>;
     const char* start = reinterpret_cast<const char*>(words16_block<Block>(*W, n0).p);
     const int64_t bytes = (n1 - n0) * int64_t(W->row_bytes());
