@@ -14,7 +14,8 @@
 //     (50-57 GB/s); 4 KiB ahead 0.97x of 8, 12 and 16 KiB 1.00x;
 //   INT4_WORDS16, a line per 64 bytes 8 KiB ahead against a line per 4 KiB: 1.23-1.27x;
 //   the lm_head (129280 x 2048 BF16_PAIRS32, two streams a block): 1.16-1.19x;
-//   a plain AVX-512 read of the same bytes in the same units: 0.78x of the INT8 GEMV with it.
+//   a plain AVX-512 read of the same bytes in the same units, without touches: 0.78x of the INT8
+//   GEMV with them.
 #pragma once
 #include <immintrin.h>
 
@@ -25,13 +26,20 @@ namespace mla::cpu {
 inline constexpr int64_t kPageBytes = 4096;
 inline constexpr int64_t kPagesAhead = 2;
 
-// For a stream read in consecutive pieces of Piece bytes, called with each piece's address:
-// the piece that starts in a page's first Piece bytes (one per page) prefetches the line
-// kPagesAhead pages on, into L1. A prefetch never faults, past the stream's end included.
+// Whether, of a stream's consecutive pieces of Piece bytes, the one at address a is the one that
+// starts in its page's first Piece bytes: exactly one piece of every page the stream crosses.
+template <int64_t Piece>
+constexpr bool first_piece_in_page(uintptr_t a) {
+  static_assert(Piece > 0 && Piece <= kPageBytes);
+  return (a & uintptr_t(kPageBytes - 1)) < uintptr_t(Piece);
+}
+
+// For a stream read in consecutive pieces of Piece bytes, called with each piece's address: that
+// page's first piece prefetches the line kPagesAhead pages on, into L1. A prefetch never faults,
+// past the stream's end included.
 template <int64_t Piece>
 [[gnu::always_inline]] inline void touch_page_ahead(const void* piece) {
-  static_assert(Piece > 0 && Piece <= kPageBytes);
-  if ((reinterpret_cast<uintptr_t>(piece) & uintptr_t(kPageBytes - 1)) < uintptr_t(Piece))
+  if (first_piece_in_page<Piece>(reinterpret_cast<uintptr_t>(piece)))
     _mm_prefetch(static_cast<const char*>(piece) + kPagesAhead * kPageBytes, _MM_HINT_T0);
 }
 
