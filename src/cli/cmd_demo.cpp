@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/load_model.h"
 #include "cli/command.h"
 #include "cli/options.h"
 #include "model/presets.h"
@@ -153,7 +154,7 @@ int demo(int argc, char** argv) {
   if (temperature < 0) temperature = trained ? 0.0f : 0.8f;
   const double write_s = since(t0);
   t0 = Clock::now();
-  auto model = mla::Model::load(dir, ctx);
+  auto model = mla::cli::load_model(dir, ctx);
   auto tokenizer = mla::Tokenizer::load(dir);
   const double load_s = since(t0);
   const mla::ModelConfig& c = model->config();

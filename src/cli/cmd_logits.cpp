@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "cli/load_model.h"
 #include "cli/command.h"
 #include "cli/options.h"
 #include "tools/run_modes.h"
@@ -46,7 +47,7 @@ int run(int argc, char** argv) {
   opt.kv_dtype = cache.dtype();
   opt.page_size = cache.page_size;
   auto ids = ids_file_opt->count() ? mla::cli::read_id_file(ids_file) : mla::cli::parse_id_list(ids_str);
-  auto model = mla::Model::load(model_dir, cpu.context(), isatty(STDERR_FILENO) && mla::parallel::world().rank() == 0);
+  auto model = mla::cli::load_model(model_dir, cpu.context(), isatty(STDERR_FILENO) && mla::parallel::world().rank() == 0);
   auto logits = mla::run_logits(*model, ids, opt);
   // Under mpirun every rank holds the same logits; rank 0 writes them.
   if (mla::parallel::world().rank() == 0)

@@ -16,6 +16,7 @@
 #include <memory>
 #include <random>
 
+#include "cli/load_model.h"
 #include "cli/command.h"
 #include "engine/lockstep.h"
 #include "parallel/comm.h"
@@ -98,8 +99,8 @@ Session open_session(RunOptions& o, bool lockstep = false) {
   s.kv_dtype = o.kv_dtype;
   const mla::SpeculativeOptions spec = o.spec.options();
   if (mla::parallel::world().rank() != 0) o.quiet = true;  // rank 0 reports for the job
-  s.model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO) && !o.quiet,  // progress on a terminal
-                             o.quantize.parsed(), /*with_mtp=*/spec.enabled);
+  s.model = mla::cli::load_model(o.model_dir, ctx, ::isatty(STDERR_FILENO) && !o.quiet,  // progress on a terminal
+                                  o.quantize.parsed(), /*with_mtp=*/spec.enabled);
   if (spec.enabled && !s.model->has_mtp())
     throw std::invalid_argument("--speculative mtp: " + o.model_dir + " has no MTP module (num_nextn_predict_layers and layer " +
                                 std::to_string(s.model->config().num_hidden_layers) + "'s eh_proj)");
@@ -146,7 +147,7 @@ Session open_session(RunOptions& o, bool lockstep = false) {
     // A failed collective ends the job: the error goes up to main, which aborts every rank.
     s.leader = std::make_shared<mla::Leader>(world, eo.kv_pages, eo.page_size, kv_dtype,
                                              [](const std::string& why) { throw std::runtime_error(why); });
-    eo.pass_listener = s.leader;
+    eo.leader = s.leader;
   }
   s.engine = std::make_unique<mla::Engine>(*s.model, s.tokenizer.get(), eo);
   return s;

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <thread>
 
+#include "cli/load_model.h"
 #include "cli/command.h"
 #include "cli/options.h"
 #include "engine/generation_config.h"
@@ -183,7 +184,7 @@ int serve_cmd(int argc, char** argv) {
   ::signal(SIGXFSZ, SIG_IGN);
 
   const mla::SpeculativeOptions spec = o.spec.options();
-  auto model = mla::Model::load(o.model_dir, ctx, ::isatty(STDERR_FILENO), load_quantization, /*with_mtp=*/spec.enabled);
+  auto model = mla::cli::load_model(o.model_dir, ctx, ::isatty(STDERR_FILENO), load_quantization, /*with_mtp=*/spec.enabled);
   auto tokenizer = mla::Tokenizer::load(o.model_dir);
   auto generation = mla::GenerationConfig::load(o.model_dir, model->config());
   const mla::ModelConfig& c = model->config();
@@ -240,7 +241,7 @@ int serve_cmd(int argc, char** argv) {
       }
       if (auto* s = serving.load()) s->stop_now();
     });
-    eo.pass_listener = leader;
+    eo.leader = leader;
   }
   mla::Engine engine(*model, &tokenizer, eo);
   const int64_t pages = eo.kv_pages;

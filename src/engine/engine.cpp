@@ -9,7 +9,6 @@
 #include <stdexcept>
 
 #include "engine/logprobs.h"
-#include "parallel/comm.h"
 
 namespace mla {
 
@@ -43,13 +42,13 @@ LatentPool make_pool(const Model& model, const EngineOptions& opt) {
 
 // The options as the engine runs them: max_running as the scheduler limits it.
 EngineOptions effective(EngineOptions opt) {
-  if (opt.pass_listener && opt.speculative.enabled)
+  if (opt.leader && opt.speculative.enabled)
     throw std::invalid_argument(
         "the other ranks replay the forward passes and the prompt cache's pages: speculative decoding, whose MTP "
         "module keeps a cache of its own, does not run under mpirun yet");
-  if (opt.pass_listener)
-    opt.prefix_tiers.on_page_in = [listener = opt.pass_listener](int32_t page, std::span<const uint8_t> bytes) {
-      listener->page_in(page, bytes);
+  if (opt.leader)
+    opt.prefix_tiers.on_page_in = [leader = opt.leader](int32_t page, std::span<const uint8_t> bytes) {
+      leader->page_in(page, bytes);
     };
   opt.max_running = SchedulerOptions{opt.max_batch_tokens, opt.max_running, opt.chunk_depth}.running_limit();
   return opt;
@@ -63,21 +62,8 @@ Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& op
       opt_(effective(opt)),
       pool_(make_pool(model, opt_)),
       cache_(opt_.prefix_cache ? std::make_unique<PrefixCache>(pool_, opt_.prefix_tiers) : nullptr),
-      scheduler_(pool_, cache_.get(), SchedulerOptions{opt_.max_batch_tokens, opt_.max_running, opt_.chunk_depth}),
-      gate_(opt.speculative.adaptive),
-      one_token_ctx_(model.context()) {
-  one_token_ctx_.one_token_kernels = true;
-  if (opt_.speculative.enabled) {
-    if (opt_.speculative.draft_tokens < 1)
-      throw std::invalid_argument("speculative decoding needs at least one draft token, got " +
-                                  std::to_string(opt_.speculative.draft_tokens));
-    if (opt_.draft_source) draft_ = opt_.draft_source;
-    else if (model_.has_mtp()) {
-      model_.set_mtp_draft_head(opt_.speculative.draft_head);
-      draft_ = std::make_shared<MtpDrafts>(model_, pool_.num_pages(), pool_.page_size(), pool_.dtype());
-    }
-    else throw std::invalid_argument("speculative decoding with MTP: the model has no MTP module loaded (the checkpoint has none, or it was loaded without it)");
-  }
+      scheduler_(pool_, cache_.get(), SchedulerOptions{opt_.max_batch_tokens, opt_.max_running, opt_.chunk_depth}) {
+  if (opt_.speculative.enabled) spec_ = std::make_unique<Speculation>(model_, opt_.speculative, opt_.draft_source, pool_);
   if (tokenizer_) {
     const int64_t vocab = model_.config().vocab_size, tokens = int64_t(tokenizer_->vocab_size());
     for (int64_t id = 0; id < vocab; ++id) {
@@ -211,9 +197,7 @@ void Engine::finish(Sequence& s, FinishReason reason, std::string message, int32
   }
   ++counters_.requests_finished;
   if (reason == FinishReason::Cancelled) ++counters_.requests_cancelled;
-  if (draft_) draft_->forget(s);
-  s.draft.clear();
-  s.draft_probs.clear();
+  if (spec_) spec_->forget(s);
   scheduler_.remove(&s);  // its pages back (full ones to the prefix cache)
   RequestEvent e;
   e.token = token;
@@ -290,204 +274,99 @@ bool Engine::take(Sequence& s, int32_t id) {
   return true;
 }
 
-// ---- speculative verification ----
-
-int64_t Engine::verify(Sequence& s, float* rows, int64_t k) {
-  const size_t vocab = size_t(model_.config().vocab_size);
-  std::vector<int32_t> draft = std::move(s.draft);
-  std::vector<std::vector<float>> q = std::move(s.draft_probs);
-  s.draft.clear();
-  s.draft_probs.clear();
-  // The pass wrote the rows of the last token and of the k drafts; only the last token's is
-  // kept so far, each accepted draft's joins it.
-  const int64_t base = s.table.length - (k + 1);
-  s.table.length = base + 1;
-  ++counters_.spec_steps;
-  counters_.spec_draft_tokens += k;
-  const bool greedy = s.sampler->params().greedy();
-  int64_t accepted = 0;
-  for (int64_t j = 0; j <= k; ++j) {
-    std::span<float> row(rows + size_t(j) * vocab, vocab);
-    process_row(s, row);
-    int32_t id;
-    bool ok = false;
-    if (j == k) {
-      id = s.sampler->sample(row);  // every draft accepted: the bonus token
-    } else if (greedy) {
-      id = s.sampler->sample(row);
-      ok = id == draft[size_t(j)];
-    } else {
-      const std::vector<float> p = s.sampler->probabilities(row);
-      const std::span<const float> qj = size_t(j) < q.size() ? std::span<const float>(q[size_t(j)]) : std::span<const float>();
-      ok = accept_draft(p, qj, draft[size_t(j)], s.sampler->draw());
-      id = ok ? draft[size_t(j)] : s.sampler->sample_from(residual_distribution(p, qj, draft[size_t(j)]));
-    }
-    note_logprob(s, row, id);
-    if (ok) {
-      ++s.table.length;  // the draft's row is the sequence's now
-      ++accepted;
-    }
-    ++counters_.spec_emitted_tokens;
-    if (!take(s, id) || !ok) break;  // a stop condition, or the target's own token: the end
-  }
-  counters_.spec_accepted_tokens += accepted;
-  if (!s.done) pool_.truncate(s.table, s.table.length);  // rejected rows out, pages past them freed
-  return 1 + accepted;
-}
-
-void Engine::draft_next() {
-  if (!draft_) return;
-  std::vector<Sequence*> decoding;
-  for (Sequence* s : scheduler_.running())
-    if (!s->done && s->pending() == 1) decoding.push_back(s);
-  draft_seconds_ = 0;
-  const int64_t k = opt_.speculative.draft_tokens;
-  const bool fits = int64_t(decoding.size()) * (k + 1) <= opt_.speculative.max_verify_rows;
-  if (decoding.empty() || !fits || !gate_.speculate_next()) {
-    for (Sequence* s : decoding) s->draft.clear(), s->draft_probs.clear();
-    return;
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  draft_->propose(decoding, k);
-  draft_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  counters_.spec_draft_seconds += draft_seconds_;
-}
-
-// ---- the step ----
+// ---- the step: schedule, run, postprocess ----
 
 bool Engine::step_inner() {
   drain_incoming();
-  bool worked = false;
-  if (!broken_.empty()) {
-    for (auto& [id, s] : sequences_)
-      if (!s->done) finish(*s, FinishReason::Cancelled, broken_), worked = true;
-    sequences_.clear();
-    return worked;
-  }
+  if (!broken_.empty()) return cancel_running(broken_);
   Batch batch = scheduler_.schedule();
-  // A preempted sequence recomputes from its start: its MTP cache goes now, pages and all.
-  if (draft_)
-    for (Sequence* s : batch.preempted) draft_->forget(*s);
-  for (auto& [s, message] : batch.out_of_pages) {
-    finish(*s, FinishReason::KvCacheFull, std::move(message));
-    worked = true;
-  }
+  end_unscheduled(batch);
   if (!batch.parts.empty()) {
-    worked = true;
-    const auto t0 = std::chrono::steady_clock::now();
-    const bool spec = opt_.speculative.enabled;
-    std::vector<SeqSlice> slices;
-    slices.reserve(batch.parts.size());
-    // Per part: its drafts (new tokens past the pending one) and whether it reads its prompt.
-    std::vector<int64_t> drafts(batch.parts.size(), 0);
-    bool prefill_rows = false, any_drafts = false, decode_rows = false;
-    int64_t rows = 0;
-    verify_ids_.resize(batch.parts.size());
-    for (size_t b = 0; b < batch.parts.size(); ++b) {
-      const BatchPart& p = batch.parts[b];
-      Sequence& s = *p.seq;
-      const int64_t pending = s.pending();
-      rows += p.n;
-      decode_rows = decode_rows || pending == 1;
-      if (pending == 1 && p.n > 1) {
-        drafts[b] = p.n - 1;
-        any_drafts = true;
-        auto& ids = verify_ids_[b];
-        ids.assign(1, s.tokens.back());
-        ids.insert(ids.end(), s.draft.begin(), s.draft.begin() + drafts[b]);
-        slices.push_back({&s.table, std::span<const int32_t>(ids)});
-        continue;
-      }
-      if (pending > 1) prefill_rows = true;
-      slices.push_back({&s.table, std::span<const int32_t>(s.tokens.data() + s.table.length, size_t(p.n))});
-    }
-    ForwardOptions fo;
-    fo.path = opt_.path;
-    fo.policy = opt_.policy;
-    fo.last_logits_only = true;
-    if (spec) {
-      logits_last_.resize(batch.parts.size());
-      for (size_t b = 0; b < batch.parts.size(); ++b) logits_last_[b] = 1 + drafts[b];
-      fo.logits_last = logits_last_;
-      // Decoding sequences only: every row as a one-token decode step computes it.
-      if (!prefill_rows && rows <= opt_.speculative.max_verify_rows) {
-        fo.context = &one_token_ctx_;
-        if (fo.path == AttnPath::Auto) fo.path = AttnPath::Absorb;
-      }
-      if (draft_->wants_hidden()) fo.final_hidden = &hidden_;
-      if (any_drafts && prefill_rows) ++counters_.spec_passes_with_prefill;
-    }
-    std::vector<int64_t> pos0(batch.parts.size());
-    for (size_t b = 0; b < batch.parts.size(); ++b) pos0[b] = batch.parts[b].seq->table.length;
-    bool ok = true;
-    const auto pass0 = std::chrono::steady_clock::now();
+    shape(batch);
+    if (run(batch)) postprocess(batch);
+  }
+  const bool ended = drop_finished();
+  return ended || !batch.parts.empty() || !batch.out_of_pages.empty();
+}
+
+void Engine::end_unscheduled(Batch& batch) {
+  // A preempted sequence recomputes from its start: its drafts and MTP cache go now.
+  if (spec_)
+    for (Sequence* s : batch.preempted) spec_->forget(*s);
+  for (auto& [s, message] : batch.out_of_pages) finish(*s, FinishReason::KvCacheFull, std::move(message));
+}
+
+void Engine::shape(const Batch& batch) {
+  slices_.clear();
+  decode_rows_ = false;
+  for (const BatchPart& p : batch.parts) {
+    Sequence& s = *p.seq;
+    decode_rows_ = decode_rows_ || s.pending() == 1;
+    slices_.push_back({&s.table, std::span<const int32_t>(s.tokens.data() + s.table.length, size_t(p.n))});
+  }
+  pass_ = ForwardOptions{};
+  pass_.path = opt_.path;
+  pass_.policy = opt_.policy;
+  pass_.last_logits_only = true;
+  if (spec_) spec_->shape(batch, slices_, pass_);
+}
+
+bool Engine::run(const Batch& batch) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    if (opt_.leader) opt_.leader->forward(model_, slices_, pool_, pass_, logits_);
+    else model_.forward(slices_, pool_, pass_, logits_);
+  } catch (const JobFailed& e) {
+    fail_job(e.what());
+    return false;
+  } catch (const std::exception& e) {
+    // Nothing was written (pages were checked first); the batch's requests end with the error.
+    for (const BatchPart& p : batch.parts) finish(*p.seq, FinishReason::Error, std::string("forward pass failed: ") + e.what());
+    return false;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  pass_seconds_ = seconds;
+  ++counters_.steps;
+  counters_.step_seconds += seconds;
+  if (decode_rows_) counters_.decode_step_seconds_max = std::max(counters_.decode_step_seconds_max, seconds);
+  return true;
+}
+
+void Engine::postprocess(Batch& batch) {
+  const auto t0 = std::chrono::steady_clock::now();
+  scheduler_.postprocess(batch);
+  const size_t vocab = size_t(model_.config().vocab_size);
+  const int64_t tokens_before = counters_.generation_tokens;
+  for (size_t b = 0; b < batch.parts.size(); ++b) {
+    Sequence& s = *batch.parts[b].seq;
+    counters_.computed_tokens += batch.parts[b].n;
+    if (s.done) continue;
+    float* rows = logits_.data() + size_t(spec_ ? spec_->first_row(b) : int64_t(b)) * vocab;
     try {
-      if (opt_.pass_listener) {
-        // The followers get the pages with the pass: reserve them first (all or nothing; when
-        // they do not fit, forward throws before its first collective and nobody is told).
-        int64_t need = 0;
-        for (const SeqSlice& sl : slices) need += pool_.pages_needed(*sl.seq, sl.seq->length + int64_t(sl.ids.size()));
-        if (need <= pool_.free_pages()) {
-          for (const SeqSlice& sl : slices) pool_.reserve(*sl.seq, sl.seq->length + int64_t(sl.ids.size()));
-          opt_.pass_listener->before_forward(slices, fo);
-        }
-      }
-      model_.forward(slices, pool_, fo, logits_);
-    } catch (const parallel::CommError& e) {
-      ok = false;
-      fail_job(e.what());
+      if (spec_) spec_->accept(s, b, rows, *this);
+      else if (s.pending() == 0) sample(s, std::span<float>(rows, vocab));
+      // else: a prefill chunk short of the end, no token yet
     } catch (const std::exception& e) {
-      // Nothing was written (pages were checked first); the batch's requests end with the error.
-      ok = false;
-      for (const BatchPart& p : batch.parts)
-        finish(*p.seq, FinishReason::Error, std::string("forward pass failed: ") + e.what());
-    }
-    if (ok) {
-      ++counters_.steps;
-      const double pass = std::chrono::duration<double>(std::chrono::steady_clock::now() - pass0).count();
-      counters_.step_seconds += pass;
-      if (decode_rows) counters_.decode_step_seconds_max = std::max(counters_.decode_step_seconds_max, pass);
-      scheduler_.postprocess(batch);
-      const size_t vocab = size_t(model_.config().vocab_size);
-      const int64_t D = model_.config().hidden_size;
-      const int64_t tokens_before = counters_.generation_tokens;
-      size_t row = 0;      // the part's first logits row
-      int64_t first = 0;   // the part's first new token of the pass
-      for (size_t b = 0; b < batch.parts.size(); ++b) {
-        Sequence& s = *batch.parts[b].seq;
-        const int64_t n = batch.parts[b].n;
-        float* lg = logits_.data() + row * vocab;
-        row += size_t(spec ? 1 + drafts[b] : 1);
-        const int64_t f0 = first;
-        first += n;
-        counters_.computed_tokens += n;
-        if (s.done) continue;
-        int64_t kept = n;
-        try {
-          if (drafts[b] > 0) kept = verify(s, lg, drafts[b]);
-          else if (s.pending() == 0) sample(s, std::span<float>(lg, vocab));
-          // else: a prefill chunk short of the end, no token yet
-        } catch (const std::exception& e) {
-          finish(s, FinishReason::Error, std::string("sampling failed: ") + e.what());
-        }
-        if (draft_ && !s.done)
-          draft_->observe(s, pos0[b], n, kept, fo.final_hidden ? hidden_.data() + f0 * D : nullptr);
-      }
-      if (spec) {
-        // A speculative step costs its pass and the drafting before it.
-        const double pass = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (!prefill_rows)
-          gate_.record(any_drafts, int64_t(batch.parts.size()), counters_.generation_tokens - tokens_before,
-                       pass + (any_drafts ? draft_seconds_ : 0.0));
-        draft_next();
-      }
+      finish(s, FinishReason::Error, std::string("sampling failed: ") + e.what());
     }
   }
-  std::erase_if(sequences_, [&](const auto& kv) {
-    if (kv.second->done) worked = true;
-    return kv.second->done;
-  });
-  return worked;
+  if (spec_) {
+    const double sampling = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spec_->end_pass(scheduler_.running(), int64_t(batch.parts.size()), counters_.generation_tokens - tokens_before,
+                    pass_seconds_ + sampling);
+  }
+}
+
+bool Engine::drop_finished() {
+  return std::erase_if(sequences_, [](const auto& kv) { return kv.second->done; }) > 0;
+}
+
+bool Engine::cancel_running(const std::string& why) {
+  bool any = false;
+  for (auto& [id, s] : sequences_)
+    if (!s->done) finish(*s, FinishReason::Cancelled, why), any = true;
+  sequences_.clear();
+  return any;
 }
 
 bool Engine::step() {
@@ -510,6 +389,15 @@ void Engine::run_until_idle() {
 
 void Engine::update_stats() {
   EngineStats st = counters_;
+  if (spec_) {
+    const SpecCounters& sc = spec_->counters();
+    st.spec_steps = sc.steps;
+    st.spec_draft_tokens = sc.draft_tokens;
+    st.spec_accepted_tokens = sc.accepted_tokens;
+    st.spec_emitted_tokens = sc.emitted_tokens;
+    st.spec_draft_seconds = sc.draft_seconds;
+    st.spec_passes_with_prefill = sc.passes_with_prefill;
+  }
   st.running = scheduler_.num_running();
   st.waiting = scheduler_.num_waiting();
   st.preemptions = scheduler_.preemptions();
@@ -556,7 +444,7 @@ void Engine::engine_loop() {
     bool worked = false;
     try {
       worked = step();
-    } catch (const parallel::CommError& e) {
+    } catch (const JobFailed& e) {
       // A page sent to the other ranks between passes (the prompt cache's) did not arrive.
       fail_job(e.what());
       publish();
@@ -571,15 +459,15 @@ void Engine::engine_loop() {
     }
     if (!worked) {
       auto has_work = [&] { return stop_ || cancel_all_ || !incoming_.empty() || !cancels_.empty(); };
-      PassListener* listener = broken_.empty() ? opt_.pass_listener.get() : nullptr;
+      PassLeader* leader = broken_.empty() ? opt_.leader.get() : nullptr;
       std::unique_lock lk(mu_);
-      if (!listener || listener->idle_seconds() <= 0) {
+      if (!leader || leader->idle_seconds() <= 0) {
         cv_.wait(lk, has_work);
-      } else if (!cv_.wait_for(lk, std::chrono::duration<double>(listener->idle_seconds()), has_work)) {
+      } else if (!cv_.wait_for(lk, std::chrono::duration<double>(leader->idle_seconds()), has_work)) {
         lk.unlock();
         try {
-          listener->idle();
-        } catch (const parallel::CommError& e) {
+          leader->idle();
+        } catch (const JobFailed& e) {
           fail_job(e.what());
         }
       }
@@ -587,16 +475,14 @@ void Engine::engine_loop() {
   }
   // Whatever is left is cancelled, so that nobody waits for it.
   drain_incoming();
-  for (auto& [id, s] : sequences_)
-    if (!s->done) finish(*s, FinishReason::Cancelled, "the engine is shutting down");
-  sequences_.clear();
+  cancel_running("the engine is shutting down");
   publish();
 }
 
 void Engine::fail_job(const std::string& why) {
   if (!broken_.empty()) return;
   broken_ = "the expert-parallel job failed: " + why;
-  opt_.pass_listener->failed(broken_);
+  opt_.leader->failed(broken_);
 }
 
 void Engine::start() {

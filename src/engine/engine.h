@@ -1,14 +1,20 @@
 // The one generation engine, for every front end (mla run, chat, demo and serve). It owns the
 // latent page pool, the prefix cache and the scheduler over a Model (and, optionally, a
 // Tokenizer for text and stop strings). Requests arrive from any thread (submit); one thread
-// steps. One step:
-//   scheduler.schedule()  -> a ragged batch (decode tokens, prefill chunks, admissions)
-//   Model::forward        -> the last logits row of each sequence in the batch
-//   sample(sequence, row) -> per sequence: its logprobs when asked (of the row as the model
-//                            gave it), its logits processor (logit_bias, a grammar's mask), the
-//                            vocabulary mask, its Sampler; then its OutputStream (text, stop strings) and the stop
-//                            conditions; an error here ends that sequence alone (Error)
-//   events                -> delivered to each request's callback at the end of the step
+// steps. One step (step_inner) is schedule -> run -> postprocess:
+//   schedule     scheduler.schedule(): a ragged batch (decode tokens, prefill chunks,
+//                admissions); sequences that can never get their pages end
+//   shape        each part's slice of new tokens and the pass's options (Speculation reshapes
+//                a decoding sequence's part into its pending token and drafts)
+//   run          Model::forward, or under mpirun the PassLeader's forward (it reserves the
+//                pages, sends the pass to the other ranks, runs it): the logits rows
+//   postprocess  per sequence: sample(sequence, row): its logprobs when asked (of the row as
+//                the model gave it), its logits processor (logit_bias, a grammar's mask), the
+//                vocabulary mask, its Sampler; then its OutputStream (text, stop strings) and
+//                the stop conditions; an error here ends that sequence alone (Error). With
+//                speculation on, Speculation::accept verifies the drafts instead
+//   events       delivered to each request's callback at the end of the step
+// With speculative decoding off no speculation code runs in a step (spec_ is null).
 //
 // Continuous batching with chunked prefill under max_batch_tokens, admission by free pages,
 // preemption of the newest sequence with exact recompute and prefix sharing are the
@@ -47,20 +53,28 @@ namespace mla {
 int64_t kv_cache_pages(const ModelConfig& config, double budget_bytes, int64_t page_size, KvDType dtype,
                        int64_t sequences = 1);
 
-// Sees each forward pass before it runs, and the engine's idle time: under mpirun the other
-// ranks replay the passes (engine/lockstep.h).
-class PassListener {
+// The job can run no more forward passes (under mpirun: a collective with the other ranks
+// failed). The engine ends every request, queued or running, Cancelled with what().
+struct JobFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Rank 0 of an mpirun job (engine/lockstep.h): it runs each of the engine's forward passes with
+// the other ranks, who replay them, and hears of the engine's idle time. Each call throws
+// JobFailed when the job cannot go on.
+class PassLeader {
  public:
-  virtual ~PassListener() = default;
-  // The pass's sequences, their pages already reserved for the new tokens, and its options.
-  virtual void before_forward(std::span<const SeqSlice> batch, const ForwardOptions& opt) = 0;
+  virtual ~PassLeader() = default;
+  // Runs the pass on every rank: reserves its pages, sends it, and runs Model::forward here.
+  virtual void forward(Model& model, std::span<SeqSlice> batch, LatentPool& pool, const ForwardOptions& opt,
+                       std::vector<float>& logits) = 0;
   // A page of the prompt cache's RAM or disk tier was copied into the pool (between passes).
   virtual void page_in(int32_t page, std::span<const uint8_t> bytes) = 0;
   // Called about every idle_seconds() (when > 0) while the engine waits for work.
   virtual void idle() = 0;
   virtual double idle_seconds() const = 0;
-  // A pass, or idle(), failed with parallel::CommError: the engine runs no more passes and ends
-  // every request, queued or running, Cancelled with `why`. Called once, on the engine thread.
+  // After JobFailed: the engine ran no more passes and ended every request. Called once, on
+  // the engine thread.
   virtual void failed(const std::string& why) = 0;
 };
 
@@ -83,10 +97,11 @@ struct EngineOptions {
   // module (MtpDrafts; the model must be loaded with it).
   SpeculativeOptions speculative;
   std::shared_ptr<DraftSource> draft_source;
-  // Under mpirun, rank 0's engine: the ranks replaying its passes (engine/lockstep.h), and the
-  // pages the prompt cache copies into the pool. Not with speculation, whose MTP module keeps a
-  // pool of its own (the constructor throws std::invalid_argument).
-  std::shared_ptr<PassListener> pass_listener;
+  // Under mpirun, rank 0's engine: the leader that runs its passes with the ranks replaying
+  // them (engine/lockstep.h) and sends them the pages the prompt cache copies into the pool.
+  // Not with speculation, whose MTP module keeps a pool of its own (the constructor throws
+  // std::invalid_argument).
+  std::shared_ptr<PassLeader> leader;
 };
 
 struct EngineStats {
@@ -118,15 +133,15 @@ struct EngineStats {
   double spec_tokens_per_step() const { return spec_steps ? double(spec_emitted_tokens) / double(spec_steps) : 0; }
 };
 
-class Engine {
+class Engine : private RowSampler {
  public:
   using Callback = std::function<void(const RequestEvent&)>;
 
   // The model (and tokenizer, if given) must outlive the engine. Without a tokenizer events
   // carry no text and stop strings are refused.
-  Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& opt = {});
-  ~Engine();  // stops the engine thread
+  Engine(Model& model, const Tokenizer* tokenizer, const EngineOptions& opt = {});  // the destructor stops the engine thread
   Engine(const Engine&) = delete;
+  ~Engine() override;
   Engine& operator=(const Engine&) = delete;
 
   // Queues a request; the callback receives its events on the stepping thread (keep it short;
@@ -162,29 +177,31 @@ class Engine {
   void flush_prompt_cache();
 
  private:
+  // One step: schedule, run, postprocess.
   bool step_inner();
+  // The batch's sequences that can never run end; preempted ones lose their drafts.
+  void end_unscheduled(Batch& batch);
+  // The pass of the batch: each part's slice of new tokens and the forward options.
+  void shape(const Batch& batch);
+  // Runs the pass; false when it failed (its requests, or the whole job, ended).
+  bool run(const Batch& batch);
+  // Each part's logits rows: sampled (or verified), events.
+  void postprocess(Batch& batch);
+  // Drops finished sequences; whether there were any.
+  bool drop_finished();
   void publish();  // updates the stats, then delivers the step's events
   void drain_incoming();
   // Ends a sequence: the output stream's end flush, the last event, out of the scheduler.
   void finish(Sequence& s, FinishReason reason, std::string message = {}, int32_t token = -1, std::string text = {});
-  void forget(int64_t id);  // drops a finished sequence
-  // Samples the sequence's next token from its logits row and handles it (text, stop
-  // conditions, event). Throws for an error of this sequence alone.
-  void sample(Sequence& s, std::span<float> logits);
-  // The row as the sequence's sampler sees it: the raw row's logprobs kept when asked, then its
-  // logits processor and the vocabulary mask. note_logprob: the kept figures for the token.
-  void process_row(Sequence& s, std::span<float> logits);
-  void note_logprob(Sequence& s, std::span<const float> logits, int32_t id);
-  // Handles a token of the sequence (history, text, stop conditions, event); false when the
-  // sequence ended with it.
-  bool take(Sequence& s, int32_t id);
-  // Speculative verification of s's k drafts from its k + 1 logits rows: the accepted prefix
-  // and the target's own token taken, the rejected rows out of the cache. Returns the rows kept.
-  int64_t verify(Sequence& s, float* rows, int64_t k);
-  // After a step: the drafts of the next pass (or none), timed.
-  void draft_next();
+  // Every request, queued or running, ends Cancelled with `why`; whether there were any.
+  bool cancel_running(const std::string& why);
+  // RowSampler: a sequence's row and token (sampling, logprobs, stop conditions, events).
+  void process_row(Sequence& s, std::span<float> logits) override;
+  void note_logprob(Sequence& s, std::span<const float> logits, int32_t id) override;
+  void sample(Sequence& s, std::span<float> logits) override;
+  bool take(Sequence& s, int32_t id) override;
   void emit(Sequence& s, RequestEvent e);
-  // The pass listener's collective failed: no more passes; every request ends.
+  // The leader's pass failed (JobFailed): no more passes; every request ends.
   void fail_job(const std::string& why);
   void update_stats();
   void engine_loop();
@@ -203,14 +220,13 @@ class Engine {
   std::vector<float> raw_logits_;  // a row before its logits processor, for logprobs
   std::optional<RowLogprobs> row_lp_;  // process_row's figures for note_logprob
   std::vector<std::pair<int32_t, float>> row_top_;
-  // Speculative decoding.
-  std::shared_ptr<DraftSource> draft_;
-  SpecGate gate_;
-  double draft_seconds_ = 0;  // the drafting for the coming pass (draft_next), for the gate
-  cpu::Context one_token_ctx_;
-  std::vector<float> hidden_;
-  std::vector<int64_t> logits_last_;
-  std::vector<std::vector<int32_t>> verify_ids_;
+  std::unique_ptr<Speculation> spec_;  // null: speculative decoding off
+  // The pass of the step: its slices and options, whether it carries a decoding sequence's next
+  // token.
+  std::vector<SeqSlice> slices_;
+  ForwardOptions pass_;
+  bool decode_rows_ = false;
+  double pass_seconds_ = 0;
   EngineStats counters_;  // cumulative counters kept by the engine
   std::string broken_;    // why the job failed (fail_job); empty while it runs
   std::vector<std::pair<Callback, RequestEvent>> events_;  // of the current step, delivered at its end

@@ -49,6 +49,16 @@ std::span<const int64_t> take(const std::vector<int64_t>& body, size_t& at, int6
   return s;
 }
 
+// A collective of the job that failed: the engine's JobFailed.
+template <class F>
+void collective(F&& f) {
+  try {
+    f();
+  } catch (const parallel::CommError& e) {
+    throw JobFailed(e.what());
+  }
+}
+
 }  // namespace
 
 Leader::Leader(parallel::Comm& comm, int64_t num_pages, int64_t page_size, KvDType dtype,
@@ -57,7 +67,22 @@ Leader::Leader(parallel::Comm& comm, int64_t num_pages, int64_t page_size, KvDTy
   send(comm_, Shape, {num_pages, page_size, int64_t(dtype)});
 }
 
-void Leader::before_forward(std::span<const SeqSlice> batch, const ForwardOptions& opt) {
+void Leader::forward(Model& model, std::span<SeqSlice> batch, LatentPool& pool, const ForwardOptions& opt,
+                     std::vector<float>& logits) {
+  // The followers get the pages with the pass: reserve them first (all or nothing; when they do
+  // not fit, Model::forward throws KvCacheExhausted before its first collective and nobody is told).
+  int64_t need = 0;
+  for (const SeqSlice& s : batch) need += pool.pages_needed(*s.seq, s.seq->length + int64_t(s.ids.size()));
+  collective([&] {
+    if (need <= pool.free_pages()) {
+      for (const SeqSlice& s : batch) pool.reserve(*s.seq, s.seq->length + int64_t(s.ids.size()));
+      send_pass(batch, opt);
+    }
+    model.forward(batch, pool, opt, logits);
+  });
+}
+
+void Leader::send_pass(std::span<const SeqSlice> batch, const ForwardOptions& opt) {
   std::vector<int64_t> body;
   encode_options(opt, body);
   body.push_back(int64_t(batch.size()));
@@ -72,11 +97,15 @@ void Leader::before_forward(std::span<const SeqSlice> batch, const ForwardOption
 }
 
 void Leader::page_in(int32_t page, std::span<const uint8_t> bytes) {
-  send(comm_, PageIn, {page, int64_t(bytes.size())});
-  comm_.broadcast(const_cast<uint8_t*>(bytes.data()), bytes.size(), 0);
+  collective([&] {
+    send(comm_, PageIn, {page, int64_t(bytes.size())});
+    comm_.broadcast(const_cast<uint8_t*>(bytes.data()), bytes.size(), 0);
+  });
 }
 
-void Leader::idle() { send(comm_, Heartbeat); }
+void Leader::idle() {
+  collective([&] { send(comm_, Heartbeat); });
+}
 
 double Leader::idle_seconds() const { return comm_.timeout() / 4; }
 

@@ -2,7 +2,10 @@
 // speculative.h).
 #include "engine/speculative.h"
 
+#include "engine/scheduler.h"
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -214,6 +217,150 @@ void SpecGate::record(bool speculated, int64_t sequences, int64_t tokens, double
   ++passes_;
   if (speculated == pref) ++since_explore_;
   else since_explore_ = 0;
+}
+
+// ---- Speculation: the engine's step ----
+
+Speculation::Speculation(Model& model, const SpeculativeOptions& opt, std::shared_ptr<DraftSource> source,
+                         LatentPool& pool)
+    : model_(model), pool_(pool), opt_(opt), source_(std::move(source)), gate_(opt.adaptive), one_token_ctx_(model.context()) {
+  one_token_ctx_.one_token_kernels = true;
+  if (opt_.draft_tokens < 1)
+    throw std::invalid_argument("speculative decoding needs at least one draft token, got " +
+                                std::to_string(opt_.draft_tokens));
+  if (!source_) {
+    if (!model_.has_mtp())
+      throw std::invalid_argument(
+          "speculative decoding with MTP: the model has no MTP module loaded (the checkpoint has none, or it was "
+          "loaded without it)");
+    model_.set_mtp_draft_head(opt_.draft_head);
+    source_ = std::make_shared<MtpDrafts>(model_, pool.num_pages(), pool.page_size(), pool.dtype());
+  }
+}
+
+void Speculation::shape(const Batch& batch, std::vector<SeqSlice>& slices, ForwardOptions& fo) {
+  const size_t parts = batch.parts.size();
+  drafts_.assign(parts, 0);
+  logits_last_.resize(parts);
+  first_row_.resize(parts);
+  pos0_.resize(parts);
+  first_token_.resize(parts);
+  new_tokens_.resize(parts);
+  verify_ids_.resize(parts);
+  prefill_rows_ = any_drafts_ = false;
+  int64_t rows = 0, tokens = 0, logits_rows = 0;
+  for (size_t b = 0; b < parts; ++b) {
+    Sequence& s = *batch.parts[b].seq;
+    const int64_t n = batch.parts[b].n, pending = s.pending();
+    pos0_[b] = s.table.length;
+    new_tokens_[b] = n;
+    first_token_[b] = tokens;
+    first_row_[b] = logits_rows;
+    tokens += n;
+    rows += n;
+    if (pending == 1 && n > 1) {  // the pending token and n - 1 drafts
+      drafts_[b] = n - 1;
+      any_drafts_ = true;
+      auto& ids = verify_ids_[b];
+      ids.assign(1, s.tokens.back());
+      ids.insert(ids.end(), s.draft.begin(), s.draft.begin() + drafts_[b]);
+      slices[b].ids = ids;
+    }
+    if (pending > 1) prefill_rows_ = true;
+    logits_last_[b] = 1 + drafts_[b];
+    logits_rows += logits_last_[b];
+  }
+  fo.logits_last = logits_last_;
+  // Decoding sequences only: every row as a one-token decode step computes it.
+  if (!prefill_rows_ && rows <= opt_.max_verify_rows) {
+    fo.context = &one_token_ctx_;
+    if (fo.path == AttnPath::Auto) fo.path = AttnPath::Absorb;
+  }
+  if (source_->wants_hidden()) fo.final_hidden = &hidden_;
+  if (any_drafts_ && prefill_rows_) ++counters_.passes_with_prefill;
+}
+
+void Speculation::accept(Sequence& s, size_t part, float* rows, RowSampler& sampler) {
+  const int64_t k = drafts_[part], n = new_tokens_[part];
+  int64_t kept = n;
+  if (k > 0) kept = verify(s, rows, k, sampler);
+  else if (s.pending() == 0) sampler.sample(s, std::span<float>(rows, size_t(model_.config().vocab_size)));
+  // else: a prefill chunk short of the end, no token yet
+  if (!s.done)
+    source_->observe(s, pos0_[part], n, kept,
+                     source_->wants_hidden() ? hidden_.data() + first_token_[part] * model_.config().hidden_size : nullptr);
+}
+
+int64_t Speculation::verify(Sequence& s, float* rows, int64_t k, RowSampler& sampler) {
+  const size_t vocab = size_t(model_.config().vocab_size);
+  std::vector<int32_t> draft = std::move(s.draft);
+  std::vector<std::vector<float>> q = std::move(s.draft_probs);
+  s.draft.clear();
+  s.draft_probs.clear();
+  // The pass wrote the rows of the last token and of the k drafts; only the last token's is
+  // kept so far, each accepted draft's joins it.
+  const int64_t base = s.table.length - (k + 1);
+  s.table.length = base + 1;
+  ++counters_.steps;
+  counters_.draft_tokens += k;
+  const bool greedy = s.sampler->params().greedy();
+  int64_t accepted = 0;
+  for (int64_t j = 0; j <= k; ++j) {
+    std::span<float> row(rows + size_t(j) * vocab, vocab);
+    sampler.process_row(s, row);
+    int32_t id;
+    bool ok = false;
+    if (j == k) {
+      id = s.sampler->sample(row);  // every draft accepted: the bonus token
+    } else if (greedy) {
+      id = s.sampler->sample(row);
+      ok = id == draft[size_t(j)];
+    } else {
+      const std::vector<float> p = s.sampler->probabilities(row);
+      const std::span<const float> qj = size_t(j) < q.size() ? std::span<const float>(q[size_t(j)]) : std::span<const float>();
+      ok = accept_draft(p, qj, draft[size_t(j)], s.sampler->draw());
+      id = ok ? draft[size_t(j)] : s.sampler->sample_from(residual_distribution(p, qj, draft[size_t(j)]));
+    }
+    sampler.note_logprob(s, row, id);
+    if (ok) {
+      ++s.table.length;  // the draft's row is the sequence's now
+      ++accepted;
+    }
+    ++counters_.emitted_tokens;
+    if (!sampler.take(s, id) || !ok) break;  // a stop condition, or the target's own token: the end
+  }
+  counters_.accepted_tokens += accepted;
+  if (!s.done) pool_.truncate(s.table, s.table.length);  // rejected rows out, pages past them freed
+  return 1 + accepted;
+}
+
+void Speculation::end_pass(std::span<Sequence* const> running, int64_t sequences, int64_t tokens, double seconds) {
+  // A speculative step costs its pass and the drafting before it.
+  if (!prefill_rows_) gate_.record(any_drafts_, sequences, tokens, seconds + (any_drafts_ ? draft_seconds_ : 0.0));
+  draft_next(running);
+}
+
+void Speculation::draft_next(std::span<Sequence* const> running) {
+  std::vector<Sequence*> decoding;
+  for (Sequence* s : running)
+    if (!s->done && s->pending() == 1) decoding.push_back(s);
+  draft_seconds_ = 0;
+  const int64_t k = opt_.draft_tokens;
+  const bool fits = int64_t(decoding.size()) * (k + 1) <= opt_.max_verify_rows;
+  if (decoding.empty() || !fits || !gate_.speculate_next()) {
+    for (Sequence* s : decoding) s->draft.clear(), s->draft_probs.clear();
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  source_->propose(decoding, k);
+  draft_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  counters_.draft_seconds += draft_seconds_;
+}
+
+void Speculation::forget(Sequence& s) {
+  source_->forget(s);
+  s.draft.clear();
+  s.draft_probs.clear();
 }
 
 }  // namespace mla

@@ -167,4 +167,87 @@ class SpecGate {
   int64_t passes_ = 0, since_explore_ = 0;
 };
 
+// What the engine does with a logits row and a token: Speculation's verify samples through it,
+// exactly as plain decoding does.
+class RowSampler {
+ public:
+  virtual ~RowSampler() = default;
+  // The row as s's sampler sees it: its logprobs kept when asked, its logits processor, the
+  // vocabulary mask.
+  virtual void process_row(Sequence& s, std::span<float> row) = 0;
+  // Plain sampling of s's next token from its row: process_row, the sampler, note_logprob, take.
+  virtual void sample(Sequence& s, std::span<float> row) = 0;
+  // The kept logprobs of `id` (when asked) for the event that carries it.
+  virtual void note_logprob(Sequence& s, std::span<const float> row, int32_t id) = 0;
+  // id is s's next token (text, stop conditions, event); false when s ended with it.
+  virtual bool take(Sequence& s, int32_t id) = 0;
+};
+
+// Speculative decoding's counters, summed over the engine's steps: sequence-steps that verified
+// drafts, their draft tokens, the drafts accepted, the tokens those steps produced (accepted
+// drafts plus the target's own token), the seconds spent drafting, and the passes whose verify
+// rows shared the pass with prefill rows (those ran on the batch's kernels, not the one-token ones).
+struct SpecCounters {
+  int64_t steps = 0, draft_tokens = 0, accepted_tokens = 0, emitted_tokens = 0;
+  double draft_seconds = 0;
+  int64_t passes_with_prefill = 0;
+};
+
+struct Batch;
+
+// Speculative decoding as the engine's step asks for it. It owns the draft source, the adaptive
+// gate and what a pass of drafts needs (the verify rows' ids, the one-token context, the
+// hidden rows the MTP module reads). Per step the engine asks it to
+//   shape(batch)         -> the pass's slices: a decoding sequence's pending token and its
+//                           drafts as k + 1 rows; the options that make every row of a
+//                           decode-only pass what a one-token decode step computes
+//   logits_rows(part)    -> where each part's logits rows lie
+//   accept(s, part, rows)-> s's drafts verified (Leviathan et al.) through the engine's sampler,
+//                           the rejected rows out of the cache; or its one row sampled
+//   end_pass(...)        -> the gate's figures, and the drafts of the next pass
+class Speculation {
+ public:
+  // source null: the model's MTP module (the model must have it loaded). Throws
+  // std::invalid_argument for fewer than one draft token or a model without MTP.
+  // The pool is the engine's: rejected draft rows leave it.
+  Speculation(Model& model, const SpeculativeOptions& opt, std::shared_ptr<DraftSource> source, LatentPool& pool);
+
+  // The slices of the batch's parts (slices[b] for part b) and the pass's options.
+  void shape(const Batch& batch, std::vector<SeqSlice>& slices, ForwardOptions& fo);
+  // The first logits row of part b (shape's pass); rows are [parts' rows, vocab].
+  int64_t first_row(size_t part) const { return first_row_[part]; }
+  // Part b's rows after the pass (s not done): its drafts verified, or its last row sampled when
+  // it has none and its prompt is read. Then the draft source sees the rows the cache keeps.
+  // Throws what sampling throws (the engine ends s alone).
+  void accept(Sequence& s, size_t part, float* rows, RowSampler& sampler);
+  // After the pass's rows were accepted: the gate's record of a decode-only pass (its sequences,
+  // the tokens it produced, its seconds) and the drafts of the running sequences' next pass.
+  void end_pass(std::span<Sequence* const> running, int64_t sequences, int64_t tokens, double seconds);
+  // s ended or lost its cache (preempted): its drafts and the source's state for it go.
+  void forget(Sequence& s);
+
+  const SpecCounters& counters() const { return counters_; }
+  const SpecGate& gate() const { return gate_; }
+
+ private:
+  // s's k drafts from its k + 1 rows: the accepted prefix and the target's own token taken.
+  // Returns the rows the cache keeps.
+  int64_t verify(Sequence& s, float* rows, int64_t k, RowSampler& sampler);
+  void draft_next(std::span<Sequence* const> running);
+
+  Model& model_;
+  LatentPool& pool_;
+  SpeculativeOptions opt_;
+  std::shared_ptr<DraftSource> source_;
+  SpecGate gate_;
+  cpu::Context one_token_ctx_;
+  SpecCounters counters_;
+  double draft_seconds_ = 0;  // the drafting for the coming pass, for the gate
+  // The pass shape() made.
+  std::vector<std::vector<int32_t>> verify_ids_;
+  std::vector<int64_t> drafts_, new_tokens_, logits_last_, first_row_, pos0_, first_token_;
+  std::vector<float> hidden_;
+  bool prefill_rows_ = false, any_drafts_ = false;
+};
+
 }  // namespace mla

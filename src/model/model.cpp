@@ -4,10 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <numeric>
-#include <optional>
 #include <set>
 
 #include "backend/cpu/attention.h"
@@ -46,36 +44,31 @@ std::vector<MatrixView*> weight_views(ModelWeights& w) {
   return v;
 }
 
-double sum_parts(const ForwardProfile& p) {
-  double s = 0;
-  for (int i = 0; i < ForwardProfile::kParts; ++i) s += p.seconds[i];
-  return s;
-}
-
 }  // namespace
 
-const char* ForwardProfile::name(int part) {
-  static const char* const names[kParts] = {"embedding", "attention projections", "attention", "o_proj", "dense mlp",
-                                            "router",    "experts (shared and routed)", "lm_head", "other"};
-  return part >= 0 && part < kParts ? names[part] : "?";
-}
-
 std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& ctx, bool show_progress, bool with_mtp) {
-  return load(dir, ctx, show_progress, LoadQuantization{}, with_mtp);
+  return load(dir, LoadOptions{ctx, show_progress, LoadQuantization{}, with_mtp});
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& ctx, bool show_progress,
                                    const LoadQuantization& quantize, bool with_mtp) {
+  return load(dir, LoadOptions{ctx, show_progress, quantize, with_mtp});
+}
+
+std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& opt) {
+  const cpu::Context& ctx = opt.ctx;
+  const bool show_progress = opt.show_progress, with_mtp = opt.with_mtp;
+  const LoadQuantization& quantize = opt.quantize;
   std::unique_ptr<Model> m(new Model());
   m->ctx_ = ctx;
   m->cfg_ = ModelConfig::load(dir);
   // Expert-parallel (mpirun -np N): every rank must run the same checkpoint; this rank maps
   // and reads only its block of the routed experts (parallel/expert_parallel.h).
-  parallel::Comm& comm = parallel::world();
+  parallel::Comm* comm = opt.comm && opt.comm->size() > 1 ? opt.comm : nullptr;  // null: one process
   parallel::ExpertRange experts;
-  if (comm.size() > 1) {
-    parallel::require_same_on_all_ranks(comm, "checkpoint", checkpoint_fingerprint(dir).hex());
-    experts = parallel::expert_range(m->cfg_.n_routed_experts, comm.rank(), comm.size());
+  if (comm) {
+    parallel::require_same_on_all_ranks(*comm, "checkpoint", checkpoint_fingerprint(dir).hex());
+    experts = parallel::expert_range(m->cfg_.n_routed_experts, comm->rank(), comm->size());
   }
   m->ckpt_ = std::make_unique<Checkpoint>(dir);
   // Reading the whole checkpoint in up front would fault in the other ranks' experts too.
@@ -107,18 +100,18 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const cpu::Context& c
   }
   m->ctx_.repack_weights = repacked;  // what the kernels run on (the computation fingerprint reads it)
   if (!experts.all())
-    std::fprintf(stderr, "mla: rank %d of %d holds routed experts [%lld, %lld) of %lld: %s\n", comm.rank(), comm.size(),
+    std::fprintf(stderr, "mla: rank %d of %d holds routed experts [%lld, %lld) of %lld: %s\n", comm->rank(), comm->size(),
                  (long long)experts.begin, (long long)experts.end, (long long)m->cfg_.n_routed_experts,
                  weight_bytes_summary(m->w_).c_str());
   m->mla_ = std::make_unique<MlaAttention>(m->cfg_);
-  m->moe_ = std::make_unique<MoeLayer>(m->cfg_, &comm);
+  m->moe_ = std::make_unique<MoeLayer>(m->cfg_, comm);
   if (m->cfg_.dsa()) m->indexer_ = std::make_unique<Indexer>(m->cfg_);
   m->costs_ = MlaCosts::of(m->cfg_);
-  if (comm.size() > 1) {
+  if (comm) {
     // Every rank has its weights: from here on the ranks run in step, and a rank that takes
     // longer than the timeout to reach a collective hangs (loading had none: disks differ).
-    comm.barrier();
-    comm.set_timeout(parallel::rank_timeout_from_env());
+    comm->barrier();
+    comm->set_timeout(parallel::rank_timeout_from_env());
   }
   return m;
 }
@@ -208,149 +201,152 @@ void Model::admit(std::span<const SeqSlice> batch, LatentPool& pool, const char*
 
 void Model::forward(std::span<SeqSlice> batch, LatentPool& pool, const ForwardOptions& opt, std::vector<float>& logits) {
   pass_ctx_ = opt.context ? opt.context : &ctx_;
-  const cpu::Context& cx = ctx();
   const ModelConfig& c = cfg_;
-  const int64_t D = c.hidden_size, H = c.num_attention_heads, qk = c.qk_head_dim(), vd = c.v_head_dim,
-                L = c.num_hidden_layers;
+  const int64_t D = c.hidden_size, L = c.num_hidden_layers;
   if (pool.num_layers() != L || pool.row_dim() != c.latent_dim() || pool.index_dim() != c.index_cache_dim())
     throw std::invalid_argument("forward: the latent pool's geometry does not match the model");
-
-  std::vector<int64_t>& first = fwd_.first;
-  admit(batch, pool, "KV cache", first);
-  const int64_t T = first.back();
-  std::vector<int64_t>& pos = fwd_.pos;
-  pos.resize(size_t(T));
-  std::vector<SeqShape>& shapes = fwd_.shapes;
-  shapes.clear();
-  for (size_t b = 0; b < batch.size(); ++b) {
-    for (int64_t i = 0; i < int64_t(batch[b].ids.size()); ++i) pos[size_t(first[b] + i)] = batch[b].seq->length + i;
-    shapes.push_back({int64_t(batch[b].ids.size()), batch[b].seq->length});
-  }
-  AttnPath path = opt.path == AttnPath::Auto ? choose_attn_path(costs_, shapes, opt.policy) : opt.path;
-  last_path_ = path;
-  static const bool debug = std::getenv("MLA_DEBUG") && std::string(std::getenv("MLA_DEBUG")) != "0";
-  if (debug) {
-    int64_t longest = 0;
-    for (auto& sh : shapes) longest = std::max(longest, sh.cached_tokens);
-    std::fprintf(stderr, "[mla] batch of %zu sequences, %lld new tokens, longest cached prefix %lld: %s%s\n",
-                 batch.size(), (long long)T, (long long)longest, attn_path_name(path),
-                 opt.path == AttnPath::Auto ? " (auto)" : "");
-  }
-  (path == AttnPath::Expand ? counters_.expand : path == AttnPath::Absorb ? counters_.absorb : counters_.chunked)++;
-
-  PartTimer whole(profile_, ForwardProfile::Other);  // the rest is what the parts leave
-  const double parts_before = profile_ ? sum_parts(*profile_) : 0;
-  std::optional<PartTimer> part;
-  part.emplace(profile_, ForwardProfile::Embed);
-  // Sized to this batch (capacity kept); every element is written before it is read.
   ForwardScratch& f = fwd_;
-  for (auto* v : {&f.h, &f.x, &f.delta}) v->resize(size_t(T * D));
-  f.q.resize(size_t(T * H * qk));
-  f.kv.resize(size_t(T * c.latent_dim()));
-  f.attn.resize(size_t(T * H * vd));
-  std::vector<float>&h = f.h, &x = f.x, &q = f.q, &kv = f.kv, &attn = f.attn, &delta = f.delta;
-  std::vector<int32_t>& all_ids = f.ids;
-  all_ids.resize(size_t(T));
-  for (size_t b = 0; b < batch.size(); ++b) std::copy(batch[b].ids.begin(), batch[b].ids.end(), all_ids.begin() + first[b]);
-  // A prompt's rows lie scattered over the table, each a fresh page: on the development VM 512 of
-  // them took 18-24 ms on one thread, 10-12 ms on two.
-  cpu::parallel_for(cx, T, T >= 64, [&](int64_t t) { w_.embed.dequant_row(all_ids[size_t(t)], h.data() + t * D); });
-  if (opt.hidden) opt.hidden->assign(1, h);
-  if (opt.attn) opt.attn->clear();
-  if (capture_sel_) capture_sel_->clear();
-  // h += delta over the batch's rows.
-  auto add_residual = [&] {
-    float* hp = h.data();
-    const float* dp = delta.data();
-    cpu::parallel_for(cx, T * D, T * D >= (int64_t(1) << 16), [&](int64_t i) { hp[i] += dp[i]; });
-  };
+  admit(batch, pool, "KV cache", f.first);
+  const int64_t T = f.first.back();
+  f.pos.resize(size_t(T));
+  f.shapes.clear();
+  for (size_t b = 0; b < batch.size(); ++b) {
+    for (int64_t i = 0; i < int64_t(batch[b].ids.size()); ++i) f.pos[size_t(f.first[b] + i)] = batch[b].seq->length + i;
+    f.shapes.push_back({int64_t(batch[b].ids.size()), batch[b].seq->length});
+  }
+  const AttnPath path = opt.path == AttnPath::Auto ? choose_attn_path(costs_, f.shapes, opt.policy) : opt.path;
+  last_path_ = path;
+  (path == AttnPath::Expand ? counters_.expand : path == AttnPath::Absorb ? counters_.absorb : counters_.chunked)++;
+  if (observer_) observer_->begin_pass(pass_shape(f.shapes, path, opt.path == AttnPath::Auto));
 
+  const Pass p{batch, pool, f, T, opt.reference_attention ? MlaForm::Reference : mla_form(path), opt.policy.prefix_chunk,
+               c.dsa() && !opt.dense_attention};
+  embed(p);
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& W = w_.layers[size_t(l)];
-    part.emplace(profile_, ForwardProfile::AttnProj);
-    cpu::rmsnorm(cx, h.data(), T, D, D, W.input_norm.data(), float(c.rms_norm_eps), x.data(), D);
-    mla_->project(cx, W, x.data(), T, pos.data(), q.data(), kv.data());
-    mla_->write_cache(pool, l, batch, first.data(), kv.data());
-    part.emplace(profile_, ForwardProfile::Attention);
-    const MlaForm form = opt.reference_attention ? MlaForm::Reference : mla_form(path);
-    if (c.dsa() && !opt.dense_attention) {
-      if (W.indexer.present) index_layer(W, pool, l, batch, first.data(), x.data(), T, pos.data());
-      mla_->attend_sparse(cx, W, pool, l, batch, first.data(), form, opt.policy.prefix_chunk, dsa_.views, q.data(), attn.data());
-      if (capture_sel_) capture_sel_->push_back(dsa_.sel);
-    } else {
-      mla_->attend(cx, W, pool, l, batch, first.data(), form, opt.policy.prefix_chunk, q.data(), attn.data());
-    }
-    part.emplace(profile_, ForwardProfile::OProj);
-    mla_->o_proj(cx, W, attn.data(), T, delta.data());
-    if (opt.attn) opt.attn->push_back(delta);
-    add_residual();
-
-    cpu::rmsnorm(cx, h.data(), T, D, D, W.post_attention_norm.data(), float(c.rms_norm_eps), x.data(), D);
-    part.reset();
-    if (W.moe) {
-      part.emplace(profile_, ForwardProfile::Router);
-      moe_->route(cx, W, x.data(), T);
-      count_routed_experts(T);
-      part.emplace(profile_, ForwardProfile::Experts);
-      moe_->experts(cx, W, x.data(), T, delta.data(), mlp_scratch_);
-      part.reset();
-    } else {
-      PartTimer t(profile_, ForwardProfile::DenseMlp);
-      mlp(W.dense, x.data(), T, delta.data(), false);
-    }
-    add_residual();
-    if (opt.hidden && l + 1 < L) opt.hidden->push_back(h);
-  }
-  if (opt.final_hidden) {
-    opt.final_hidden->resize(size_t(T * D));
-    cpu::rmsnorm(cx, h.data(), T, D, D, w_.final_norm.data(), float(c.rms_norm_eps), opt.final_hidden->data(), D);
+    attention_block(p, W, l);
+    if (observer_) observer_->attention(l, std::span<const float>(f.delta.data(), size_t(T * D)));
+    ffn_block(p, W);
+    if (observer_ && l + 1 < L) observer_->hidden(l + 1, std::span<const float>(f.h.data(), size_t(T * D)));
   }
   for (auto& s : batch) s.seq->length += int64_t(s.ids.size());
-
-  // Final norm and lm_head, on every new token or on each sequence's last one.
-  std::vector<int64_t>& rows = f.rows;
-  rows.clear();
-  if (!opt.logits_last.empty()) {
-    if (opt.logits_last.size() != batch.size()) throw std::invalid_argument("forward: logits_last needs one count per sequence");
-    for (size_t b = 0; b < batch.size(); ++b)
-      for (int64_t i = first[b + 1] - std::min(first[b + 1] - first[b], opt.logits_last[b]); i < first[b + 1]; ++i)
-        rows.push_back(i);
-  } else if (opt.last_logits_only) {
-    for (size_t b = 0; b < batch.size(); ++b)
-      if (first[b + 1] > first[b]) rows.push_back(first[b + 1] - 1);
-  } else {
-    rows.resize(size_t(T));
-    std::iota(rows.begin(), rows.end(), 0);
+  enter(ForwardProfile::Other);
+  if (opt.final_hidden) {
+    opt.final_hidden->resize(size_t(T * D));
+    cpu::rmsnorm(ctx(), f.h.data(), T, D, D, w_.final_norm.data(), float(c.rms_norm_eps), opt.final_hidden->data(), D);
   }
-  part.emplace(profile_, ForwardProfile::LmHead);
-  std::vector<float>& xn = f.xn;
-  xn.resize(rows.size() * size_t(D));
-  for (size_t r = 0; r < rows.size(); ++r)
-    cpu::rmsnorm(cx, h.data() + rows[r] * D, 1, D, D, w_.final_norm.data(), float(c.rms_norm_eps), xn.data() + r * size_t(D), D);
-  if (opt.hidden) opt.hidden->push_back(xn);
-  logits.resize(rows.size() * size_t(c.vocab_size));
-  matmul(cx, xn.data(), int64_t(rows.size()), w_.lm_head, logits.data());
-  part.reset();
-  if (profile_) {
-    // `whole` adds the pass's full time to Other at scope end: take the parts' share back out.
-    profile_->seconds[ForwardProfile::Other] -= sum_parts(*profile_) - parts_before;
-    profile_->passes++;
+  logits_rows(p, opt);
+  head(p, logits);
+  if (observer_) {
+    observer_->hidden(L, p.f.xn);
+    observer_->end_pass();
   }
 }
 
-void Model::count_routed_experts(int64_t T) {
-  if (!profile_) return;
-  const auto& picks = moe_->choices();
-  const int64_t n = std::min<int64_t>(int64_t(picks.size()), T * cfg_.num_experts_per_tok);
-  std::vector<int64_t> seen;
-  seen.reserve(size_t(n));
-  for (int64_t i = 0; i < n; ++i) seen.push_back(picks[size_t(i)].expert);
-  std::sort(seen.begin(), seen.end());
-  seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-  const parallel::ExpertRange mine = moe_->local_experts();
-  profile_->routed_experts += int64_t(seen.size());
-  profile_->local_routed_experts += std::count_if(seen.begin(), seen.end(), [&](int64_t e) { return mine.has(e); });
-  profile_->moe_layers++;
+PassShape Model::pass_shape(std::span<const SeqShape> shapes, AttnPath path, bool chosen) {
+  PassShape s{int64_t(shapes.size()), 0, 0, path, chosen};
+  for (const SeqShape& sh : shapes) s.tokens += sh.new_tokens, s.longest_cached = std::max(s.longest_cached, sh.cached_tokens);
+  return s;
+}
+
+void Model::embed(const Pass& p) {
+  enter(ForwardProfile::Embed);
+  ForwardScratch& f = p.f;
+  const ModelConfig& c = cfg_;
+  const int64_t T = p.T, D = c.hidden_size;
+  // Sized to this batch (capacity kept); every element is written before it is read.
+  for (auto* v : {&f.h, &f.x, &f.delta}) v->resize(size_t(T * D));
+  f.q.resize(size_t(T * c.num_attention_heads * c.qk_head_dim()));
+  f.kv.resize(size_t(T * c.latent_dim()));
+  f.attn.resize(size_t(T * c.num_attention_heads * c.v_head_dim));
+  f.ids.resize(size_t(T));
+  for (size_t b = 0; b < p.batch.size(); ++b)
+    std::copy(p.batch[b].ids.begin(), p.batch[b].ids.end(), f.ids.begin() + f.first[b]);
+  // A prompt's rows lie scattered over the table, each a fresh page: the threads share them.
+  cpu::parallel_for(ctx(), T, T >= 64, [&](int64_t t) { w_.embed.dequant_row(f.ids[size_t(t)], f.h.data() + t * D); });
+  if (observer_) observer_->hidden(0, std::span<const float>(f.h.data(), size_t(T * D)));
+}
+
+void Model::add_residual(const Pass& p) {
+  float* hp = p.f.h.data();
+  const float* dp = p.f.delta.data();
+  const int64_t n = p.T * cfg_.hidden_size;
+  cpu::parallel_for(ctx(), n, n >= (int64_t(1) << 16), [&](int64_t i) { hp[i] += dp[i]; });
+}
+
+void Model::attention_block(const Pass& p, const LayerWeights& W, int64_t cache_layer) {
+  const cpu::Context& cx = ctx();
+  ForwardScratch& f = p.f;
+  const int64_t D = cfg_.hidden_size;
+  enter(ForwardProfile::AttnProj);
+  cpu::rmsnorm(cx, f.h.data(), p.T, D, D, W.input_norm.data(), float(cfg_.rms_norm_eps), f.x.data(), D);
+  mla_->project(cx, W, f.x.data(), p.T, f.pos.data(), f.q.data(), f.kv.data());
+  mla_->write_cache(p.pool, cache_layer, p.batch, f.first.data(), f.kv.data());
+  enter(ForwardProfile::Attention);
+  if (p.sparse) {
+    if (W.indexer.present) index_layer(W, p.pool, cache_layer, p.batch, f.first.data(), f.x.data(), p.T, f.pos.data());
+    mla_->attend_sparse(cx, W, p.pool, cache_layer, p.batch, f.first.data(), p.form, p.prefix_chunk, dsa_.views,
+                        f.q.data(), f.attn.data());
+    if (observer_) observer_->selection(cache_layer, dsa_.sel);
+  } else {
+    mla_->attend(cx, W, p.pool, cache_layer, p.batch, f.first.data(), p.form, p.prefix_chunk, f.q.data(), f.attn.data());
+  }
+  enter(ForwardProfile::OProj);
+  mla_->o_proj(cx, W, f.attn.data(), p.T, f.delta.data());
+  add_residual(p);
+}
+
+void Model::ffn_block(const Pass& p, const LayerWeights& W) {
+  const cpu::Context& cx = ctx();
+  ForwardScratch& f = p.f;
+  const int64_t D = cfg_.hidden_size;
+  cpu::rmsnorm(cx, f.h.data(), p.T, D, D, W.post_attention_norm.data(), float(cfg_.rms_norm_eps), f.x.data(), D);
+  if (W.moe) {
+    enter(ForwardProfile::Router);
+    moe_->route(cx, W, f.x.data(), p.T);
+    if (observer_) {
+      const auto& picks = moe_->choices();
+      const size_t n = std::min(picks.size(), size_t(p.T * cfg_.num_experts_per_tok));
+      observer_->routed(std::span<const ExpertChoice>(picks.data(), n), moe_->local_experts());
+    }
+    enter(ForwardProfile::Experts);
+    moe_->experts(cx, W, f.x.data(), p.T, f.delta.data(), mlp_scratch_);
+  } else {
+    enter(ForwardProfile::DenseMlp);
+    mlp(W.dense, f.x.data(), p.T, f.delta.data(), false);
+  }
+  add_residual(p);
+}
+
+void Model::logits_rows(const Pass& p, const ForwardOptions& opt) {
+  const std::vector<int64_t>& first = p.f.first;
+  const size_t B = p.batch.size();
+  std::vector<int64_t>& rows = p.f.rows;
+  rows.clear();
+  if (!opt.logits_last.empty()) {
+    if (opt.logits_last.size() != B) throw std::invalid_argument("forward: logits_last needs one count per sequence");
+    for (size_t b = 0; b < B; ++b)
+      for (int64_t i = first[b + 1] - std::min(first[b + 1] - first[b], opt.logits_last[b]); i < first[b + 1]; ++i)
+        rows.push_back(i);
+  } else if (opt.last_logits_only) {
+    for (size_t b = 0; b < B; ++b)
+      if (first[b + 1] > first[b]) rows.push_back(first[b + 1] - 1);
+  } else {
+    rows.resize(size_t(p.T));
+    std::iota(rows.begin(), rows.end(), 0);
+  }
+}
+
+void Model::head(const Pass& p, std::vector<float>& logits) {
+  enter(ForwardProfile::LmHead);
+  ForwardScratch& f = p.f;
+  const int64_t D = cfg_.hidden_size;
+  const std::vector<int64_t>& rows = f.rows;
+  f.xn.resize(rows.size() * size_t(D));
+  for (size_t r = 0; r < rows.size(); ++r)
+    cpu::rmsnorm(ctx(), f.h.data() + rows[r] * D, 1, D, D, w_.final_norm.data(), float(cfg_.rms_norm_eps), f.xn.data() + r * size_t(D), D);
+  logits.resize(rows.size() * size_t(cfg_.vocab_size));
+  cpu::matmul(ctx(), f.xn.data(), int64_t(rows.size()), w_.lm_head, logits.data());
 }
 
 void Model::index_layer(const LayerWeights& W, LatentPool& pool, int64_t layer, std::span<SeqSlice> batch,
@@ -369,7 +365,7 @@ void Model::index_layer(const LayerWeights& W, LatentPool& pool, int64_t layer, 
   dsa_.views.resize(batch.size());
   for (size_t b = 0; b < batch.size(); ++b) {
     const int64_t n = first[b + 1] - first[b], cached = batch[b].seq->length;
-    Selection& s = dsa_.sel[b];
+    TokenSelection& s = dsa_.sel[b];
     if (n == 0 || !ix.needed(cached, n)) {
       s.pos.clear();
       s.count.clear();

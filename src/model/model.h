@@ -15,6 +15,7 @@
 #include "format/safetensors.h"
 #include "kv/latent_pool.h"
 #include "model/config.h"
+#include "model/forward_observer.h"
 #include "model/indexer.h"
 #include "model/mla.h"
 #include "model/moe.h"
@@ -33,10 +34,6 @@ struct ForwardOptions {
   AttnPath path = AttnPath::Auto;
   PathPolicy policy;              // for Auto, and the chunk size of Chunked
   bool last_logits_only = false;  // one row per sequence instead of one per new token
-  // Optional captures, for verification: hidden[0] the embeddings, hidden[l] the output of
-  // layer l-1, hidden[L] the final norm; attn[l] layer l's attention output (after o_proj).
-  std::vector<std::vector<float>>* hidden = nullptr;
-  std::vector<std::vector<float>>* attn = nullptr;
   // Every layer's attention through the plain reference (MlaForm::Reference: the naive form in
   // double over the pool's decoded rows) instead of the path's kernels: `mla verify`'s
   // reference. The path is still chosen and counted as for a normal pass.
@@ -55,39 +52,6 @@ struct ForwardOptions {
   // (its keys are not cached either), as the same weights would without DSA: the dense side
   // of `mla bench --dsa`. A sequence passed this way has no indexer keys for these tokens.
   bool dense_attention = false;
-};
-
-// Wall time of each part of the forward pass, summed over passes while a Model has one set
-// (mla bench prints it: where a decode step or a prompt spends its time).
-struct ForwardProfile {
-  enum Part { Embed, AttnProj, Attention, OProj, DenseMlp, Router, Experts, LmHead, Other, kParts };
-  double seconds[kParts] = {};
-  int64_t passes = 0;
-  // Routed experts read, summed over the MoE layers of the passes (an expert that several rows
-  // of a pass chose counts once: its weights are read once), and those MoE layer passes.
-  // Expert-parallel (mpirun), local_routed_experts: those of them this rank holds and ran (all
-  // of them in one process).
-  int64_t routed_experts = 0, local_routed_experts = 0, moe_layers = 0;
-  static const char* name(int part);
-};
-
-// Adds the wall time from construction to destruction to one part of a profile (no clock read
-// when profiling is off).
-class PartTimer {
- public:
-  PartTimer(ForwardProfile* p, ForwardProfile::Part part) : p_(p), part_(part) {
-    if (p_) t0_ = std::chrono::steady_clock::now();
-  }
-  ~PartTimer() {
-    if (p_) p_->seconds[part_] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-  }
-  PartTimer(const PartTimer&) = delete;
-  PartTimer& operator=(const PartTimer&) = delete;
-
- private:
-  ForwardProfile* p_;
-  ForwardProfile::Part part_;
-  std::chrono::steady_clock::time_point t0_;
 };
 
 // One sequence's rows of an MTP pass (Model::mtp_forward): row t pairs token ids[t] = t_{i+1}
@@ -109,6 +73,17 @@ struct DsaCounters {
   int64_t selections = 0, dense_skips = 0;
 };
 
+struct LoadOptions {
+  cpu::Context ctx;
+  bool show_progress = false;
+  LoadQuantization quantize;
+  bool with_mtp = false;
+  // The job's ranks (parallel/comm.h): with more than one, every rank must load the same
+  // checkpoint, holds its block of the routed experts (parallel/expert_parallel.h) and the MoE
+  // layers combine across the ranks. Null: one process.
+  parallel::Comm* comm = nullptr;
+};
+
 class Model {
  public:
   // Loads a checkpoint folder. The model keeps ctx and runs every kernel of its forward passes
@@ -117,6 +92,7 @@ class Model {
   // once up front and draws a progress line on standard error (for terminals; multi-gigabyte
   // checkpoints).
   // with_mtp: also loads the checkpoint's MTP module where it has one (has_mtp()).
+  // In one process; under mpirun the job's ranks are handed in LoadOptions::comm.
   static std::unique_ptr<Model> load(const std::string& dir, const cpu::Context& ctx = {}, bool show_progress = false,
                                      bool with_mtp = false);
   // The same, quantizing weights as they are loaded (LoadQuantization, model/weights.h): the
@@ -124,6 +100,7 @@ class Model {
   // front), and with show_progress a progress line shows the conversion.
   static std::unique_ptr<Model> load(const std::string& dir, const cpu::Context& ctx, bool show_progress,
                                      const LoadQuantization& quantize, bool with_mtp = false);
+  static std::unique_ptr<Model> load(const std::string& dir, const LoadOptions& opt);
 
   const ModelConfig& config() const { return cfg_; }
   const cpu::Context& context() const { return ctx_; }
@@ -133,14 +110,6 @@ class Model {
   const ModelWeights& weights() const { return w_; }
   const PathCounters& path_counters() const { return counters_; }
   const DsaCounters& dsa_counters() const { return dsa_counters_; }
-  // The positions each query of the last pass's sequences attended in `layer` (DeepSeek Sparse
-  // Attention models; set by set_capture_selection): per sequence, [n, index_topk] rows with
-  // their counts; empty rows where the context was dense.
-  struct Selection {
-    std::vector<int32_t> pos;
-    std::vector<int64_t> count;
-  };
-  void set_capture_selection(std::vector<std::vector<Selection>>* out) { capture_sel_ = out; }
   AttnPath last_path() const { return last_path_; }
   // Which schedule the MoE layers' experts ran on (layer calls, summed over passes).
   const MoeCounters& moe_counters() const { return moe_->counters(); }
@@ -149,8 +118,10 @@ class Model {
   // process) and the MoE layers' combine across the ranks, summed over passes.
   parallel::ExpertRange local_experts() const { return moe_->local_experts(); }
   const parallel::CombineCounters& combine_counters() const { return moe_->combine_counters(); }
-  // Times each part of later forward passes into *p (nullptr: off, the default).
-  void set_profile(ForwardProfile* p) { profile_ = p; }
+  // Shows later forward passes (and MTP passes) to *o (model/forward_observer.h: profiles,
+  // captures, the pass log); nullptr: none, the default. One observer at a time.
+  void set_observer(ForwardObserver* o) { observer_ = o; }
+  ForwardObserver* observer() const { return observer_; }
   LatentPool make_pool(int64_t num_pages, int64_t page_size = 64, KvDType dtype = KvDType::BF16) const;
 
   // Runs the batch, appending each sequence's latents to the pool. logits: [rows, vocab].
@@ -187,6 +158,32 @@ class Model {
   // sets the token-packed layout: sequence b's new tokens are rows [first[b], first[b+1]).
   void admit(std::span<const SeqSlice> batch, LatentPool& pool, const char* cache, std::vector<int64_t>& first) const;
   void mlp(const Mlp& m, const float* x, int64_t T, float* out, bool accumulate, const float* row_weights = nullptr);
+  // One pass as its decoder layers see it: the batch, the token-packed rows and their positions
+  // (in the scratch f), the attention's form, and whether it attends sparsely (DSA).
+  struct ForwardScratch;
+  struct Pass {
+    std::span<SeqSlice> batch;
+    LatentPool& pool;
+    ForwardScratch& f;
+    int64_t T;
+    MlaForm form;
+    int64_t prefix_chunk;
+    bool sparse;
+  };
+  // h += o_proj(attention(norm(h))) of one decoder layer, its latents in `cache_layer` of the
+  // pool; f.delta keeps the attention's output.
+  void attention_block(const Pass& p, const LayerWeights& W, int64_t cache_layer);
+  // h += ffn(norm(h)): the routed and shared experts where the layer is MoE, else its dense MLP.
+  void ffn_block(const Pass& p, const LayerWeights& W);
+  // h += delta over the pass's rows.
+  void add_residual(const Pass& p);
+  static PassShape pass_shape(std::span<const SeqShape> shapes, AttnPath path, bool chosen);
+  // The token embeddings of the pass's ids into f.h (and the scratch sized to the pass).
+  void embed(const Pass& p);
+  // The rows that get logits (f.rows): opt.logits_last, else each sequence's last or every row.
+  void logits_rows(const Pass& p, const ForwardOptions& opt);
+  // The final norm of those rows (f.xn) and lm_head: logits [rows, vocab].
+  void head(const Pass& p, std::vector<float>& logits);
   // DeepSeek Sparse Attention: the layer's indexer keys cached and each sequence's selection
   // computed into dsa_ (a shared layer keeps the previous layer's).
   void index_layer(const LayerWeights& W, LatentPool& pool, int64_t layer, std::span<SeqSlice> batch, const int64_t* first,
@@ -205,17 +202,19 @@ class Model {
   std::unique_ptr<MoeLayer> moe_;      // the MoE of every MoE layer, likewise
   std::unique_ptr<Indexer> indexer_;   // DeepSeek Sparse Attention models: the lightning indexer
   DsaCounters dsa_counters_;
-  std::vector<std::vector<Selection>>* capture_sel_ = nullptr;
   // The indexer's activations and each sequence's selection (kept for a following shared layer).
   struct DsaScratch {
     std::vector<float> q, w, k;
-    std::vector<Selection> sel;
+    std::vector<TokenSelection> sel;
     std::vector<cpu::KeySelection> views;
   } dsa_;
   MlaCosts costs_{};
   PathCounters counters_;
   AttnPath last_path_ = AttnPath::Auto;
-  ForwardProfile* profile_ = nullptr;
+  ForwardObserver* observer_ = nullptr;
+  void enter(ForwardProfile::Part part) const {
+    if (observer_) observer_->enter(part);
+  }
   // The MLP and MoE layers' activations (gathered inputs, gate/up, SiLU, outputs): kept between
   // layers and passes, so a prompt does not allocate and zero ~100 MB of fresh pages per layer.
   // Grows to the largest batch seen.
@@ -235,9 +234,20 @@ class Model {
   // set_mtp_draft_head's copy of the shared head (null: the head as stored).
   std::unique_ptr<quant::QuantizedMatrix> mtp_head_copy_;
   MatrixView mtp_head_view_;
-  // Adds the distinct routed experts of the last route() to the profile (when one is set).
-  void count_routed_experts(int64_t T);
   std::vector<SeqSlice> mtp_slices_;
+};
+
+// Installs an observer on a model for the scope's life, then puts back the one before.
+class ScopedObserver {
+ public:
+  ScopedObserver(Model& model, ForwardObserver* o) : model_(model), before_(model.observer()) { model.set_observer(o); }
+  ~ScopedObserver() { model_.set_observer(before_); }
+  ScopedObserver(const ScopedObserver&) = delete;
+  ScopedObserver& operator=(const ScopedObserver&) = delete;
+
+ private:
+  Model& model_;
+  ForwardObserver* before_;
 };
 
 }  // namespace mla

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <optional>
 #include <stdexcept>
 
 #include "backend/cpu/ops.h"
@@ -44,10 +43,9 @@ void Model::mtp_forward(std::span<const MtpSlice> batch, LatentPool& pool, bool 
   f.pos.resize(size_t(T));
   for (size_t b = 0; b < batch.size(); ++b)
     for (int64_t i = 0; i < int64_t(batch[b].ids.size()); ++i) f.pos[size_t(f.first[b] + i)] = batch[b].pos0 + i;
-  // Profiled by part like a forward pass; the module's input (embeddings, norms, eh_proj) counts
-  // as Other.
-  std::optional<PartTimer> part;
-  part.emplace(profile_, ForwardProfile::Other);
+  // Shown to the observer as a pass; the module's input (embeddings, norms, eh_proj) is Other.
+  if (observer_) observer_->begin_pass(PassShape{int64_t(batch.size()), T, 0, AttnPath::Absorb, false});
+  enter(ForwardProfile::Other);
   // Embeddings and the main model's hidden states, side by side, through eh_proj.
   f.x.resize(size_t(T * D));
   f.xn.resize(size_t(T * 2 * D));
@@ -55,65 +53,35 @@ void Model::mtp_forward(std::span<const MtpSlice> batch, LatentPool& pool, bool 
   for (size_t b = 0; b < batch.size(); ++b)
     for (int64_t i = 0; i < int64_t(batch[b].ids.size()); ++i)
       w_.embed.dequant_row(batch[b].ids[size_t(i)], f.x.data() + (f.first[b] + i) * D);
-  f.delta.resize(size_t(T * D));
   for (size_t b = 0; b < batch.size(); ++b)
     std::copy(batch[b].hidden, batch[b].hidden + int64_t(batch[b].ids.size()) * D, f.delta.data() + f.first[b] * D);
   mtp_input(cx, M, f.x.data(), f.delta.data(), T, D, eps, f.xn.data());
   f.h.resize(size_t(T * D));
   cpu::matmul(cx, f.xn.data(), T, M.eh_proj, f.h.data());
 
-  // The decoder layer, as Model::forward runs one, on the absorbed path.
+  // The decoder layer, as Model::forward runs one, on the absorbed path over the MTP cache.
   f.q.resize(size_t(T * H * qk));
   f.kv.resize(size_t(T * c.latent_dim()));
   f.attn.resize(size_t(T * H * vd));
-  float* h = f.h.data();
-  auto add_residual = [&] {
-    const float* dp = f.delta.data();
-    for (int64_t i = 0; i < T * D; ++i) h[i] += dp[i];
-  };
-  part.emplace(profile_, ForwardProfile::AttnProj);
-  cpu::rmsnorm(cx, h, T, D, D, W.input_norm.data(), eps, f.x.data(), D);
-  mla_->project(cx, W, f.x.data(), T, f.pos.data(), f.q.data(), f.kv.data());
-  mla_->write_cache(pool, 0, slices, f.first.data(), f.kv.data());
-  part.emplace(profile_, ForwardProfile::Attention);
-  mla_->attend(cx, W, pool, 0, slices, f.first.data(), MlaForm::Absorb, 0, f.q.data(), f.attn.data());
-  part.emplace(profile_, ForwardProfile::OProj);
-  mla_->o_proj(cx, W, f.attn.data(), T, f.delta.data());
-  add_residual();
-  cpu::rmsnorm(cx, h, T, D, D, W.post_attention_norm.data(), eps, f.x.data(), D);
-  if (W.moe) {
-    part.emplace(profile_, ForwardProfile::Router);
-    moe_->route(cx, W, f.x.data(), T);
-    count_routed_experts(T);
-    part.emplace(profile_, ForwardProfile::Experts);
-    moe_->experts(cx, W, f.x.data(), T, f.delta.data(), mlp_scratch_);
-  } else {
-    part.emplace(profile_, ForwardProfile::DenseMlp);
-    mlp(W.dense, f.x.data(), T, f.delta.data(), false);
-  }
-  add_residual();
+  const Pass p{slices, pool, f, T, MlaForm::Absorb, 0, false};
+  attention_block(p, W, 0);
+  ffn_block(p, W);
   for (auto& s : batch) s.seq->length += int64_t(s.ids.size());
 
   // shared_head: norm, then the head on the rows asked for.
-  part.emplace(profile_, ForwardProfile::LmHead);
+  enter(ForwardProfile::LmHead);
   f.xn.resize(size_t(T * D));
-  cpu::rmsnorm(cx, h, T, D, D, M.head_norm.data(), eps, f.xn.data(), D);
+  cpu::rmsnorm(cx, f.h.data(), T, D, D, M.head_norm.data(), eps, f.xn.data(), D);
   if (out_hidden) out_hidden->assign(f.xn.begin(), f.xn.begin() + T * D);
-  f.rows.clear();
-  if (last_only) {
-    for (size_t b = 0; b < batch.size(); ++b)
-      if (f.first[b + 1] > f.first[b]) f.rows.push_back(f.first[b + 1] - 1);
-  } else {
-    f.rows.resize(size_t(T));
-    std::iota(f.rows.begin(), f.rows.end(), 0);
-  }
+  ForwardOptions rows;
+  rows.last_logits_only = last_only;
+  logits_rows(p, rows);
   f.x.resize(f.rows.size() * size_t(D));
   for (size_t r = 0; r < f.rows.size(); ++r)
     std::copy(f.xn.begin() + f.rows[r] * D, f.xn.begin() + (f.rows[r] + 1) * D, f.x.begin() + int64_t(r) * D);
   logits.resize(f.rows.size() * size_t(c.vocab_size));
   cpu::matmul(cx, f.x.data(), int64_t(f.rows.size()), mtp_draft_head(), logits.data());
-  part.reset();
-  if (profile_) profile_->passes++;
+  if (observer_) observer_->end_pass();
   pass_ctx_ = &ctx_;
 }
 

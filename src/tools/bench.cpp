@@ -43,6 +43,13 @@ namespace mla::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// The model's later passes profiled into *p (null: not profiled).
+void profile(Model& model, ForwardProfile* p) {
+  static std::unique_ptr<ForwardProfiler> profiler;
+  profiler = p ? std::make_unique<ForwardProfiler>(*p) : nullptr;
+  model.set_observer(profiler.get());
+}
+
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // A field of /proc/self/status in bytes ("VmRSS", "RssAnon", "RssFile").
@@ -488,21 +495,21 @@ SpecCosts measure_spec_costs(Model& model, const Options& opt, const ActiveWeigh
     for (int64_t i = 0; i < passes; ++i) {
       auto tok = ids(1);
       SeqSlice d{&plain, tok};
-      model.set_profile(r > 0 ? &pp : nullptr);
+      profile(model, r > 0 ? &pp : nullptr);
       model.forward(std::span<SeqSlice>(&d, 1), pool, fo, logits);
       const int64_t pos = spec.length;
       auto rows = ids(k + 1);
       SeqSlice v{&spec, rows};
-      model.set_profile(r > 0 ? &pv : nullptr);
+      profile(model, r > 0 ? &pv : nullptr);
       model.forward(std::span<SeqSlice>(&v, 1), pool, vo, logits);
-      model.set_profile(nullptr);
+      profile(model, nullptr);
       pool.truncate(spec, pos + 1);  // every draft rejected: the last token's row stays
       if (!with_draft) continue;
       LatentPool& mtp_pool = *mtp_store;
       if (mtp_first < 0) mtp_first = pos;
       auto next = ids(1);
       MtpSlice m{&mtp_seq, next, hidden.data(), pos};
-      model.set_profile(r > 0 ? &pd : nullptr);
+      profile(model, r > 0 ? &pd : nullptr);
       model.mtp_forward(std::span<const MtpSlice>(&m, 1), mtp_pool, true, logits, &mtp_hidden);
       for (int64_t j = 1; j < k; ++j) {
         auto t = ids(1);
@@ -510,7 +517,7 @@ SpecCosts measure_spec_costs(Model& model, const Options& opt, const ActiveWeigh
         MtpSlice chain{&mtp_seq, t, h.data(), mtp_first + mtp_seq.length};
         model.mtp_forward(std::span<const MtpSlice>(&chain, 1), mtp_pool, true, logits, &mtp_hidden);
       }
-      model.set_profile(nullptr);
+      profile(model, nullptr);
       mtp_pool.truncate(mtp_seq, pos + 1 - mtp_first);  // the chained rows out again
     }
   // Bytes. Routed experts: the main layers' at the measured count per MoE layer, the module's
@@ -623,7 +630,7 @@ void measure_depths(Model& model, const Options& opt, Report& rep, Ranks& ranks,
         if (opt.decode_tokens > 0) {
           ranks.sync();
           const parallel::CombineCounters c0 = model.combine_counters();
-          model.set_profile(r > 0 ? &prof : nullptr);
+          profile(model, r > 0 ? &prof : nullptr);
           const auto t = Clock::now();
           for (int64_t i = 0; i < opt.decode_tokens; ++i) {
             for (size_t b = 0; b < size_t(B); ++b) {
@@ -633,7 +640,7 @@ void measure_depths(Model& model, const Options& opt, Report& rep, Ranks& ranks,
             model.forward(batch, pool, fo, logits);
           }
           const double sec = seconds_since(t);
-          model.set_profile(nullptr);
+          profile(model, nullptr);
           for (PageTable& seq : seqs) pool.truncate(seq, d);
           if (r > 0) {
             dtps.push_back(double(B * opt.decode_tokens) / sec), decode_seconds += sec;
@@ -793,7 +800,7 @@ Report run(const Options& opt) {
                                "... without mpirun)");
   }
   auto t0 = Clock::now();
-  auto model = Model::load(rep.dir, ctx, false, opt.quantize, /*with_mtp=*/true);
+  auto model = Model::load(rep.dir, LoadOptions{ctx, false, opt.quantize, /*with_mtp=*/true, &parallel::world()});
   volatile uint64_t sink = touch_all(model->weights());
   (void)sink;
   rep.load_seconds = seconds_since(t0);
@@ -900,7 +907,7 @@ Report run(const Options& opt) {
     for (int r = 0; r <= opt.runs; ++r) {
       ranks.sync();
       const parallel::CombineCounters c0 = model->combine_counters();
-      model->set_profile(r > 0 ? &prof : nullptr);
+      profile(*model, r > 0 ? &prof : nullptr);
       auto t = Clock::now();
       for (int64_t i = 0; i < opt.decode_tokens; ++i) {
         auto one = ids(1);
@@ -920,7 +927,7 @@ Report run(const Options& opt) {
       token_bws.push_back(token_read->measure(1));
       token_bytes.push_back(token_read->bytes_per_pass());
     }
-    model->set_profile(nullptr);
+    profile(*model, nullptr);
     mine.decode = per_one(mine.decode, double(opt.runs) * double(opt.decode_tokens));
     // What a step read here: expert-parallel, the routed experts this rank ran (counted), every
     // other weight it computes with (not the shared experts, but on rank 0).
@@ -1128,7 +1135,7 @@ Report run(const Options& opt) {
       if (ranks.lead()) g = probe->measure(2), pk = peak();
       ranks.sync();
       const parallel::CombineCounters c0 = model->combine_counters();
-      model->set_profile(r > 0 ? &prof : nullptr);
+      profile(*model, r > 0 ? &prof : nullptr);
       const double sec = prompt_seconds(nullptr);
       if (r == 0) continue;
       add_combine(mine.prompt, c0, model->combine_counters(), sec);
@@ -1148,7 +1155,7 @@ Report run(const Options& opt) {
     if (ranks.lead())
       for (int n = 1; n <= rep.threads; n = n < rep.threads ? std::min(2 * n, rep.threads) : n + 1)
         rep.peak_by_threads.push_back({n, cpu::peak_gflops(path, n, 3, peak_iters)});
-    model->set_profile(nullptr);
+    profile(*model, nullptr);
     rep.prompt_parts_ms = per_pass_ms(prof, double(prof.passes));
     rep.prompt_tps = summarize(tps);
     say("  " + std::to_string(rep.prompt_tps.median) + " tokens/s");
@@ -1676,11 +1683,11 @@ DsaReport run_dsa(const DsaOptions& opt) {
         fo.dense_attention = mode == 1;
         const int32_t id = tok(rng);
         SeqSlice d{&seq, std::span<const int32_t>(&id, 1)};
-        model->set_profile(r > 0 ? &prof[mode] : nullptr);
+        profile(*model, r > 0 ? &prof[mode] : nullptr);
         const auto t0 = Clock::now();
         model->forward(std::span<SeqSlice>(&d, 1), pool, fo, logits);
         const double t = seconds_since(t0);
-        model->set_profile(nullptr);
+        profile(*model, nullptr);
         pool.truncate(seq, S);
         if (r > 0) tps[mode].push_back(1.0 / t);
       }

@@ -54,12 +54,11 @@ std::vector<float> run_logits(Model& model, const std::vector<int32_t>& ids, con
     fo.path = opt.path;
     fo.policy = opt.policy;
     fo.context = opt.context;
-    if (i == 0) {
-      fo.hidden = opt.hidden;
-      fo.attn = opt.attn;
-    }
     SeqSlice s{&seq, std::span<const int32_t>(ids.data() + b, size_t(e - b))};
-    model.forward(std::span<SeqSlice>(&s, 1), pool, fo, out);
+    {
+      ScopedObserver watch(model, i == 0 && opt.first_pass ? opt.first_pass : model.observer());
+      model.forward(std::span<SeqSlice>(&s, 1), pool, fo, out);
+    }
     std::copy(out.begin(), out.end(), all.begin() + b * c.vocab_size);
   }
   return all;

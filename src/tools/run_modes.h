@@ -23,8 +23,7 @@ struct RunOptions {
   PathPolicy policy;
   KvDType kv_dtype = KvDType::F32;
   int64_t page_size = 64;
-  std::vector<std::vector<float>>* hidden = nullptr;  // layer outputs of the first forward pass
-  std::vector<std::vector<float>>* attn = nullptr;
+  ForwardObserver* first_pass = nullptr;  // installed on the model for the first forward pass
   const cpu::Context* context = nullptr;  // the CPU context of the passes; null: the model's
 };
 

@@ -64,10 +64,11 @@ PathRun run_path(Model& model, const std::vector<int32_t>& prompt, std::vector<i
   PathRun r;
   r.attn.resize(size_t(L));
   std::vector<float> out;
-  std::vector<std::vector<float>> attn;
+  ForwardCapture capture;
+  const std::vector<std::vector<float>>& attn = capture.attention_outputs;
+  ScopedObserver watch(model, &capture);
   ForwardOptions fo;
   fo.path = path;
-  fo.attn = &attn;
   fo.reference_attention = reference;
   fo.context = &ctx;
   auto step = [&](std::span<const int32_t> ids) {

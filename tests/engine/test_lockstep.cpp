@@ -131,7 +131,7 @@ TEST(Lockstep, FollowerPoolEqualsTheEnginesPageForPageAndOutputIsUnchanged) {
   Follower follower(ranks, *follower_model, follower_pool);
   EngineOptions eo = small_engine();
   auto leader = std::make_shared<Leader>(ranks.zero, eo.kv_pages, eo.page_size, eo.kv_dtype, nullptr);
-  eo.pass_listener = leader;
+  eo.leader = leader;
   Engine engine(*model, nullptr, eo);
   std::vector<RequestResult> together(reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -172,7 +172,7 @@ TEST(Lockstep, HeartbeatsKeepAnIdleFollowerAndSilenceEndsItAtTheTimeout) {
     });
     EngineOptions eo = small_engine();
     auto leader = std::make_shared<Leader>(ranks.zero, eo.kv_pages, eo.page_size, eo.kv_dtype, nullptr);
-    eo.pass_listener = leader;
+    eo.leader = leader;
     Engine engine(*model, nullptr, eo);
     engine.start();
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // idle: nothing but heartbeats
@@ -201,7 +201,7 @@ TEST(Lockstep, AFailedCollectiveEndsEveryRequestAndTellsTheServerOnce) {
   int failures = 0;
   std::string why;
   EngineOptions eo = small_engine();
-  eo.pass_listener = std::make_shared<Leader>(ranks.zero, eo.kv_pages, eo.page_size, eo.kv_dtype,
+  eo.leader = std::make_shared<Leader>(ranks.zero, eo.kv_pages, eo.page_size, eo.kv_dtype,
                                               [&](const std::string& w) { ++failures, why = w; });
   Engine engine(*model, nullptr, eo);
   std::vector<RequestResult> r(3);
@@ -240,7 +240,7 @@ TEST(Lockstep, RefusesAnotherPoolShapeAndSpeculation) {
   }
   Ranks ranks;
   EngineOptions eo = small_engine();
-  eo.pass_listener = std::make_shared<Leader>(ranks.zero, eo.kv_pages, eo.page_size, eo.kv_dtype, nullptr);
+  eo.leader = std::make_shared<Leader>(ranks.zero, eo.kv_pages, eo.page_size, eo.kv_dtype, nullptr);
   EngineOptions spec = eo;
   spec.speculative.enabled = true;
   EXPECT_THROW(Engine(*model, nullptr, spec), std::invalid_argument);
@@ -257,7 +257,7 @@ TEST(Lockstep, PagesTheRamTierCopiesInReachTheFollower) {
   Follower follower(ranks, *follower_model, follower_pool);
   eo.prefix_tiers.ram_bytes = 64 << 20;
   auto leader = std::make_shared<Leader>(ranks.zero, eo.kv_pages, eo.page_size, eo.kv_dtype, nullptr);
-  eo.pass_listener = leader;
+  eo.leader = leader;
   Engine engine(*model, nullptr, eo);
   const Request a = greedy(prompt_ids(120, 7), 4);
   const RequestResult first = engine.generate(a);

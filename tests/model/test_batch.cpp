@@ -114,14 +114,14 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
 TEST_P(Batch, Fp8CacheErrorIsBounded) {
   Golden& g = golden(GetParam());
   const auto& ids = g.ids[3];
-  std::map<KvDType, std::vector<std::vector<float>>> attn;
+  std::map<KvDType, ForwardCapture> capture;
   std::map<KvDType, double> worst, mean;
   for (KvDType dt : {KvDType::F32, KvDType::BF16, KvDType::FP8}) {
     RunOptions opt;
     opt.mode = RunMode::parse("extend:60");
     opt.path = AttnPath::Absorb;
     opt.kv_dtype = dt;
-    opt.attn = &attn[dt];
+    opt.first_pass = &capture[dt];
     auto got = run_logits(*g.model, ids, opt);
     double sum = 0;
     for (size_t i = 0; i < got.size(); ++i) {
@@ -131,8 +131,8 @@ TEST_P(Batch, Fp8CacheErrorIsBounded) {
     }
     mean[dt] = sum / double(got.size());
   }
-  double l0_fp8 = rel_l2(attn[KvDType::FP8][0], attn[KvDType::F32][0]);
-  double l0_bf16 = rel_l2(attn[KvDType::BF16][0], attn[KvDType::F32][0]);
+  double l0_fp8 = rel_l2(capture[KvDType::FP8].attention_outputs[0], capture[KvDType::F32].attention_outputs[0]);
+  double l0_bf16 = rel_l2(capture[KvDType::BF16].attention_outputs[0], capture[KvDType::F32].attention_outputs[0]);
   std::printf("[ kv cache ] %-22s logits vs golden: fp8 max %.2e mean %.2e | bf16 max %.2e mean %.2e | f32 max %.2e;"
               " layer-0 attention rel L2: fp8 %.2e bf16 %.2e\n",
               GetParam().c_str(), worst[KvDType::FP8], mean[KvDType::FP8], worst[KvDType::BF16], mean[KvDType::BF16],

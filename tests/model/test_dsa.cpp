@@ -89,10 +89,11 @@ TEST_P(Dsa, LayerOutputs) {
   auto& l = load(GetParam());
   const int64_t T = test::read_ids(*l.golden->find("seq2_prompt"))[0];
   std::vector<int32_t> prompt(l.ids[2].begin(), l.ids[2].begin() + T);
-  std::vector<std::vector<float>> hidden;
+  ForwardCapture capture;
   RunOptions opt;
-  opt.hidden = &hidden;
+  opt.first_pass = &capture;
   run_logits(*l.model, prompt, opt);
+  const auto& hidden = capture.hidden_states;
   const int64_t L = l.model->config().num_hidden_layers;
   ASSERT_EQ(int64_t(hidden.size()), L + 1);
   for (int64_t i = 0; i <= L; ++i)
@@ -129,8 +130,8 @@ TEST(DsaFixtures, SparsityIsRealAndTheDenseContextSkipsTheIndexer) {
 
 // Selected positions of one capture (a prefill: every layer's selection of every query) that
 // are not in another's: {total, changed}.
-std::pair<int64_t, int64_t> changed_positions(const std::vector<std::vector<Model::Selection>>& a,
-                                              const std::vector<std::vector<Model::Selection>>& b) {
+std::pair<int64_t, int64_t> changed_positions(const std::vector<std::vector<TokenSelection>>& a,
+                                              const std::vector<std::vector<TokenSelection>>& b) {
   int64_t total = 0, changed = 0;
   EXPECT_EQ(a.size(), b.size());
   for (size_t layer = 0; layer < std::min(a.size(), b.size()); ++layer) {
@@ -165,7 +166,7 @@ std::pair<int64_t, int64_t> changed_positions(const std::vector<std::vector<Mode
 // indexer arithmetic on the fp8 cache (cpu::Context::fp8_indexer, the fp8 cache's), whose
 // logits must also differ from the fp8 cache's alone: the mode takes effect.
 TEST(DsaFixtures, CacheFormatsChangeFewSelectedPositions) {
-  using Capture = std::vector<std::vector<Model::Selection>>;
+  using Capture = std::vector<std::vector<TokenSelection>>;
   for (const std::string& name : {std::string("deepseek-v3.2-tiny"), std::string("glm-5-tiny"), std::string("deepseek-v3.2-dense-tiny")}) {
     auto& l = load(name);
     double m1 = 0, m2 = 0;
@@ -178,9 +179,12 @@ TEST(DsaFixtures, CacheFormatsChangeFewSelectedPositions) {
       RunOptions opt;
       opt.kv_dtype = dt;
       opt.context = ctx;
-      l.model->set_capture_selection(&sel);
-      got = run_logits(*l.model, l.ids[3], opt);
-      l.model->set_capture_selection(nullptr);
+      ForwardCapture capture;
+      {
+        ScopedObserver watch(*l.model, &capture);
+        got = run_logits(*l.model, l.ids[3], opt);
+      }
+      sel = capture.selections;
       double sum = 0;
       for (size_t i = 0; i < got.size(); ++i) sum += std::fabs(got[i] - l.logits[3][i]);
       return sum / double(got.size());

@@ -63,11 +63,12 @@ TEST_P(Golden, LayerOutputs) {
   std::memcpy(&T, l.golden->find("seq2_prompt")->data, 8);
   ids.resize(size_t(T));
   for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
-    std::vector<std::vector<float>> hidden;
+    ForwardCapture capture;
     RunOptions opt;
     opt.path = path;
-    opt.hidden = &hidden;
+    opt.first_pass = &capture;
     run_logits(*l.model, ids, opt);
+    const auto& hidden = capture.hidden_states;
     ASSERT_EQ(int64_t(hidden.size()), cfg.num_hidden_layers + 1);
     for (int64_t i = 0; i <= cfg.num_hidden_layers; ++i) {
       auto want = test::read_f32(*l.golden->find("hidden" + std::to_string(i)));

@@ -759,17 +759,18 @@ void check_sparse(const std::string& fixture, int64_t max_positions) {
   // The indexer's selections of those passes (the prefix's and the last tokens') are compared with
   // IndexReference at the checked positions.
   std::vector<float> ref_rows = run.empty_rows();
-  std::vector<std::vector<Model::Selection>> prefix_sel, last_sel;
+  std::vector<std::vector<TokenSelection>> prefix_sel, last_sel;
   {
     LatentPool pl = run.pool(KvDType::F32);
     PageTable seq;
     ForwardOptions fo = LongRun::on(AttnPath::Auto);
-    run.model->set_capture_selection(&prefix_sel);
+    ForwardCapture capture;
+    ScopedObserver watch(*run.model, &capture);
     run.pass(pl, seq, 0, run.split(), fo, ref_rows);
+    prefix_sel = capture.selections;
     fo.reference_attention = true;
-    run.model->set_capture_selection(&last_sel);
     run.pass(pl, seq, run.split(), run.n(), fo, ref_rows);
-    run.model->set_capture_selection(nullptr);
+    last_sel = capture.selections;
   }
   EXPECT_GT(run.model->dsa_counters().selections, 0) << "the indexer should select at " << N << " tokens";
   {
@@ -786,7 +787,7 @@ void check_sparse(const std::string& fixture, int64_t max_positions) {
     for (size_t i = 0; i < queries.size(); ++i) {
       const int64_t t = queries[i];
       const bool last = t >= run.split();
-      const Model::Selection& s = (last ? last_sel : prefix_sel)[0][0];
+      const TokenSelection& s = (last ? last_sel : prefix_sel)[0][0];
       const int64_t row = last ? t - run.split() : t;
       if (size_t(row) >= s.count.size()) {  // the pass attended densely: no selection was made
         ADD_FAILURE() << "no selection captured for query " << t;
