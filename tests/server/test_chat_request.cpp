@@ -6,22 +6,16 @@
 #include <string>
 
 #include "server/chat_request.h"
-#include "test_util.h"
-#include "tokenizer/tokenizer.h"
+#include "tokenizer/deepseek_fixture.h"
 
 namespace mla {
 namespace {
 
 using nlohmann::json;
 using nlohmann::ordered_json;
-using server::ApiError;
-using server::RequestFields;
-using server::ToolChoice;
+using server::ApiError, server::RequestFields, server::ToolChoice;
 
-const Tokenizer& tokenizer() {
-  static const Tokenizer tok = Tokenizer::load(test::shared_dir() + "/fixtures/tokenizer/deepseek-v3");
-  return tok;
-}
+const Tokenizer& tokenizer() { return test::deepseek_v3_tokenizer(); }
 
 server::ServingContext context() {
   server::ServingContext ctx;
