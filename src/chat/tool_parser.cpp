@@ -6,8 +6,8 @@
 #include <set>
 #include <stdexcept>
 
-#include "server/openai.h"
 #include "chat/parser_text.h"
+#include "format/json_depth.h"
 
 namespace mla::chat {
 namespace {
@@ -82,7 +82,7 @@ bool valid_name(std::string_view name) {
 std::optional<std::string> json_object_text(std::string_view s) {
   std::string_view t = trim(s);
   if (t.empty() || t.front() != '{') return std::nullopt;
-  // Nested deeper than a request body may be (openai.h): not taken as arguments, since writing
+  // Nested deeper than kMaxJsonDepth (format/json_depth.h): not taken as arguments, since writing
   // the value back out recurses once per level.
   if (!json_depth_ok(t)) return std::nullopt;
   try {

@@ -13,7 +13,7 @@
 #include <mutex>
 #include <set>
 
-#include "server/openai.h"
+#include "server/api_common.h"
 
 namespace mla::server {
 

@@ -3,7 +3,7 @@
 
 #include <stdexcept>
 
-#include "server/openai.h"
+#include "server/api_common.h"
 #include "chat/reasoning_parser.h"
 #include "chat/tool_parser.h"
 
@@ -43,14 +43,12 @@ bool authorized(const std::string& authorization_header, const std::string& x_ap
 
 namespace {
 
-[[noreturn]] void bad(const std::string& param, const std::string& message) { throw ApiError(400, message, param); }
-
 void only(const json& body, std::initializer_list<const char*> names) {
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
   for (auto it = body.begin(); it != body.end(); ++it) {
     bool known = false;
     for (const char* n : names) known = known || it.key() == n;
-    if (!known) bad(it.key(), "'" + it.key() + "' is not a field of this endpoint");
+    if (!known) bad_field(it.key(), "'" + it.key() + "' is not a field of this endpoint");
   }
 }
 
@@ -60,13 +58,13 @@ json tokenize_body(const json& body, const Tokenizer& tokenizer, int64_t max_mod
   only(body, {"model", "prompt", "content", "add_special_tokens", "add_special", "with_pieces"});
   const char* key = body.contains("prompt") ? "prompt" : "content";
   auto it = body.find(key);
-  if (it == body.end() || !it->is_string()) bad(key, "'prompt' (or 'content') must be a string");
+  if (it == body.end() || !it->is_string()) bad_field(key, "'prompt' (or 'content') must be a string");
   bool special = true;
   if (auto a = body.find("add_special_tokens"); a != body.end()) {
-    if (!a->is_boolean()) bad("add_special_tokens", "'add_special_tokens' must be a boolean");
+    if (!a->is_boolean()) bad_field("add_special_tokens", "'add_special_tokens' must be a boolean");
     special = a->get<bool>();
   } else if (auto b = body.find("add_special"); b != body.end()) {
-    if (!b->is_boolean()) bad("add_special", "'add_special' must be a boolean");
+    if (!b->is_boolean()) bad_field("add_special", "'add_special' must be a boolean");
     special = b->get<bool>();
   } else if (std::string(key) == "content") {
     special = false;  // llama-server's default
@@ -84,20 +82,20 @@ json tokenize_body(const json& body, const Tokenizer& tokenizer, int64_t max_mod
 json detokenize_body(const json& body, const Tokenizer& tokenizer) {
   only(body, {"model", "tokens"});
   auto it = body.find("tokens");
-  if (it == body.end() || !it->is_array()) bad("tokens", "'tokens' must be a list of token ids");
+  if (it == body.end() || !it->is_array()) bad_field("tokens", "'tokens' must be a list of token ids");
   std::vector<int32_t> ids;
   for (const json& x : *it) {
-    if (!x.is_number_integer()) bad("tokens", "'tokens' must be a list of token ids, got " + brief_json(x));
+    if (!x.is_number_integer()) bad_field("tokens", "'tokens' must be a list of token ids, got " + brief_json(x));
     const int64_t id = x.get<int64_t>();
     if (id < 0 || id >= int64_t(tokenizer.vocab_size()))
-      bad("tokens", "token " + std::to_string(id) + " is outside the vocabulary");
+      bad_field("tokens", "token " + std::to_string(id) + " is outside the vocabulary");
     ids.push_back(int32_t(id));
   }
   std::string text;
   try {
     text = tokenizer.decode(ids, false);
   } catch (const std::out_of_range& e) {
-    bad("tokens", e.what());
+    bad_field("tokens", e.what());
   }
   return {{"prompt", text}, {"content", text}};
 }

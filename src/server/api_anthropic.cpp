@@ -5,7 +5,6 @@
 #include <optional>
 #include <random>
 
-#include "server/chat_request.h"
 #include "server/choice.h"
 
 namespace mla::server {
@@ -14,16 +13,6 @@ using nlohmann::json;
 using nlohmann::ordered_json;
 
 namespace {
-
-[[noreturn]] void bad(const std::string& param, const std::string& message) {
-  throw ApiError(400, message, param, "invalid_request_error");
-}
-
-// A field's value; null counts as absent.
-const ordered_json* field(const ordered_json& o, const char* key) {
-  auto it = o.find(key);
-  return it == o.end() || it->is_null() ? nullptr : &*it;
-}
 
 std::string random_id(const char* prefix) {
   static constexpr char kAlphabet[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
@@ -40,11 +29,11 @@ std::string random_id(const char* prefix) {
 // The placeholder tells the model what it cannot see.
 std::string text_of(const ordered_json& content, const std::string& where, bool placeholders = false) {
   if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) bad(where, "'" + where + "' must be a string or a list of text blocks");
+  if (!content.is_array()) bad_field(where, "'" + where + "' must be a string or a list of text blocks");
   std::string text;
   bool first = true;
   for (const ordered_json& b : content) {
-    if (!b.is_object()) bad(where, "'" + where + "' must be a string or a list of text blocks");
+    if (!b.is_object()) bad_field(where, "'" + where + "' must be a string or a list of text blocks");
     const std::string type = b.value("type", "");
     if ((type == "image" || type == "document") && placeholders) {
       if (!first) text += "\n";
@@ -53,10 +42,10 @@ std::string text_of(const ordered_json& content, const std::string& where, bool 
       continue;
     }
     if (type == "image" || type == "document")
-      bad(where, "'" + where + "' has a block of type \"" + type + "\": this model takes text only");
+      bad_field(where, "'" + where + "' has a block of type \"" + type + "\": this model takes text only");
     const ordered_json* t = field(b, "text");
     if (type != "text" || !t || !t->is_string())
-      bad(where, "'" + where + "' must be a string or a list of text blocks, got " + brief_json(b));
+      bad_field(where, "'" + where + "' must be a string or a list of text blocks, got " + brief_json(b));
     if (!first) text += "\n";
     text += t->get<std::string>();
     first = false;
@@ -67,14 +56,14 @@ std::string text_of(const ordered_json& content, const std::string& where, bool 
 // One Messages turn as chat messages, appended to out.
 void translate_turn(const ordered_json& m, size_t i, ordered_json& out) {
   const std::string where = "messages[" + std::to_string(i) + "]";
-  if (!m.is_object()) bad("messages", where + " must be an object");
+  if (!m.is_object()) bad_field("messages", where + " must be an object");
   const ordered_json* role_v = field(m, "role");
-  if (!role_v || !role_v->is_string()) bad("messages", where + ".role must be a string");
+  if (!role_v || !role_v->is_string()) bad_field("messages", where + ".role must be a string");
   const std::string role = role_v->get<std::string>();
   if (role != "user" && role != "assistant" && role != "system")
-    bad("messages", where + ".role must be \"user\" or \"assistant\", got \"" + role + "\"");
+    bad_field("messages", where + ".role must be \"user\" or \"assistant\", got \"" + role + "\"");
   const ordered_json* content = field(m, "content");
-  if (!content) bad("messages", where + ".content is required");
+  if (!content) bad_field("messages", where + ".content is required");
   if (role == "system") {
     out.push_back({{"role", "system"}, {"content", text_of(*content, where + ".content")}});
     return;
@@ -83,7 +72,7 @@ void translate_turn(const ordered_json& m, size_t i, ordered_json& out) {
     out.push_back({{"role", role}, {"content", *content}});
     return;
   }
-  if (!content->is_array()) bad("messages", where + ".content must be a string or a list of content blocks");
+  if (!content->is_array()) bad_field("messages", where + ".content must be a string or a list of content blocks");
 
   std::string text, reasoning;
   bool has_text = false;
@@ -92,21 +81,21 @@ void translate_turn(const ordered_json& m, size_t i, ordered_json& out) {
   for (size_t k = 0; k < content->size(); ++k) {
     const ordered_json& b = (*content)[k];
     const std::string at = where + ".content[" + std::to_string(k) + "]";
-    if (!b.is_object()) bad("messages", at + " must be a content block object");
+    if (!b.is_object()) bad_field("messages", at + " must be a content block object");
     const ordered_json* type_v = field(b, "type");
-    if (!type_v || !type_v->is_string()) bad("messages", at + ".type must be a string");
+    if (!type_v || !type_v->is_string()) bad_field("messages", at + ".type must be a string");
     const std::string type = type_v->get<std::string>();
     if (type == "text") {
       const ordered_json* t = field(b, "text");
-      if (!t || !t->is_string()) bad("messages", at + ".text must be a string");
+      if (!t || !t->is_string()) bad_field("messages", at + ".text must be a string");
       if (has_text) text += "\n";
       text += t->get<std::string>();
       has_text = true;
     } else if (type == "image" || type == "document") {
-      bad("messages", at + " is of type \"" + type + "\": this model takes text only");
+      bad_field("messages", at + " is of type \"" + type + "\": this model takes text only");
     } else if (type == "thinking" && role == "assistant") {
       const ordered_json* t = field(b, "thinking");
-      if (!t || !t->is_string()) bad("messages", at + ".thinking must be a string");
+      if (!t || !t->is_string()) bad_field("messages", at + ".thinking must be a string");
       reasoning += t->get<std::string>();
     } else if (type == "redacted_thinking" && role == "assistant") {
       // Opaque to this model: nothing to show it.
@@ -114,25 +103,25 @@ void translate_turn(const ordered_json& m, size_t i, ordered_json& out) {
       const ordered_json* id = field(b, "id");
       const ordered_json* name = field(b, "name");
       const ordered_json* input = field(b, "input");
-      if (!id || !id->is_string()) bad("messages", at + ".id must be a string");
-      if (!name || !name->is_string()) bad("messages", at + ".name must be a string");
-      if (input && !input->is_object()) bad("messages", at + ".input must be an object");
+      if (!id || !id->is_string()) bad_field("messages", at + ".id must be a string");
+      if (!name || !name->is_string()) bad_field("messages", at + ".name must be a string");
+      if (input && !input->is_object()) bad_field("messages", at + ".input must be an object");
       tool_calls.push_back({{"id", *id},
                             {"type", "function"},
                             {"function", {{"name", *name}, {"arguments", input ? input->dump() : "{}"}}}});
     } else if (type == "tool_result" && role == "user") {
       const ordered_json* id = field(b, "tool_use_id");
-      if (!id || !id->is_string()) bad("messages", at + ".tool_use_id must be a string");
+      if (!id || !id->is_string()) bad_field("messages", at + ".tool_use_id must be a string");
       std::string result;
       if (const ordered_json* c = field(b, "content")) result = text_of(*c, at + ".content", /*placeholders=*/true);
       if (const ordered_json* e = field(b, "is_error")) {
-        if (!e->is_boolean()) bad("messages", at + ".is_error must be a boolean");
+        if (!e->is_boolean()) bad_field("messages", at + ".is_error must be a boolean");
         // The model sees that the call failed, not only what it printed.
         if (e->get<bool>()) result = "Error: " + result;
       }
       tool_results.push_back({{"role", "tool"}, {"tool_call_id", *id}, {"content", result}});
     } else {
-      bad("messages", at + " is of type \"" + type + "\", which a " + role + " turn of this server does not take");
+      bad_field("messages", at + " is of type \"" + type + "\", which a " + role + " turn of this server does not take");
     }
   }
   if (role == "user") {
@@ -150,53 +139,55 @@ void translate_turn(const ordered_json& m, size_t i, ordered_json& out) {
 }
 
 ordered_json translate_tools(const ordered_json& tools) {
-  if (!tools.is_array()) bad("tools", "'tools' must be a list of tools");
+  if (!tools.is_array()) bad_field("tools", "'tools' must be a list of tools");
   ordered_json out = ordered_json::array();
   for (size_t i = 0; i < tools.size(); ++i) {
     const ordered_json& t = tools[i];
     const std::string at = "tools[" + std::to_string(i) + "]";
-    if (!t.is_object()) bad("tools", at + " must be an object");
+    if (!t.is_object()) bad_field("tools", at + " must be an object");
     if (const ordered_json* type = field(t, "type")) {
-      if (!type->is_string()) bad("tools", at + ".type must be a string");
+      if (!type->is_string()) bad_field("tools", at + ".type must be a string");
       // The server tools (web_search_…, code_execution_…, ...) run at Anthropic: none here.
       if (type->get<std::string>() != "custom") continue;
     }
     const ordered_json* name = field(t, "name");
-    if (!name || !name->is_string()) bad("tools", at + ".name must be a string");
+    if (!name || !name->is_string()) bad_field("tools", at + ".name must be a string");
     ordered_json fn = {{"name", *name}};
     if (const ordered_json* d = field(t, "description")) {
-      if (!d->is_string()) bad("tools", at + ".description must be a string");
+      if (!d->is_string()) bad_field("tools", at + ".description must be a string");
       fn["description"] = *d;
     }
     const ordered_json* schema = field(t, "input_schema");
-    if (schema && !schema->is_object()) bad("tools", at + ".input_schema must be an object");
+    if (schema && !schema->is_object()) bad_field("tools", at + ".input_schema must be an object");
     fn["parameters"] = schema ? *schema : ordered_json({{"type", "object"}, {"properties", ordered_json::object()}});
     out.push_back({{"type", "function"}, {"function", std::move(fn)}});
   }
   return out;
 }
 
-// tool_choice into chat's, into out; has_tools: any function tool is left.
-void translate_tool_choice(const ordered_json& c, bool has_tools, ordered_json& out) {
-  if (!c.is_object()) bad("tool_choice", "'tool_choice' must be an object with a \"type\"");
+// tool_choice as chat's, into a (its tools already set): auto and none without tools mean no
+// calls and are dropped; disable_parallel_tool_use allows one call.
+std::optional<ToolChoice> translate_tool_choice(const ordered_json& c, AgentFields& a) {
+  using K = ToolChoice::Kind;
+  if (!c.is_object()) bad_field("tool_choice", "'tool_choice' must be an object with a \"type\"");
   const ordered_json* type_v = field(c, "type");
-  if (!type_v || !type_v->is_string()) bad("tool_choice", "'tool_choice.type' must be a string");
+  if (!type_v || !type_v->is_string()) bad_field("tool_choice", "'tool_choice.type' must be a string");
   const std::string type = type_v->get<std::string>();
   if (const ordered_json* d = field(c, "disable_parallel_tool_use")) {
-    if (!d->is_boolean()) bad("tool_choice", "'tool_choice.disable_parallel_tool_use' must be a boolean");
-    if (d->get<bool>() && has_tools) out["parallel_tool_calls"] = false;
+    if (!d->is_boolean()) bad_field("tool_choice", "'tool_choice.disable_parallel_tool_use' must be a boolean");
+    if (d->get<bool>() && a.has_tools()) a.parallel_tool_calls = false;
   }
   if (type == "auto" || type == "none") {
-    if (has_tools) out["tool_choice"] = type;  // without tools either means: no calls
-  } else if (type == "any") {
-    out["tool_choice"] = "required";
-  } else if (type == "tool") {
-    const ordered_json* name = field(c, "name");
-    if (!name || !name->is_string()) bad("tool_choice", "'tool_choice' of type \"tool\" needs a string \"name\"");
-    out["tool_choice"] = {{"type", "function"}, {"function", {{"name", *name}}}};
-  } else {
-    bad("tool_choice", "'tool_choice.type' must be \"auto\", \"any\", \"tool\" or \"none\", got \"" + type + "\"");
+    if (a.has_tools()) return ToolChoice{type == "auto" ? K::Auto : K::None, {}};
+    return std::nullopt;
   }
+  if (type == "any") return ToolChoice{K::Required, {}};
+  if (type == "tool") {
+    const ordered_json* name = field(c, "name");
+    if (!name || !name->is_string()) bad_field("tool_choice", "'tool_choice' of type \"tool\" needs a string \"name\"");
+    return ToolChoice{K::Named, name->get<std::string>()};
+  }
+  bad_field("tool_choice", "'tool_choice.type' must be \"auto\", \"any\", \"tool\" or \"none\", got \"" + type + "\"");
 }
 
 // FNV-1a, 64 bits: stable across runs and builds (std::hash is not promised to be).
@@ -437,70 +428,71 @@ ordered_json ordered_body(const json& body, std::string_view raw) {
 
 }  // namespace
 
-ordered_json translate_messages_body(const ordered_json& body) {
+RequestFields read_messages_body(const ordered_json& body) {
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object", {}, "invalid_request_error");
-  ordered_json out = ordered_json::object();
+  RequestFields f;
+  f.limits.cap_max_tokens = true;
   if (const ordered_json* m = field(body, "model")) {
-    if (!m->is_string()) bad("model", "'model' must be a string");
-    out["model"] = *m;
+    if (!m->is_string()) bad_field("model", "'model' must be a string");
+    f.model = m->get<std::string>();
   }
-  if (const ordered_json* n = field(body, "n"); n && *n != 1) bad("n", "'n' must be 1: a message has one answer");
+  if (const ordered_json* n = field(body, "n"); n && *n != 1) bad_field("n", "'n' must be 1: a message has one answer");
   if (const ordered_json* v = field(body, "max_tokens")) {
-    if (!v->is_number_integer()) bad("max_tokens", "'max_tokens' must be an integer, got " + brief_json(*v));
-    out["max_tokens"] = *v;
+    if (!v->is_number_integer()) bad_field("max_tokens", "'max_tokens' must be an integer, got " + brief_json(*v));
+    f.limits.max_tokens = get_integer(body, "max_tokens");
   }
   if (const ordered_json* v = field(body, "stream")) {
-    if (!v->is_boolean()) bad("stream", "'stream' must be a boolean");
-    out["stream"] = *v;
+    if (!v->is_boolean()) bad_field("stream", "'stream' must be a boolean");
+    f.stream = v->get<bool>();
   }
-  for (const char* k : {"temperature", "top_p", "top_k"})
-    if (const ordered_json* v = field(body, k)) {
-      if (!v->is_number()) bad(k, std::string("'") + k + "' must be a number, got " + brief_json(*v));
-      out[k] = *v;
-    }
+  f.sampling.temperature = get_number(body, "temperature");
+  f.sampling.top_p = get_number(body, "top_p");
+  if (get_number(body, "top_k")) f.sampling.top_k = get_integer(body, "top_k");
   if (const ordered_json* v = field(body, "stop_sequences")) {
-    if (!v->is_array()) bad("stop_sequences", "'stop_sequences' must be a list of strings");
-    for (const ordered_json& s : *v)
-      if (!s.is_string()) bad("stop_sequences", "'stop_sequences' must be a list of strings");
-    if (!v->empty()) out["stop"] = *v;
+    if (!v->is_array()) bad_field("stop_sequences", "'stop_sequences' must be a list of strings");
+    for (const ordered_json& s : *v) {
+      if (!s.is_string()) bad_field("stop_sequences", "'stop_sequences' must be a list of strings");
+      f.stop.push_back(s.get<std::string>());
+    }
   }
 
-  ordered_json messages = ordered_json::array();
+  ordered_json& messages = f.messages;
   if (const ordered_json* s = field(body, "system")) {
     std::string text = text_of(*s, "system");
     if (!text.empty()) messages.push_back({{"role", "system"}, {"content", text}});
   }
   const ordered_json* turns = field(body, "messages");
-  if (!turns) bad("messages", "'messages' is required");
-  if (!turns->is_array()) bad("messages", "'messages' must be a list of messages");
+  if (!turns) bad_field("messages", "'messages' is required");
+  if (!turns->is_array()) bad_field("messages", "'messages' must be a list of messages");
   for (size_t i = 0; i < turns->size(); ++i) translate_turn((*turns)[i], i, messages);
-  out["messages"] = std::move(messages);
 
-  bool has_tools = false;
+  AgentFields& a = f.agent;
   if (const ordered_json* t = field(body, "tools")) {
     ordered_json tools = translate_tools(*t);
-    has_tools = !tools.empty();
-    if (has_tools) out["tools"] = std::move(tools);
+    if (!tools.empty()) a.tools = std::move(tools);
   }
-  if (const ordered_json* c = field(body, "tool_choice")) translate_tool_choice(*c, has_tools, out);
+  std::optional<ToolChoice> choice;
+  if (const ordered_json* c = field(body, "tool_choice")) choice = translate_tool_choice(*c, a);
 
   if (const ordered_json* t = field(body, "thinking")) {
-    if (!t->is_object()) bad("thinking", "'thinking' must be an object with a \"type\"");
+    if (!t->is_object()) bad_field("thinking", "'thinking' must be an object with a \"type\"");
     const ordered_json* type_v = field(*t, "type");
-    if (!type_v || !type_v->is_string()) bad("thinking", "'thinking.type' must be a string");
+    if (!type_v || !type_v->is_string()) bad_field("thinking", "'thinking.type' must be a string");
     const std::string type = type_v->get<std::string>();
     if (const ordered_json* b = field(*t, "budget_tokens"); b && !b->is_number_integer())
-      bad("thinking", "'thinking.budget_tokens' must be an integer");
+      bad_field("thinking", "'thinking.budget_tokens' must be an integer");
     if (type == "enabled" || type == "disabled") {
       const bool on = type == "enabled";
       // Templates name the switch differently (DeepSeek's "thinking", Qwen's and GLM's
       // "enable_thinking"): both are set.
-      out["chat_template_kwargs"] = {{"thinking", on}, {"enable_thinking", on}};
+      a.template_kwargs = {{"thinking", on}, {"enable_thinking", on}};
     } else if (type != "adaptive") {
-      bad("thinking", "'thinking.type' must be \"enabled\", \"disabled\" or \"adaptive\", got \"" + type + "\"");
+      bad_field("thinking", "'thinking.type' must be \"enabled\", \"disabled\" or \"adaptive\", got \"" + type + "\"");
     }
   }
-  return out;
+  if (a.has_tools()) check_tools(a.tools);
+  if (choice) set_tool_choice(a, std::move(*choice));
+  return f;
 }
 
 const char* anthropic_error_type(int status) {
@@ -525,13 +517,10 @@ std::string thinking_signature(std::string_view thinking) {
 }
 
 std::unique_ptr<Exchange> AnthropicMessages::parse(const json& body, std::string_view raw) {
-  const ordered_json ordered = ordered_body(body, raw);
-  const ordered_json chat = translate_messages_body(ordered);
-  const std::string chat_raw = chat.contains("tools") ? chat.dump() : std::string();
+  RequestFields fields = read_messages_body(ordered_body(body, raw));
   ParsedRequest p;
   try {
-    p = parse_request(Endpoint::ChatCompletions, json(chat), ctx_, chat_raw,
-                      ParseOptions{.any_model = true, .cap_max_tokens = true});
+    p = chat_request(Endpoint::Messages, std::move(fields), ctx_);
   } catch (const ContextLengthError& e) {
     // Anthropic's wording, which its clients read to compact the conversation.
     throw ApiError(400,
@@ -539,8 +528,6 @@ std::unique_ptr<Exchange> AnthropicMessages::parse(const json& body, std::string
                        " maximum",
                    "messages", "invalid_request_error");
   }
-  p.endpoint = Endpoint::Messages;
-  if (const ordered_json* m = field(ordered, "model"); m && m->is_string()) p.model = m->get<std::string>();
   return std::make_unique<MessagesExchange>(std::move(p));
 }
 
@@ -549,19 +536,10 @@ json AnthropicMessages::error_body(const ErrorInfo& error) const {
 }
 
 json AnthropicMessages::count_tokens(const json& body, std::string_view raw) const {
-  const ordered_json chat = translate_messages_body(ordered_body(body, raw));
-  if (ctx_.chat_format.empty()) bad("messages", "the model has no chat template");
-  const int64_t vocab = ctx_.vocab_size > 0 ? ctx_.vocab_size : int64_t(ctx_.tokenizer->vocab_size());
-  const json plain(chat);
-  const AgentFields agent = parse_agent_fields(Endpoint::ChatCompletions, plain, &chat, ctx_.chat_template_kwargs, vocab);
-  const ordered_json& messages = chat["messages"];
-  if (messages.empty()) bad("messages", "'messages' is empty");
-  std::string prompt;
-  try {
-    prompt = render_chat_prompt(ctx_.chat_format, messages, agent, *ctx_.tokenizer, ctx_.tool_prompt_syntax());
-  } catch (const std::exception& e) {
-    bad("messages", std::string("the chat template failed on these messages: ") + e.what());
-  }
+  RequestFields f = read_messages_body(ordered_body(body, raw));
+  if (ctx_.chat_format.empty()) bad_field("messages", "the model has no chat template");
+  f.agent.template_kwargs = template_kwargs(ctx_, f.agent.template_kwargs);
+  const std::string prompt = render_messages(f.messages, f.agent, ctx_);
   return {{"input_tokens", int64_t(ctx_.tokenizer->encode(prompt, false).size())}};
 }
 

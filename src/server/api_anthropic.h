@@ -1,10 +1,11 @@
 // Anthropic's Messages API (POST /v1/messages, POST /v1/messages/count_tokens) over the shared
-// request path (protocol.h). A Messages body is translated into a chat-completions body and read
-// by parse_request, so tool parsers, grammars of forced calls, stop strings and limits are the
-// chat endpoint's; the engine's events come back through ChoiceDecoder and leave as Anthropic's
-// content blocks (thinking, text, tool_use), whole or as its server-sent events.
+// request path (protocol.h). A Messages body is read into the shared RequestFields
+// (read_messages_body) and made the engine's request by chat_request (chat_request.h), so tool
+// parsers, grammars of forced calls, stop strings and limits are the chat endpoint's; the
+// engine's events come back through ChoiceDecoder and leave as Anthropic's content blocks
+// (thinking, text, tool_use), whole or as its server-sent events.
 //
-// Request translation (translate_messages_body):
+// Request translation (read_messages_body), in chat completions' terms:
 //   system (a string or text blocks)           -> a leading system message
 //   messages[].content string | blocks:
 //     text                                     -> the turn's text (blocks joined by "\n")
@@ -34,14 +35,14 @@
 #include <string>
 #include <string_view>
 
-#include "server/openai.h"
+#include "server/chat_request.h"
 #include "server/protocol.h"
 
 namespace mla::server {
 
-// The chat-completions body a Messages body means (see above); throws ApiError 400 for what it
-// cannot mean. body is read with its key order kept (tools' properties show in the prompt).
-nlohmann::ordered_json translate_messages_body(const nlohmann::ordered_json& body);
+// The request a Messages body means (see above); throws ApiError 400 for what it cannot mean.
+// body is read with its key order kept (tools' properties show in the prompt).
+RequestFields read_messages_body(const nlohmann::ordered_json& body);
 
 // Anthropic's error type for an HTTP status (400 invalid_request_error ... 529 overloaded_error).
 const char* anthropic_error_type(int status);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "server/choice.h"
+#include "server/openai.h"
 
 namespace mla::server {
 

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "server/choice.h"
+#include "server/openai.h"
 
 namespace mla::server {
 
@@ -15,14 +16,6 @@ using nlohmann::json;
 using nlohmann::ordered_json;
 
 namespace {
-
-[[noreturn]] void bad(const std::string& param, const std::string& message) { throw ApiError(400, message, param); }
-
-const ordered_json* field(const ordered_json& o, const char* name) {
-  auto it = o.find(name);
-  if (it == o.end() || it->is_null()) return nullptr;
-  return &*it;
-}
 
 // A known field's type: absent or null passes; another type is a 400 naming it.
 void expect(const ordered_json& body, const char* name, bool ok_string, bool ok_object, bool ok_array = false,
@@ -43,7 +36,7 @@ void expect(const ordered_json& body, const char* name, bool ok_string, bool ok_
   add(ok_array, "a list");
   add(ok_bool, "a boolean");
   add(ok_number, "a number");
-  bad(name, std::string("'") + name + "' must be " + want + ", got " + brief_json(*v));
+  bad_field(name, std::string("'") + name + "' must be " + want + ", got " + brief_json(*v));
 }
 
 std::string random_id(const char* prefix) {
@@ -59,20 +52,20 @@ std::string random_id(const char* prefix) {
 std::string content_text(const ordered_json& content, const std::string& where) {
   if (content.is_null()) return {};
   if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) bad("input", where + " must be a string or a list of content parts");
+  if (!content.is_array()) bad_field("input", where + " must be a string or a list of content parts");
   std::string text;
   for (const ordered_json& part : content) {
     if (part.is_string()) {
       text += part.get<std::string>();
       continue;
     }
-    if (!part.is_object()) bad("input", where + ": a content part must be an object");
+    if (!part.is_object()) bad_field("input", where + ": a content part must be an object");
     const std::string type = part.value("type", "");
     const char* key = type == "refusal" ? "refusal" : "text";
     if (type != "input_text" && type != "output_text" && type != "text" && type != "refusal")
-      bad("input", where + ": content parts of type \"" + type + "\" are not supported (text only)");
+      bad_field("input", where + ": content parts of type \"" + type + "\" are not supported (text only)");
     auto t = part.find(key);
-    if (t == part.end() || !t->is_string()) bad("input", where + ": a " + type + " part needs a string \"" + key + "\"");
+    if (t == part.end() || !t->is_string()) bad_field("input", where + ": a " + type + " part needs a string \"" + key + "\"");
     text += t->get<std::string>();
   }
   return text;
@@ -91,12 +84,12 @@ std::optional<ordered_json> chat_tool(const ordered_json& t, const std::string& 
   const std::string type = t.value("type", "");
   if (type != "function" && type != "custom") return std::nullopt;
   auto name = t.find("name");
-  if (name == t.end() || !name->is_string()) bad("tools", where + ".name must be a string");
+  if (name == t.end() || !name->is_string()) bad_field("tools", where + ".name must be a string");
   const std::string pname = prompt_name(space, name->get<std::string>());
   ordered_json fn = {{"name", pname}};
   std::string description;
   if (const ordered_json* d = field(t, "description")) {
-    if (!d->is_string()) bad("tools", where + ".description must be a string");
+    if (!d->is_string()) bad_field("tools", where + ".description must be a string");
     description = d->get<std::string>();
   }
   if (type == "function") {
@@ -120,22 +113,22 @@ std::optional<ordered_json> chat_tool(const ordered_json& t, const std::string& 
 }
 
 ordered_json translate_tools(const ordered_json& tools, ResponsesToolMap& map) {
-  if (!tools.is_array()) bad("tools", "'tools' must be a list of tools");
+  if (!tools.is_array()) bad_field("tools", "'tools' must be a list of tools");
   ordered_json out = ordered_json::array();
   for (size_t i = 0; i < tools.size(); ++i) {
     const ordered_json& t = tools[i];
     const std::string where = "tools[" + std::to_string(i) + "]";
     if (!t.is_object() || !t.contains("type") || !t["type"].is_string())
-      bad("tools", where + " must be an object with a string 'type'");
+      bad_field("tools", where + " must be an object with a string 'type'");
     if (t["type"] == "namespace") {
       auto name = t.find("name");
       if (name == t.end() || !name->is_string() || name->get<std::string>().empty())
-        bad("tools", where + ".name must be a non-empty string");
+        bad_field("tools", where + ".name must be a non-empty string");
       auto inner = t.find("tools");
-      if (inner == t.end() || !inner->is_array()) bad("tools", where + ".tools must be a list of tools");
+      if (inner == t.end() || !inner->is_array()) bad_field("tools", where + ".tools must be a list of tools");
       for (size_t j = 0; j < inner->size(); ++j) {
         const ordered_json& it = (*inner)[j];
-        if (!it.is_object()) bad("tools", where + ".tools[" + std::to_string(j) + "] must be an object");
+        if (!it.is_object()) bad_field("tools", where + ".tools[" + std::to_string(j) + "] must be an object");
         if (auto c = chat_tool(it, name->get<std::string>(), where + ".tools[" + std::to_string(j) + "]", map))
           out.push_back(std::move(*c));
       }
@@ -148,44 +141,38 @@ ordered_json translate_tools(const ordered_json& tools, ResponsesToolMap& map) {
   return out;
 }
 
-ordered_json translate_tool_choice(const ordered_json& c) {
+ToolChoice translate_tool_choice(const ordered_json& c) {
+  using K = ToolChoice::Kind;
   if (c.is_string()) {
     const std::string s = c.get<std::string>();
     if (s != "auto" && s != "none" && s != "required")
-      bad("tool_choice", "'tool_choice' must be auto, none, required or an object, got \"" + s + "\"");
-    return s;
+      bad_field("tool_choice", "'tool_choice' must be auto, none, required or an object, got \"" + s + "\"");
+    return {s == "auto" ? K::Auto : s == "none" ? K::None : K::Required, {}};
   }
-  if (!c.is_object()) bad("tool_choice", "'tool_choice' must be a string or an object, got " + brief_json(c));
+  if (!c.is_object()) bad_field("tool_choice", "'tool_choice' must be a string or an object, got " + brief_json(c));
   const std::string type = c.value("type", "");
   if (type == "function" || type == "custom") {
     auto name = c.find("name");
-    if (name == c.end() || !name->is_string()) bad("tool_choice", "a named 'tool_choice' needs a string 'name'");
+    if (name == c.end() || !name->is_string()) bad_field("tool_choice", "a named 'tool_choice' needs a string 'name'");
     std::string space;
     if (auto ns = c.find("namespace"); ns != c.end() && ns->is_string()) space = ns->get<std::string>();
-    return {{"type", "function"}, {"function", {{"name", prompt_name(space, name->get<std::string>())}}}};
+    return {K::Named, prompt_name(space, name->get<std::string>())};
   }
-  if (type == "allowed_tools") {
-    const std::string mode = c.value("mode", "auto");
-    return mode == "required" ? "required" : "auto";
-  }
-  return "auto";  // a hosted tool's choice: its tool was dropped
+  if (type == "allowed_tools") return {c.value("mode", "auto") == "required" ? K::Required : K::Auto, {}};
+  return {K::Auto, {}};  // a hosted tool's choice: its tool was dropped
 }
 
-ordered_json translate_format(const ordered_json& text) {
+// text.format into a's format.
+void translate_format(const ordered_json& text, AgentFields& a) {
   const ordered_json* f = field(text, "format");
-  if (!f) return nullptr;
+  if (!f) return;
   if (!f->is_object() || !f->contains("type") || !(*f)["type"].is_string())
-    bad("text.format", "'text.format' must be an object with a 'type'");
+    bad_field("text.format", "'text.format' must be an object with a 'type'");
   const std::string type = (*f)["type"].get<std::string>();
-  if (type == "text") return {{"type", "text"}};
-  if (type == "json_object") return {{"type", "json_object"}};
-  if (type == "json_schema") {
-    ordered_json js = ordered_json::object();
-    for (const char* k : {"name", "description", "schema", "strict"})
-      if (const ordered_json* v = field(*f, k)) js[k] = *v;
-    return {{"type", "json_schema"}, {"json_schema", js}};
-  }
-  bad("text.format", "'text.format.type' must be text, json_object or json_schema, got \"" + type + "\"");
+  if (type == "text") a.format = ResponseFormat::Text;
+  else if (type == "json_object") a.format = ResponseFormat::JsonObject;
+  else if (type == "json_schema") set_json_schema(a, field(*f, "schema"), field(*f, "strict"));
+  else bad_field("text.format", "'text.format.type' must be text, json_object or json_schema, got \"" + type + "\"");
 }
 
 // The input items as chat messages, appended to messages.
@@ -194,14 +181,14 @@ class InputTranslator {
   explicit InputTranslator(ordered_json& messages) : messages_(messages) {}
 
   void item(const ordered_json& it, const std::string& where) {
-    if (!it.is_object()) bad("input", where + " must be an object");
+    if (!it.is_object()) bad_field("input", where + " must be an object");
     std::string type = it.value("type", "");
     if (type.empty() && it.contains("role")) type = "message";
     if (type == "message") return message(it, where);
     if (type == "function_call" || type == "custom_tool_call") return call(it, where, type == "custom_tool_call");
     if (type == "function_call_output" || type == "custom_tool_call_output") {
       auto id = it.find("call_id");
-      if (id == it.end() || !id->is_string()) bad("input", where + ".call_id must be a string");
+      if (id == it.end() || !id->is_string()) bad_field("input", where + ".call_id must be a string");
       const ordered_json* out = field(it, "output");
       messages_.push_back({{"role", "tool"},
                            {"tool_call_id", *id},
@@ -229,11 +216,11 @@ class InputTranslator {
  private:
   void message(const ordered_json& it, const std::string& where) {
     auto role_it = it.find("role");
-    if (role_it == it.end() || !role_it->is_string()) bad("input", where + ".role must be a string");
+    if (role_it == it.end() || !role_it->is_string()) bad_field("input", where + ".role must be a string");
     std::string role = role_it->get<std::string>();
     if (role == "developer") role = "system";
     if (role != "user" && role != "assistant" && role != "system")
-      bad("input", where + ".role must be user, assistant, system or developer, got \"" + role + "\"");
+      bad_field("input", where + ".role must be user, assistant, system or developer, got \"" + role + "\"");
     const ordered_json* c = field(it, "content");
     ordered_json m = {{"role", role}, {"content", c ? content_text(*c, where + ".content") : std::string()}};
     if (role == "assistant") take_reasoning(m);
@@ -243,18 +230,18 @@ class InputTranslator {
   void call(const ordered_json& it, const std::string& where, bool custom) {
     auto id = it.find("call_id");
     auto name = it.find("name");
-    if (id == it.end() || !id->is_string()) bad("input", where + ".call_id must be a string");
-    if (name == it.end() || !name->is_string()) bad("input", where + ".name must be a string");
+    if (id == it.end() || !id->is_string()) bad_field("input", where + ".call_id must be a string");
+    if (name == it.end() || !name->is_string()) bad_field("input", where + ".name must be a string");
     std::string space;
     if (auto ns = it.find("namespace"); ns != it.end() && ns->is_string()) space = ns->get<std::string>();
     std::string arguments;
     if (custom) {
       const ordered_json* in = field(it, "input");
-      if (in && !in->is_string()) bad("input", where + ".input must be a string");
+      if (in && !in->is_string()) bad_field("input", where + ".input must be a string");
       arguments = ordered_json{{"input", in ? in->get<std::string>() : std::string()}}.dump();
     } else {
       const ordered_json* a = field(it, "arguments");
-      if (a && !a->is_string()) bad("input", where + ".arguments must be a string (JSON text)");
+      if (a && !a->is_string()) bad_field("input", where + ".arguments must be a string (JSON text)");
       arguments = a ? a->get<std::string>() : "{}";
     }
     ordered_json tc = {{"id", *id},
@@ -308,21 +295,21 @@ ResponsesTranslation translate_responses_request(const ordered_json& body, const
   for (const char* k : {"prompt_cache_key", "truncation", "user", "service_tier", "safety_identifier"})
     expect(body, k, true, false);
   if (const ordered_json* bg = field(body, "background"); bg && bg->get<bool>())
-    bad("background", "background responses are not supported");
+    bad_field("background", "background responses are not supported");
   if (const ordered_json* n = field(body, "n"); n && !(n->is_number_integer() && n->get<int64_t>() == 1))
-    bad("n", "only n = 1 is supported");
+    bad_field("n", "only n = 1 is supported");
 
   ResponsesTranslation t;
-  ordered_json& chat = t.chat_body;
-  chat = ordered_json::object();
-  if (const ordered_json* m = field(body, "model")) chat["model"] = *m;
-  if (const ordered_json* s = field(body, "stream")) chat["stream"] = *s;
+  RequestFields& f = t.fields;
+  f.limits.cap_max_tokens = true;
+  if (const ordered_json* m = field(body, "model")) f.model = m->get<std::string>();
+  if (const ordered_json* s = field(body, "stream")) f.stream = s->get<bool>();
 
   ordered_json tools;
   if (const ordered_json* ts = field(body, "tools")) tools = translate_tools(*ts, t.tools);
 
   // The conversation: instructions, the stored one, the input.
-  ordered_json messages = ordered_json::array();
+  ordered_json& messages = f.messages;
   if (const ordered_json* ins = field(body, "instructions"); ins && !ins->get_ref<const std::string&>().empty())
     messages.push_back({{"role", "system"}, {"content", *ins}});
   for (const ordered_json& m : previous) messages.push_back(m);
@@ -336,35 +323,37 @@ ResponsesTranslation translate_responses_request(const ordered_json& body, const
     }
   }
   for (const ordered_json& m : t.input_messages) messages.push_back(m);
-  if (messages.empty()) bad("input", "'input' is required");
-  chat["messages"] = std::move(messages);
+  if (messages.empty()) bad_field("input", "'input' is required");
 
+  AgentFields& a = f.agent;
+  std::optional<ToolChoice> choice;
   if (tools.is_array() && !tools.empty()) {
-    chat["tools"] = tools;
-    if (const ordered_json* c = field(body, "tool_choice")) chat["tool_choice"] = translate_tool_choice(*c);
-    if (const ordered_json* p = field(body, "parallel_tool_calls")) chat["parallel_tool_calls"] = *p;
+    a.tools = std::move(tools);
+    if (const ordered_json* c = field(body, "tool_choice")) choice = translate_tool_choice(*c);
+    if (const ordered_json* p = field(body, "parallel_tool_calls")) a.parallel_tool_calls = p->get<bool>();
   } else if (const ordered_json* c = field(body, "tool_choice")) {
     translate_tool_choice(*c);  // checked, though nothing is left to choose from
   }
-  if (const ordered_json* text = field(body, "text")) {
-    ordered_json f = translate_format(*text);
-    if (!f.is_null()) chat["response_format"] = f;
-  }
-  if (const ordered_json* m = field(body, "max_output_tokens")) chat["max_tokens"] = *m;
-  for (const char* k : {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty",
-                        "frequency_penalty", "repetition_penalty"})
-    if (const ordered_json* v = field(body, k)) chat[k] = *v;
+  if (const ordered_json* text = field(body, "text")) translate_format(*text, a);
+  // Named max_tokens in errors, as the chat endpoint's checks of it are (the param is renamed).
+  if (const ordered_json* m = field(body, "max_output_tokens")) f.limits.max_tokens = integer_value(*m, "max_tokens");
+  f.sampling = read_sampling_fields(body);
+  f.stop = read_stop(body);
   if (const ordered_json* r = field(body, "reasoning")) {
     if (const ordered_json* e = field(*r, "effort")) {
-      if (!e->is_string()) bad("reasoning.effort", "'reasoning.effort' must be a string");
+      if (!e->is_string()) bad_field("reasoning.effort", "'reasoning.effort' must be a string");
       const std::string effort = e->get<std::string>();
       bool on;
       if (effort == "none" || effort == "minimal") on = false;
       else if (effort == "low" || effort == "medium" || effort == "high" || effort == "xhigh") on = true;
-      else bad("reasoning.effort", "'reasoning.effort' must be none, minimal, low, medium, high or xhigh");
-      chat["chat_template_kwargs"] = {{"thinking", on}, {"enable_thinking", on}};
+      else bad_field("reasoning.effort", "'reasoning.effort' must be none, minimal, low, medium, high or xhigh");
+      a.template_kwargs = {{"thinking", on}, {"enable_thinking", on}};
     }
   }
+  // The chat endpoint's checks of the agent fields.
+  if (a.has_tools()) check_tools(a.tools);
+  if (choice) set_tool_choice(a, std::move(*choice));
+  check_format_and_choice(a);
   return t;
 }
 
@@ -789,9 +778,9 @@ std::unique_ptr<Exchange> ResponsesApi::parse(const json& body, std::string_view
 
   ordered_json previous = ordered_json::array();
   if (const ordered_json* prev = field(ob, "previous_response_id")) {
-    if (!prev->is_string()) bad("previous_response_id", "'previous_response_id' must be a string");
+    if (!prev->is_string()) bad_field("previous_response_id", "'previous_response_id' must be a string");
     if (store_->capacity() == 0)
-      bad("previous_response_id", "this server stores no responses (start it with --responses-store N): "
+      bad_field("previous_response_id", "this server stores no responses (start it with --responses-store N): "
                                   "send the whole conversation as 'input'");
     auto entry = store_->get(prev->get<std::string>());
     if (!entry) {
@@ -800,16 +789,15 @@ std::unique_ptr<Exchange> ResponsesApi::parse(const json& body, std::string_view
     }
     previous = std::move(entry->conversation);
   }
-  ResponsesTranslation t = translate_responses_request(ob, previous);
-  const std::string chat_raw = t.chat_body.dump();
+  ResponsesTranslation t;
   ParsedRequest p;
   try {
-    p = parse_request(Endpoint::ChatCompletions, json(t.chat_body), ctx_, chat_raw,
-                      ParseOptions{.any_model = true, .cap_max_tokens = true});
+    t = translate_responses_request(ob, previous);
+    p = chat_request(Endpoint::Responses, std::move(t.fields), ctx_);
   } catch (const ContextLengthError& e) {
     throw ContextLengthError(e.what(), "input", e.prompt_tokens, e.limit);
   } catch (const ApiError& e) {
-    // The chat body's names, as the client wrote them.
+    // The chat endpoint's names, as the client wrote them.
     std::string param = e.param;
     if (param == "messages") param = "input";
     else if (param == "max_tokens") param = "max_output_tokens";
@@ -817,8 +805,6 @@ std::unique_ptr<Exchange> ResponsesApi::parse(const json& body, std::string_view
     else if (param == "chat_template_kwargs") param = "reasoning";
     throw ApiError(e.status, e.what(), param, e.type, e.code);
   }
-  p.endpoint = Endpoint::Responses;
-  if (const ordered_json* m = field(ob, "model"); m && m->is_string()) p.model = m->get<std::string>();
   return std::make_unique<ResponsesExchange>(std::move(p), std::move(t), ob, std::move(previous), store_);
 }
 

@@ -1,10 +1,10 @@
 // OpenAI's Responses API (POST /v1/responses, GET and DELETE /v1/responses/{id}) over the
-// server's one request path: a Responses body is translated into a chat-completions body and read
-// by parse_request, so the chat template, the output parsers, grammars, stops and limits are the
-// chat endpoint's; the engine's events, through ChoiceDecoder, become Responses output items
+// server's one request path: a Responses body is read into the shared RequestFields
+// (translate_responses_request) and made the engine's request by chat_request (chat_request.h),
+// so the chat template, the output parsers, grammars, stops and limits are the chat endpoint's; the engine's events, through ChoiceDecoder, become Responses output items
 // (reasoning, message, function_call, custom_tool_call), whole or as the typed event stream.
 //
-// Request translation (translate_responses_request):
+// Request translation (translate_responses_request), in chat completions' terms:
 //   instructions                -> a leading system message (not carried to continuations)
 //   input: a string             -> one user message
 //   input items:
@@ -38,7 +38,7 @@
 //   reasoning.summary, background false; unknown top-level fields are ignored (clients add
 //   fields across versions), a known field of the wrong type is a 400. n must be 1.
 //   Sampling fields of local servers (top_k, min_p, seed, stop, presence_penalty,
-//   frequency_penalty, repetition_penalty) pass through to the chat body.
+//   frequency_penalty, repetition_penalty) are read as the chat endpoint reads them.
 //
 // Output: an event's deltas open and close items in order (a change of kind closes the open
 // item). Content that is only whitespace between other items (the "\n\n" after </think>, before
@@ -60,7 +60,7 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "server/openai.h"
+#include "server/chat_request.h"
 #include "server/protocol.h"
 
 namespace mla::server {
@@ -76,14 +76,15 @@ struct ResponsesTool {
 using ResponsesToolMap = std::map<std::string, ResponsesTool>;  // by the prompt's function name
 
 struct ResponsesTranslation {
-  nlohmann::ordered_json chat_body;        // a /v1/chat/completions body
+  RequestFields fields;                    // the request in chat's terms
   nlohmann::ordered_json input_messages;   // the request's input as chat messages (no instructions)
   ResponsesToolMap tools;
 };
 
-// The chat body of a Responses body (ordered: the request's key order kept). previous: the
+// The request a Responses body means (ordered: the request's key order kept). previous: the
 // stored conversation a previous_response_id names (chat messages), put before the input.
-// Throws ApiError 400 naming the Responses field.
+// Throws ApiError 400 naming the Responses field, or (the chat endpoint's checks of tools, tool
+// choice and format) the chat field, which ResponsesApi::parse renames.
 ResponsesTranslation translate_responses_request(const nlohmann::ordered_json& body,
                                                  const nlohmann::ordered_json& previous = nlohmann::ordered_json::array());
 

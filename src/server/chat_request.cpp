@@ -1,12 +1,15 @@
-// Request hygiene and the agent fields of a request (see chat_request.h).
+// The steps from an adapter's fields to the engine's request (see chat_request.h).
 #include "server/chat_request.h"
 
 #include <algorithm>
-#include <cmath>
+#include <cstdio>
+#include <random>
 #include <set>
+#include <utility>
 
+#include "chat/reasoning_parser.h"
 #include "chat/tool_parser.h"
-#include "server/openai.h"
+#include "server/structured.h"
 
 namespace mla::server {
 
@@ -14,30 +17,6 @@ using nlohmann::json;
 using nlohmann::ordered_json;
 
 namespace {
-
-[[noreturn]] void bad(const std::string& param, const std::string& message) { throw ApiError(400, message, param); }
-
-const std::set<std::string, std::less<>>& common_fields() {
-  static const std::set<std::string, std::less<>> f = {
-      "model", "stream", "stream_options", "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-      "frequency_penalty", "repetition_penalty", "seed", "stop", "max_tokens", "ignore_eos", "skip_special_tokens",
-      "logprobs", "logit_bias", "timeout",
-      // harmless metadata, accepted and ignored
-      "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"};
-  return f;
-}
-
-const std::set<std::string, std::less<>>& chat_fields() {
-  static const std::set<std::string, std::less<>> f = {
-      "messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls", "response_format",
-      "chat_template_kwargs", "top_logprobs"};
-  return f;
-}
-
-const std::set<std::string, std::less<>>& completion_fields() {
-  static const std::set<std::string, std::less<>> f = {"prompt", "echo", "best_of"};
-  return f;
-}
 
 bool valid_function_name(const std::string& s) {
   if (s.empty() || s.size() > 64) return false;
@@ -47,205 +26,221 @@ bool valid_function_name(const std::string& s) {
   });
 }
 
-const ordered_json* ofield(const ordered_json& o, const char* name) {
-  auto it = o.find(name);
-  if (it == o.end() || it->is_null()) return nullptr;
-  return &*it;
+void check_range(const char* name, double x, double lo, double hi, bool lo_open = false) {
+  if (x < lo || x > hi || (lo_open && x == lo)) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "'%s' must be in %s%g, %g], got %g", name, lo_open ? "(" : "[", lo, hi, x);
+    bad_field(name, buf);
+  }
 }
 
-ordered_json parse_tools(const ordered_json& tools) {
-  if (!tools.is_array()) bad("tools", "'tools' must be a list of tools");
-  std::set<std::string> names;
-  for (size_t i = 0; i < tools.size(); ++i) {
-    const ordered_json& t = tools[i];
-    const std::string where = "tools[" + std::to_string(i) + "]";
-    if (!t.is_object()) bad("tools", where + " must be an object");
-    auto type = t.find("type");
-    if (type == t.end() || !type->is_string() || *type != "function")
-      bad("tools", where + ".type must be \"function\" (the only kind of tool this server calls)");
-    auto f = t.find("function");
-    if (f == t.end() || !f->is_object()) bad("tools", where + ".function must be an object");
-    for (auto it = f->begin(); it != f->end(); ++it)
-      if (it.key() != "name" && it.key() != "description" && it.key() != "parameters" && it.key() != "strict")
-        bad("tools", where + ".function." + it.key() + " is not a field of a function tool");
-    auto name = f->find("name");
-    if (name == f->end() || !name->is_string() || !valid_function_name(name->get<std::string>()))
-      bad("tools", where + ".function.name must be 1-64 characters of a-z, A-Z, 0-9, _, - and .");
-    if (!names.insert(name->get<std::string>()).second)
-      bad("tools", where + ": a second tool named '" + name->get<std::string>() + "'");
-    if (auto d = f->find("description"); d != f->end() && !d->is_null() && !d->is_string())
-      bad("tools", where + ".function.description must be a string");
-    if (auto p = f->find("parameters"); p != f->end() && !p->is_null() && !p->is_object())
-      bad("tools", where + ".function.parameters must be a JSON Schema object");
-    if (auto s = f->find("strict"); s != f->end() && !s->is_null() && !s->is_boolean())
-      bad("tools", where + ".function.strict must be a boolean");
+SamplingParams sampling_params(const SamplingFields& f, const ServingContext& ctx) {
+  SamplingParams sp;
+  if (ctx.generation) sp = ctx.generation->apply(sp);  // the checkpoint's defaults, then the request's
+  if (auto t = f.temperature) check_range("temperature", *t, 0, 2), sp.temperature = float(*t);
+  if (auto t = f.top_p) check_range("top_p", *t, 0, 1, true), sp.top_p = float(*t);
+  if (auto k = f.top_k) {
+    if (*k < -1) bad_field("top_k", "'top_k' must be -1 or 0 (off) or positive, got " + std::to_string(*k));
+    sp.top_k = std::max<int64_t>(*k, 0);
   }
-  return tools;
+  if (auto m = f.min_p) check_range("min_p", *m, 0, 1), sp.min_p = float(*m);
+  if (auto x = f.presence_penalty) check_range("presence_penalty", *x, -2, 2), sp.presence_penalty = float(*x);
+  if (auto x = f.frequency_penalty) check_range("frequency_penalty", *x, -2, 2), sp.frequency_penalty = float(*x);
+  if (auto x = f.repetition_penalty) {
+    if (!(*x > 0)) bad_field("repetition_penalty", "'repetition_penalty' must be positive (1 = off)");
+    sp.repetition_penalty = float(*x);
+  }
+  if (f.seed) {
+    sp.seed = uint64_t(*f.seed);
+  } else {
+    std::random_device rd;
+    sp.seed = (uint64_t(rd()) << 32) ^ rd();
+  }
+  return sp;
 }
 
-ToolChoice parse_tool_choice(const ordered_json& v) {
-  ToolChoice c;
-  if (v.is_string()) {
-    const std::string s = v.get<std::string>();
-    if (s == "none") c.kind = ToolChoice::Kind::None;
-    else if (s == "auto") c.kind = ToolChoice::Kind::Auto;
-    else if (s == "required") c.kind = ToolChoice::Kind::Required;
-    else bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or a named function, got \"" + s + "\"");
-    return c;
-  }
-  if (v.is_object()) {
-    auto type = v.find("type");
-    auto f = v.find("function");
-    if (type == v.end() || *type != "function" || f == v.end() || !f->is_object() || !f->contains("name") ||
-        !(*f)["name"].is_string())
-      bad("tool_choice", "a named 'tool_choice' is {\"type\": \"function\", \"function\": {\"name\": ...}}");
-    c.kind = ToolChoice::Kind::Named;
-    c.name = (*f)["name"].get<std::string>();
-    return c;
-  }
-  bad("tool_choice", "'tool_choice' must be a string or an object, got " + brief_json(v));
+void check_stop(const std::vector<std::string>& stop) {
+  if (stop.size() > 64) bad_field("stop", "at most 64 stop strings");
+  for (const std::string& s : stop)
+    if (s.size() > 4096) bad_field("stop", "a stop string is longer than 4096 bytes");
 }
 
 }  // namespace
 
-const ordered_json* AgentFields::tool(const std::string& name) const {
-  if (!tools.is_array()) return nullptr;
-  for (const ordered_json& t : tools)
-    if (t["function"]["name"] == name) return &t;
-  return nullptr;
-}
-
-void check_known_fields(Endpoint endpoint, const json& body) {
-  const auto& own = endpoint == Endpoint::ChatCompletions ? chat_fields() : completion_fields();
-  for (auto it = body.begin(); it != body.end(); ++it) {
-    if (it->is_null()) continue;
-    const std::string& k = it.key();
-    if (common_fields().count(k) || own.count(k)) continue;
-    const char* hint = "";
-    if (k == "functions" || k == "function_call") hint = " (use 'tools' and 'tool_choice')";
-    else if (endpoint == Endpoint::Completions && chat_fields().count(k)) hint = " (a field of /v1/chat/completions)";
-    bad(k, "'" + k + "' is not supported by this server" + hint);
+void check_tools(const ordered_json& tools) {
+  if (!tools.is_array()) bad_field("tools", "'tools' must be a list of tools");
+  std::set<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ordered_json& t = tools[i];
+    const std::string where = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object()) bad_field("tools", where + " must be an object");
+    auto type = t.find("type");
+    if (type == t.end() || !type->is_string() || *type != "function")
+      bad_field("tools", where + ".type must be \"function\" (the only kind of tool this server calls)");
+    auto f = t.find("function");
+    if (f == t.end() || !f->is_object()) bad_field("tools", where + ".function must be an object");
+    for (auto it = f->begin(); it != f->end(); ++it)
+      if (it.key() != "name" && it.key() != "description" && it.key() != "parameters" && it.key() != "strict")
+        bad_field("tools", where + ".function." + it.key() + " is not a field of a function tool");
+    auto name = f->find("name");
+    if (name == f->end() || !name->is_string() || !valid_function_name(name->get<std::string>()))
+      bad_field("tools", where + ".function.name must be 1-64 characters of a-z, A-Z, 0-9, _, - and .");
+    if (!names.insert(name->get<std::string>()).second)
+      bad_field("tools", where + ": a second tool named '" + name->get<std::string>() + "'");
+    if (auto d = f->find("description"); d != f->end() && !d->is_null() && !d->is_string())
+      bad_field("tools", where + ".function.description must be a string");
+    if (auto p = f->find("parameters"); p != f->end() && !p->is_null() && !p->is_object())
+      bad_field("tools", where + ".function.parameters must be a JSON Schema object");
+    if (auto s = f->find("strict"); s != f->end() && !s->is_null() && !s->is_boolean())
+      bad_field("tools", where + ".function.strict must be a boolean");
   }
 }
 
-AgentFields parse_agent_fields(Endpoint endpoint, const json& body, const ordered_json* ordered,
-                               const json& template_kwarg_defaults, int64_t vocab_size) {
-  AgentFields a;
-  const ordered_json ob = ordered ? ordered_json() : ordered_json(body);
-  const ordered_json& o = ordered ? *ordered : ob;
-  const bool chat = endpoint == Endpoint::ChatCompletions;
+void set_tool_choice(AgentFields& a, ToolChoice choice) {
+  a.tool_choice = std::move(choice);
+  if (!a.has_tools()) bad_field("tool_choice", "'tool_choice' is only allowed when 'tools' are given");
+  if (a.tool_choice.kind == ToolChoice::Kind::Named && !a.tool(a.tool_choice.name))
+    bad_field("tool_choice", "'tool_choice' names the function '" + a.tool_choice.name + "', which is not in 'tools'");
+}
 
-  // n: choices sampled from one prompt.
-  if (const ordered_json* n = ofield(o, "n")) {
-    if (!n->is_number_integer()) bad("n", "'n' must be an integer, got " + brief_json(*n));
-    a.n = n->get<int64_t>();
-    if (a.n < 1 || a.n > 16) bad("n", "'n' must be in [1, 16], got " + brief_json(*n));
+void set_json_schema(AgentFields& a, const ordered_json* schema, const ordered_json* strict) {
+  a.format = ResponseFormat::JsonSchema;
+  if (schema) {
+    if (!schema->is_object() && !schema->is_boolean())
+      bad_field("response_format", "'response_format.json_schema.schema' must be a JSON Schema object");
+    a.schema = *schema;
+  } else {
+    a.schema = ordered_json::object();
   }
+  if (strict) {
+    if (!strict->is_boolean()) bad_field("response_format", "'response_format.json_schema.strict' must be a boolean");
+    a.strict = strict->get<bool>();
+  }
+}
 
-  // logprobs: chat {logprobs: bool, top_logprobs: 0..20}; completions {logprobs: 0..20}.
-  if (chat) {
-    bool want = false;
-    if (const ordered_json* lp = ofield(o, "logprobs")) {
-      if (!lp->is_boolean()) bad("logprobs", "'logprobs' must be a boolean, got " + brief_json(*lp));
-      want = lp->get<bool>();
-    }
-    int64_t top = 0;
-    if (const ordered_json* t = ofield(o, "top_logprobs")) {
-      if (!t->is_number_integer()) bad("top_logprobs", "'top_logprobs' must be an integer, got " + brief_json(*t));
-      top = t->get<int64_t>();
-      if (top < 0 || top > 20) bad("top_logprobs", "'top_logprobs' must be in [0, 20], got " + brief_json(*t));
-      if (!want) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
-    }
-    if (want) a.logprobs = int32_t(top);
-  } else if (const ordered_json* lp = ofield(o, "logprobs")) {
-    if (lp->is_boolean() && !lp->get<bool>()) {
-    } else {
-      if (!lp->is_number_integer()) bad("logprobs", "'logprobs' must be an integer in [0, 20], got " + brief_json(*lp));
-      const int64_t k = lp->get<int64_t>();
-      if (k < 0 || k > 20) bad("logprobs", "'logprobs' must be in [0, 20], got " + brief_json(*lp));
-      a.logprobs = int32_t(k);
-    }
-  }
+void check_format_and_choice(const AgentFields& a) {
+  if (a.format != ResponseFormat::Text && a.forces_call())
+    bad_field("response_format", "a JSON 'response_format' contradicts a 'tool_choice' that forces a tool call");
+}
 
-  if (const ordered_json* lb = ofield(o, "logit_bias")) {
-    if (!lb->is_object()) bad("logit_bias", "'logit_bias' must be an object of token id -> bias");
-    for (auto it = lb->begin(); it != lb->end(); ++it) {
-      const std::string& key = it.key();
-      size_t used = 0;
-      long long id = -1;
-      try {
-        id = std::stoll(key, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != key.size() || key.empty() || id < 0 || id >= vocab_size)
-        bad("logit_bias", "'logit_bias' key \"" + key + "\" is not a token id of this model (0.." +
-                              std::to_string(vocab_size - 1) + ")");
-      if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < -100 || it->get<double>() > 100)
-        bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100], got " + brief_json(*it));
-      a.logit_bias.push_back({int32_t(id), it->get<float>()});
-    }
-  }
-  if (!chat) return a;
+json template_kwargs(const ServingContext& ctx, const json& request) {
+  json kwargs = ctx.chat_template_kwargs.is_object() ? ctx.chat_template_kwargs : json::object();
+  for (auto it = request.begin(); it != request.end(); ++it) kwargs[it.key()] = *it;
+  return kwargs;
+}
 
-  if (const ordered_json* t = ofield(o, "tools")) a.tools = parse_tools(*t);
-  if (const ordered_json* c = ofield(o, "tool_choice")) {
-    a.tool_choice = parse_tool_choice(*c);
-    if (!a.has_tools()) bad("tool_choice", "'tool_choice' is only allowed when 'tools' are given");
-    if (a.tool_choice.kind == ToolChoice::Kind::Named && !a.tool(a.tool_choice.name))
-      bad("tool_choice", "'tool_choice' names the function '" + a.tool_choice.name + "', which is not in 'tools'");
-  }
-  if (const ordered_json* p = ofield(o, "parallel_tool_calls")) {
-    if (!p->is_boolean()) bad("parallel_tool_calls", "'parallel_tool_calls' must be a boolean, got " + brief_json(*p));
-    a.parallel_tool_calls = p->get<bool>();
-  }
+ParsedRequest start_request(Endpoint endpoint, RequestFields f, const ServingContext& ctx) {
+  ParsedRequest p;
+  p.endpoint = endpoint;
+  p.model = f.model.empty() ? ctx.model_name : std::move(f.model);
+  p.stream = f.stream;
+  p.include_usage = f.include_usage;
+  p.timeout_seconds = f.timeout_seconds;
+  p.agent = std::move(f.agent);
+  p.agent.template_kwargs = template_kwargs(ctx, p.agent.template_kwargs);
+  Request& r = p.request;
+  r.sampling = sampling_params(f.sampling, ctx);
+  check_stop(f.stop);
+  r.stop = std::move(f.stop);
+  r.skip_special_tokens = f.skip_special_tokens;
+  r.logprobs = p.agent.logprobs;
+  if (auto m = f.limits.max_tokens; m && *m < 1)
+    bad_field("max_tokens", "'max_tokens' must be at least 1, got " + std::to_string(*m));
+  return p;
+}
 
-  if (const ordered_json* rf = ofield(o, "response_format")) {
-    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
-      bad("response_format", "'response_format' must be an object with a 'type'");
-    const std::string type = (*rf)["type"].get<std::string>();
-    if (type == "text") {
-      a.format = ResponseFormat::Text;
-    } else if (type == "json_object") {
-      a.format = ResponseFormat::JsonObject;
-    } else if (type == "json_schema") {
-      a.format = ResponseFormat::JsonSchema;
-      auto js = rf->find("json_schema");
-      if (js == rf->end() || !js->is_object())
-        bad("response_format", "'response_format' of type json_schema needs a 'json_schema' object");
-      for (auto it = js->begin(); it != js->end(); ++it)
-        if (it.key() != "name" && it.key() != "description" && it.key() != "schema" && it.key() != "strict")
-          bad("response_format", "'response_format.json_schema." + it.key() + "' is not a field of a json_schema format");
-      if (auto s = js->find("schema"); s != js->end() && !s->is_null()) {
-        if (!s->is_object() && !s->is_boolean()) bad("response_format", "'response_format.json_schema.schema' must be a JSON Schema object");
-        a.schema = *s;
-      } else {
-        a.schema = ordered_json::object();
-      }
-      if (auto s = js->find("strict"); s != js->end() && !s->is_null()) {
-        if (!s->is_boolean()) bad("response_format", "'response_format.json_schema.strict' must be a boolean");
-        a.strict = s->get<bool>();
-      }
-    } else {
-      bad("response_format", "'response_format.type' must be text, json_object or json_schema, got \"" + type + "\"");
-    }
-    if (a.format != ResponseFormat::Text && a.has_tools() &&
-        (a.tool_choice.kind == ToolChoice::Kind::Required || a.tool_choice.kind == ToolChoice::Kind::Named))
-      bad("response_format", "a JSON 'response_format' contradicts a 'tool_choice' that forces a tool call");
-  }
+void render_prompt(ParsedRequest& p, const ordered_json& messages, const ServingContext& ctx) {
+  const AgentFields& a = p.agent;
+  Request& r = p.request;
+  if (a.tools_active() && ctx.tool_parser.empty() && a.tool_choice.kind != ToolChoice::Kind::Auto)
+    bad_field("tool_choice", "this model has no tool-call format this server knows (start it with --tool-call-parser)");
+  p.prompt_text = render_messages(messages, a, ctx);
+  r.prompt = ctx.tokenizer->encode(p.prompt_text, false);  // the template writes the BOS itself
+  if (a.tools_active()) p.tool_parser = ctx.tool_parser;
+  p.reasoning_parser = ctx.reasoning_parser;
+  p.reasoning_opened = !p.reasoning_parser.empty() && chat::prompt_opens_reasoning(p.prompt_text);
+  r.keep_special_token_ids = parser_marker_ids(*ctx.tokenizer, p.tool_parser, p.reasoning_parser);
+}
 
-  a.template_kwargs = template_kwarg_defaults.is_object() ? template_kwarg_defaults : json::object();
-  if (const ordered_json* k = ofield(o, "chat_template_kwargs")) {
-    if (!k->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-    for (auto it = k->begin(); it != k->end(); ++it) {
-      static const std::set<std::string> reserved = {"messages", "tools", "add_generation_prompt", "documents",
-                                                     "bos_token", "eos_token"};
-      if (reserved.count(it.key()))
-        bad("chat_template_kwargs", "'chat_template_kwargs." + it.key() + "' is set by the server, not the request");
-      a.template_kwargs[it.key()] = json(*it);
-    }
+void finish_request(ParsedRequest& p, const OutputLimits& limits, const ServingContext& ctx) {
+  Request& r = p.request;
+  std::optional<int64_t> max_tokens = limits.max_tokens;
+  const int64_t n = int64_t(r.prompt.size());
+  const char* prompt_param = p.endpoint == Endpoint::Completions ? "prompt" : "messages";
+  if (n == 0) bad_field(prompt_param, "the prompt is empty");
+  // The room of one request: the model's context and what one request can hold in the KV cache
+  // (the engine's page budget); 0: unknown.
+  int64_t room = ctx.max_sequence_tokens > 0 ? ctx.max_sequence_tokens : 0;
+  if (ctx.context_length > 0 && (room == 0 || ctx.context_length < room)) room = ctx.context_length;
+  const std::string what = ctx.context_length > 0 && room == ctx.context_length
+                               ? "this model's maximum context length of " + std::to_string(room) + " tokens"
+                               : "the " + std::to_string(room) + " tokens one request can hold in the KV cache";
+  if (room > 0 && n > room)
+    throw ContextLengthError("the prompt is " + std::to_string(n) + " tokens, more than " + what, prompt_param, n, room);
+  if (max_tokens && room > 0 && limits.cap_max_tokens) max_tokens = std::min(*max_tokens, room - n);
+  // max_tokens > room - n, not n + max_tokens > room: no overflow for max_tokens up to 2^63 - 1.
+  if (max_tokens && room > 0 && *max_tokens > room - n)
+    bad_field("max_tokens", "the request asks for " + std::to_string(n) + " prompt tokens and " +
+                                std::to_string(*max_tokens) + " to generate, more than " + what + " (at most " +
+                                std::to_string(room - n) + " to generate for this prompt)");
+  // Default: generation_config.json's max_new_tokens, else until EOS; never beyond the room.
+  int64_t max_new = max_tokens.value_or(ctx.generation ? ctx.generation->max_new_tokens.value_or(-1) : -1);
+  if (room > 0 && (max_new < 0 || max_new > room - n)) max_new = room - n;
+  if (ctx.max_output_tokens > 0 && (max_new < 0 || max_new > ctx.max_output_tokens)) max_new = ctx.max_output_tokens;
+  r.max_new_tokens = max_new;
+
+  if (!limits.ignore_eos) {
+    if (ctx.generation) r.eos_token_ids = ctx.generation->eos_token_ids;
+    int64_t eos = ctx.tokenizer->eos_id();
+    if (eos >= 0 && std::find(r.eos_token_ids.begin(), r.eos_token_ids.end(), eos) == r.eos_token_ids.end())
+      r.eos_token_ids.push_back(eos);
   }
-  return a;
+  if (p.agent.format != ResponseFormat::Text || p.agent.forces_call()) {
+    if (!ctx.structured)
+      bad_field(p.agent.format != ResponseFormat::Text ? "response_format" : "tool_choice",
+                "constrained outputs are not available on this server");
+    p.grammar = ctx.structured->grammar_for(p);
+  }
+}
+
+ParsedRequest chat_request(Endpoint endpoint, RequestFields fields, const ServingContext& ctx) {
+  const OutputLimits limits = fields.limits;
+  ordered_json messages = std::move(fields.messages);
+  ParsedRequest p = start_request(endpoint, std::move(fields), ctx);
+  render_prompt(p, messages, ctx);
+  finish_request(p, limits, ctx);
+  return p;
+}
+
+std::string render_messages(const ordered_json& messages, const AgentFields& agent, const ServingContext& ctx) {
+  if (messages.empty()) bad_field("messages", "'messages' is empty");
+  if (ctx.chat_format.empty()) bad_field("messages", "the model has no chat template: use /v1/completions");
+  try {
+    return render_chat_prompt(ctx.chat_format, messages, agent, *ctx.tokenizer, ctx.tool_prompt_syntax());
+  } catch (const std::exception& e) {
+    bad_field("messages", std::string("the chat template failed on these messages: ") + e.what());
+  }
+}
+
+std::vector<int32_t> parser_marker_ids(const Tokenizer& tokenizer, const std::string& tool_parser,
+                                       const std::string& reasoning_parser, bool special_only) {
+  std::vector<std::string_view> markers;
+  if (tool_parser == "deepseek_v3" || tool_parser == "deepseek_v31")
+    markers = {"<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+               "<｜tool▁sep｜>"};
+  else if (tool_parser == "kimi_k2")
+    markers = {"<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+               "<|tool_call_end|>", "<|tool_call_argument_begin|>"};
+  else if (tool_parser == "glm47")
+    markers = {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"};
+  if (!reasoning_parser.empty()) {
+    markers.push_back("<think>");
+    markers.push_back("</think>");
+  }
+  std::vector<int32_t> ids;
+  for (std::string_view m : markers)
+    if (auto id = tokenizer.token_id(m); id && (!special_only || tokenizer.is_special(*id))) ids.push_back(*id);
+  return ids;
 }
 
 namespace {

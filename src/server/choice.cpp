@@ -1,6 +1,8 @@
 // A response's choice from engine events (see choice.h).
 #include "server/choice.h"
 
+#include "server/openai.h"
+
 namespace mla::server {
 
 using nlohmann::json;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "server/openai.h"
+#include "server/api_common.h"
 #include "chat/tool_parser.h"
 
 namespace mla::server {

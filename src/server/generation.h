@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "server/openai.h"
+#include "server/api_common.h"
 
 namespace mla::server {
 

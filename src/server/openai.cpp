@@ -1,4 +1,4 @@
-// OpenAI request parsing and response shapes (see openai.h).
+// OpenAI's request bodies and response shapes (see openai.h).
 #include "server/openai.h"
 
 #include <algorithm>
@@ -6,124 +6,102 @@
 #include <cstdio>
 #include <optional>
 #include <random>
-
-#include "chat/reasoning_parser.h"
-#include "server/structured.h"
-#include "chat/chat_template.h"
+#include <set>
 
 namespace mla::server {
 
 using nlohmann::json;
+using nlohmann::ordered_json;
 
 namespace {
 
-std::string default_type(int status) {
-  switch (status) {
-    case 400: return "invalid_request_error";
-    case 401: return "authentication_error";
-    case 404: return "not_found_error";
-    case 503: return "service_unavailable";
-    default: return status >= 500 ? "server_error" : "invalid_request_error";
+const std::set<std::string, std::less<>>& common_fields() {
+  static const std::set<std::string, std::less<>> f = {
+      "model", "stream", "stream_options", "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+      "frequency_penalty", "repetition_penalty", "seed", "stop", "max_tokens", "ignore_eos", "skip_special_tokens",
+      "logprobs", "logit_bias", "timeout",
+      // harmless metadata, accepted and ignored
+      "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"};
+  return f;
+}
+
+const std::set<std::string, std::less<>>& chat_fields() {
+  static const std::set<std::string, std::less<>> f = {
+      "messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+      "chat_template_kwargs", "top_logprobs"};
+  return f;
+}
+
+const std::set<std::string, std::less<>>& completion_fields() {
+  static const std::set<std::string, std::less<>> f = {"prompt", "echo", "best_of"};
+  return f;
+}
+
+ToolChoice parse_tool_choice(const ordered_json& v) {
+  ToolChoice c;
+  if (v.is_string()) {
+    const std::string s = v.get<std::string>();
+    if (s == "none") c.kind = ToolChoice::Kind::None;
+    else if (s == "auto") c.kind = ToolChoice::Kind::Auto;
+    else if (s == "required") c.kind = ToolChoice::Kind::Required;
+    else bad_field("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or a named function, got \"" + s + "\"");
+    return c;
   }
-}
-
-[[noreturn]] void bad(const std::string& param, const std::string& message) {
-  throw ApiError(400, message, param);
-}
-
-// Field readers: absent or null gives nothing; a value of another type is a 400 naming the field.
-const json* field(const json& body, const char* name) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-std::optional<double> get_number(const json& body, const char* name) {
-  const json* v = field(body, name);
-  if (!v) return std::nullopt;
-  if (!v->is_number()) bad(name, std::string("'") + name + "' must be a number, got " + brief_json(*v));
-  double x = v->get<double>();
-  if (!std::isfinite(x)) bad(name, std::string("'") + name + "' must be finite");
-  return x;
-}
-
-std::optional<int64_t> get_integer(const json& body, const char* name) {
-  const json* v = field(body, name);
-  if (!v) return std::nullopt;
-  if (v->is_number_integer()) {
-    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX))
-      bad(name, std::string("'") + name + "' is too large");
-    return v->get<int64_t>();
+  if (v.is_object()) {
+    auto type = v.find("type");
+    auto f = v.find("function");
+    if (type == v.end() || *type != "function" || f == v.end() || !f->is_object() || !f->contains("name") ||
+        !(*f)["name"].is_string())
+      bad_field("tool_choice", "a named 'tool_choice' is {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    c.kind = ToolChoice::Kind::Named;
+    c.name = (*f)["name"].get<std::string>();
+    return c;
   }
-  if (v->is_number_float()) {  // 5.0 is accepted as 5, as Python's JSON clients may send it
-    double x = v->get<double>();
-    if (std::isfinite(x) && x == std::floor(x) && std::fabs(x) < 9e15) return int64_t(x);
-  }
-  bad(name, std::string("'") + name + "' must be an integer, got " + brief_json(*v));
-}
-
-std::optional<bool> get_bool(const json& body, const char* name) {
-  const json* v = field(body, name);
-  if (!v) return std::nullopt;
-  if (!v->is_boolean()) bad(name, std::string("'") + name + "' must be a boolean, got " + brief_json(*v));
-  return v->get<bool>();
-}
-
-std::optional<std::string> get_string(const json& body, const char* name) {
-  const json* v = field(body, name);
-  if (!v) return std::nullopt;
-  if (!v->is_string()) bad(name, std::string("'") + name + "' must be a string, got " + brief_json(*v));
-  return v->get<std::string>();
-}
-
-void check_range(const char* name, double x, double lo, double hi, bool lo_open = false) {
-  if (x < lo || x > hi || (lo_open && x == lo)) {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "'%s' must be in %s%g, %g], got %g", name, lo_open ? "(" : "[", lo, hi, x);
-    bad(name, buf);
-  }
+  bad_field("tool_choice", "'tool_choice' must be a string or an object, got " + brief_json(v));
 }
 
 std::vector<int32_t> completion_prompt(const json& body, const ServingContext& ctx) {
   auto it = body.find("prompt");
-  if (it == body.end() || it->is_null()) bad("prompt", "'prompt' is required");
+  if (it == body.end() || it->is_null()) bad_field("prompt", "'prompt' is required");
   const json& p = *it;
   auto encode = [&](const std::string& text) {
-    if (text.empty()) bad("prompt", "the prompt is empty");
+    if (text.empty()) bad_field("prompt", "the prompt is empty");
     return ctx.tokenizer->encode(text, true);
   };
   if (p.is_string()) return encode(p.get<std::string>());
   if (p.is_array()) {
-    if (p.empty()) bad("prompt", "the prompt is empty");
+    if (p.empty()) bad_field("prompt", "the prompt is empty");
     if (p.size() == 1 && p[0].is_string()) return encode(p[0].get<std::string>());
     if (p[0].is_string() || p[0].is_array())
-      bad("prompt", "one prompt per request: batched prompts are not supported (send one request each)");
+      bad_field("prompt", "one prompt per request: batched prompts are not supported (send one request each)");
     std::vector<int32_t> ids;
     const int64_t vocab = int64_t(ctx.tokenizer->vocab_size());
     for (const json& x : p) {
-      if (!x.is_number_integer()) bad("prompt", "'prompt' must be a string or a list of token ids, got " + brief_json(x));
+      if (!x.is_number_integer()) bad_field("prompt", "'prompt' must be a string or a list of token ids, got " + brief_json(x));
       int64_t id = x.get<int64_t>();
       if (id < 0 || id >= vocab)
-        bad("prompt", "prompt token " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(vocab));
+        bad_field("prompt", "prompt token " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(vocab));
       ids.push_back(int32_t(id));
     }
     return ids;
   }
-  bad("prompt", "'prompt' must be a string or a list of token ids, got " + brief_json(p));
+  bad_field("prompt", "'prompt' must be a string or a list of token ids, got " + brief_json(p));
 }
 
-std::string chat_prompt(const json& body, const ServingContext& ctx, const AgentFields& agent) {
+// The messages of a chat completions body, checked: each an object with a string role, its
+// content a string, null or a list of text parts (joined by "\n").
+ordered_json chat_messages(const json& body) {
   auto it = body.find("messages");
-  if (it == body.end() || it->is_null()) bad("messages", "'messages' is required");
-  if (!it->is_array()) bad("messages", "'messages' must be a list of messages");
-  if (it->empty()) bad("messages", "'messages' is empty");
+  if (it == body.end() || it->is_null()) bad_field("messages", "'messages' is required");
+  if (!it->is_array()) bad_field("messages", "'messages' must be a list of messages");
+  if (it->empty()) bad_field("messages", "'messages' is empty");
   json messages = json::array();
   for (size_t i = 0; i < it->size(); ++i) {
     const json& m = (*it)[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object()) bad("messages", where + " must be an object");
+    if (!m.is_object()) bad_field("messages", where + " must be an object");
     auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) bad("messages", where + ".role must be a string");
+    if (role == m.end() || !role->is_string()) bad_field("messages", where + ".role must be a string");
     json out = m;  // other keys (name, tool_calls ...) go to the template as they are
     auto content = m.find("content");
     if (content == m.end() || content->is_null()) {
@@ -135,218 +113,198 @@ std::string chat_prompt(const json& body, const ServingContext& ctx, const Agent
       for (const json& part : *content) {
         if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
             !part["text"].is_string())
-          bad("messages", where + ".content: only parts of type \"text\" with a string \"text\" are supported");
+          bad_field("messages", where + ".content: only parts of type \"text\" with a string \"text\" are supported");
         if (!text.empty()) text += "\n";
         text += part["text"].get<std::string>();
       }
       out["content"] = text;
     } else {
-      bad("messages", where + ".content must be a string or a list of text parts");
+      bad_field("messages", where + ".content must be a string or a list of text parts");
     }
     messages.push_back(std::move(out));
   }
-  if (ctx.chat_format.empty()) bad("messages", "the model has no chat template: use /v1/completions");
-  try {
-    return render_chat_prompt(ctx.chat_format, nlohmann::ordered_json(messages), agent, *ctx.tokenizer, ctx.tool_prompt_syntax());
-  } catch (const std::exception& e) {
-    bad("messages", std::string("the chat template failed on these messages: ") + e.what());
-  }
+  return ordered_json(messages);
 }
 
-std::vector<std::string> stop_strings(const json& body) {
-  const json* v = field(body, "stop");
-  if (!v) return {};
-  if (v->is_string()) return {v->get<std::string>()};
-  if (!v->is_array()) bad("stop", "'stop' must be a string or a list of strings");
-  if (v->size() > 64) bad("stop", "at most 64 stop strings");
-  std::vector<std::string> out;
-  for (const json& s : *v) {
-    if (!s.is_string()) bad("stop", "'stop' must be a string or a list of strings");
-    if (s.get_ref<const std::string&>().size() > 4096) bad("stop", "a stop string is longer than 4096 bytes");
-    out.push_back(s.get<std::string>());
-  }
-  return out;
+json usage_object(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
 }  // namespace
 
-json parse_json_body(std::string_view body, size_t max_depth) {
-  size_t at = 0;
-  if (json_nesting_depth(body, max_depth, &at) > max_depth)
-    throw ApiError(400, "the body nests arrays and objects deeper than " + std::to_string(max_depth) +
-                            " levels (at byte " + std::to_string(at) + ")");
-  try {
-    return json::parse(body);
-  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
-    std::string what = e.what();        // names the byte; its "last read" may quote a long token
-    if (what.size() > 200) what = what.substr(0, 197) + "...";
-    throw ApiError(400, "the body is not valid JSON: " + what);
-  }
-}
-
-ApiError::ApiError(int status_, const std::string& message, std::string param_, std::string type_, std::string code_)
-    : std::runtime_error(message),
-      status(status_),
-      type(type_.empty() ? default_type(status_) : std::move(type_)),
-      param(std::move(param_)),
-      code(std::move(code_)) {}
-
 json error_body(int status, const std::string& message, const std::string& param, const std::string& type,
                 const std::string& code) {
   json e = {{"message", message},
-            {"type", type.empty() ? default_type(status) : type},
+            {"type", type.empty() ? default_error_type(status) : type},
             {"param", param.empty() ? json(nullptr) : json(param)},
             {"code", code.empty() ? json(nullptr) : json(code)}};
   return {{"error", e}};
 }
 
-ContextLengthError::ContextLengthError(const std::string& message, std::string param, int64_t prompt_tokens_,
-                                       int64_t limit_)
-    : ApiError(400, message, std::move(param), "invalid_request_error", "context_length_exceeded"),
-      prompt_tokens(prompt_tokens_),
-      limit(limit_) {}
+void check_known_fields(Endpoint endpoint, const json& body) {
+  const auto& own = endpoint == Endpoint::ChatCompletions ? chat_fields() : completion_fields();
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (it->is_null()) continue;
+    const std::string& k = it.key();
+    if (common_fields().count(k) || own.count(k)) continue;
+    const char* hint = "";
+    if (k == "functions" || k == "function_call") hint = " (use 'tools' and 'tool_choice')";
+    else if (endpoint == Endpoint::Completions && chat_fields().count(k)) hint = " (a field of /v1/chat/completions)";
+    bad_field(k, "'" + k + "' is not supported by this server" + hint);
+  }
+}
 
-ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingContext& ctx, std::string_view raw_body,
-                            ParseOptions options) {
+AgentFields parse_agent_fields(Endpoint endpoint, const json& body, const ordered_json* ordered,
+                               const json& template_kwarg_defaults, int64_t vocab_size) {
+  AgentFields a;
+  const ordered_json ob = ordered ? ordered_json() : ordered_json(body);
+  const ordered_json& o = ordered ? *ordered : ob;
+  const bool chat = endpoint == Endpoint::ChatCompletions;
+
+  // n: choices sampled from one prompt.
+  if (const ordered_json* n = field(o, "n")) {
+    if (!n->is_number_integer()) bad_field("n", "'n' must be an integer, got " + brief_json(*n));
+    a.n = n->get<int64_t>();
+    if (a.n < 1 || a.n > 16) bad_field("n", "'n' must be in [1, 16], got " + brief_json(*n));
+  }
+
+  // logprobs: chat {logprobs: bool, top_logprobs: 0..20}; completions {logprobs: 0..20}.
+  if (chat) {
+    bool want = false;
+    if (const ordered_json* lp = field(o, "logprobs")) {
+      if (!lp->is_boolean()) bad_field("logprobs", "'logprobs' must be a boolean, got " + brief_json(*lp));
+      want = lp->get<bool>();
+    }
+    int64_t top = 0;
+    if (const ordered_json* t = field(o, "top_logprobs")) {
+      if (!t->is_number_integer()) bad_field("top_logprobs", "'top_logprobs' must be an integer, got " + brief_json(*t));
+      top = t->get<int64_t>();
+      if (top < 0 || top > 20) bad_field("top_logprobs", "'top_logprobs' must be in [0, 20], got " + brief_json(*t));
+      if (!want) bad_field("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    }
+    if (want) a.logprobs = int32_t(top);
+  } else if (const ordered_json* lp = field(o, "logprobs")) {
+    if (lp->is_boolean() && !lp->get<bool>()) {
+    } else {
+      if (!lp->is_number_integer()) bad_field("logprobs", "'logprobs' must be an integer in [0, 20], got " + brief_json(*lp));
+      const int64_t k = lp->get<int64_t>();
+      if (k < 0 || k > 20) bad_field("logprobs", "'logprobs' must be in [0, 20], got " + brief_json(*lp));
+      a.logprobs = int32_t(k);
+    }
+  }
+
+  if (const ordered_json* lb = field(o, "logit_bias")) {
+    if (!lb->is_object()) bad_field("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    for (auto it = lb->begin(); it != lb->end(); ++it) {
+      const std::string& key = it.key();
+      size_t used = 0;
+      long long id = -1;
+      try {
+        id = std::stoll(key, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != key.size() || key.empty() || id < 0 || id >= vocab_size)
+        bad_field("logit_bias", "'logit_bias' key \"" + key + "\" is not a token id of this model (0.." +
+                                    std::to_string(vocab_size - 1) + ")");
+      if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < -100 || it->get<double>() > 100)
+        bad_field("logit_bias", "'logit_bias' values must be numbers in [-100, 100], got " + brief_json(*it));
+      a.logit_bias.push_back({int32_t(id), it->get<float>()});
+    }
+  }
+  if (!chat) return a;
+
+  if (const ordered_json* t = field(o, "tools")) {
+    check_tools(*t);
+    a.tools = *t;
+  }
+  if (const ordered_json* c = field(o, "tool_choice")) set_tool_choice(a, parse_tool_choice(*c));
+  if (const ordered_json* p = field(o, "parallel_tool_calls")) {
+    if (!p->is_boolean()) bad_field("parallel_tool_calls", "'parallel_tool_calls' must be a boolean, got " + brief_json(*p));
+    a.parallel_tool_calls = p->get<bool>();
+  }
+
+  if (const ordered_json* rf = field(o, "response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+      bad_field("response_format", "'response_format' must be an object with a 'type'");
+    const std::string type = (*rf)["type"].get<std::string>();
+    if (type == "text") {
+      a.format = ResponseFormat::Text;
+    } else if (type == "json_object") {
+      a.format = ResponseFormat::JsonObject;
+    } else if (type == "json_schema") {
+      auto js = rf->find("json_schema");
+      if (js == rf->end() || !js->is_object())
+        bad_field("response_format", "'response_format' of type json_schema needs a 'json_schema' object");
+      for (auto it = js->begin(); it != js->end(); ++it)
+        if (it.key() != "name" && it.key() != "description" && it.key() != "schema" && it.key() != "strict")
+          bad_field("response_format", "'response_format.json_schema." + it.key() + "' is not a field of a json_schema format");
+      set_json_schema(a, field(*js, "schema"), field(*js, "strict"));
+    } else {
+      bad_field("response_format", "'response_format.type' must be text, json_object or json_schema, got \"" + type + "\"");
+    }
+    check_format_and_choice(a);
+  }
+
+  a.template_kwargs = template_kwarg_defaults.is_object() ? template_kwarg_defaults : json::object();
+  if (const ordered_json* k = field(o, "chat_template_kwargs")) {
+    if (!k->is_object()) bad_field("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    for (auto it = k->begin(); it != k->end(); ++it) {
+      static const std::set<std::string> reserved = {"messages", "tools", "add_generation_prompt", "documents",
+                                                     "bos_token", "eos_token"};
+      if (reserved.count(it.key()))
+        bad_field("chat_template_kwargs", "'chat_template_kwargs." + it.key() + "' is set by the server, not the request");
+      a.template_kwargs[it.key()] = json(*it);
+    }
+  }
+  return a;
+}
+
+ParsedRequest parse_request(Endpoint endpoint, const json& body, const ServingContext& ctx, std::string_view raw_body) {
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
   check_known_fields(endpoint, body);
-  ParsedRequest p;
-  p.endpoint = endpoint;
-  p.model = ctx.model_name;
-  if (auto model = get_string(body, "model"); model && *model != ctx.model_name && !options.any_model)
+  RequestFields f;
+  if (auto model = get_string(body, "model"); model && *model != ctx.model_name)
     throw ApiError(404, "the model '" + *model + "' does not exist; this server serves '" + ctx.model_name + "'",
                    "model", "not_found_error", "model_not_found");
-  p.stream = get_bool(body, "stream").value_or(false);
+  f.stream = get_bool(body, "stream").value_or(false);
   if (const json* so = field(body, "stream_options")) {
-    if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
-    p.include_usage = get_bool(*so, "include_usage").value_or(false);
+    if (!so->is_object()) bad_field("stream_options", "'stream_options' must be an object");
+    f.include_usage = get_bool(*so, "include_usage").value_or(false);
   }
-  if (auto b = get_integer(body, "best_of"); b && *b != 1) bad("best_of", "only best_of = 1 is supported");
-  if (get_bool(body, "echo").value_or(false)) bad("echo", "echo is not supported");
+  if (auto b = get_integer(body, "best_of"); b && *b != 1) bad_field("best_of", "only best_of = 1 is supported");
+  if (get_bool(body, "echo").value_or(false)) bad_field("echo", "echo is not supported");
   if (auto t = get_number(body, "timeout")) {
-    if (!(*t > 0) || *t > 1e6) bad("timeout", "'timeout' must be a number of seconds in (0, 1e6]");
-    p.timeout_seconds = *t;
+    if (!(*t > 0) || *t > 1e6) bad_field("timeout", "'timeout' must be a number of seconds in (0, 1e6]");
+    f.timeout_seconds = *t;
   }
   {
     // Tools and schemas keep the request's key order (their properties' order shows in the
     // prompt and in the output the grammar allows).
-    std::optional<nlohmann::ordered_json> ordered;
+    std::optional<ordered_json> ordered;
     if (!raw_body.empty() && (body.contains("tools") || body.contains("response_format")))
-      ordered = nlohmann::ordered_json::parse(raw_body, nullptr, false);
-    const int64_t vocab = ctx.vocab_size > 0 ? ctx.vocab_size : int64_t(ctx.tokenizer->vocab_size());
-    p.agent = parse_agent_fields(endpoint, body, ordered && ordered->is_object() ? &*ordered : nullptr,
-                                 ctx.chat_template_kwargs, vocab);
+      ordered = ordered_json::parse(raw_body, nullptr, false);
+    f.agent = parse_agent_fields(endpoint, body, ordered && ordered->is_object() ? &*ordered : nullptr,
+                                 ctx.chat_template_kwargs, ctx.logit_rows());
   }
-
-  Request& r = p.request;
-  SamplingParams& sp = r.sampling;
-  if (ctx.generation) sp = ctx.generation->apply(sp);  // the checkpoint's defaults, then the request's
-  if (auto t = get_number(body, "temperature")) check_range("temperature", *t, 0, 2), sp.temperature = float(*t);
-  if (auto t = get_number(body, "top_p")) check_range("top_p", *t, 0, 1, true), sp.top_p = float(*t);
-  if (auto k = get_integer(body, "top_k")) {
-    if (*k < -1) bad("top_k", "'top_k' must be -1 or 0 (off) or positive, got " + std::to_string(*k));
-    sp.top_k = std::max<int64_t>(*k, 0);
-  }
-  if (auto m = get_number(body, "min_p")) check_range("min_p", *m, 0, 1), sp.min_p = float(*m);
-  if (auto x = get_number(body, "presence_penalty")) check_range("presence_penalty", *x, -2, 2), sp.presence_penalty = float(*x);
-  if (auto x = get_number(body, "frequency_penalty"))
-    check_range("frequency_penalty", *x, -2, 2), sp.frequency_penalty = float(*x);
-  if (auto x = get_number(body, "repetition_penalty")) {
-    if (!(*x > 0)) bad("repetition_penalty", "'repetition_penalty' must be positive (1 = off)");
-    sp.repetition_penalty = float(*x);
-  }
-  if (auto seed = get_integer(body, "seed")) {
-    sp.seed = uint64_t(*seed);
-  } else {
-    std::random_device rd;
-    sp.seed = (uint64_t(rd()) << 32) ^ rd();
-  }
-  r.stop = stop_strings(body);
-  r.skip_special_tokens = get_bool(body, "skip_special_tokens").value_or(true);
-
-  std::optional<int64_t> max_tokens = get_integer(body, "max_tokens");
+  f.sampling = read_sampling_fields(body);
+  f.stop = read_stop(body);
+  f.skip_special_tokens = get_bool(body, "skip_special_tokens").value_or(true);
+  f.limits.max_tokens = get_integer(body, "max_tokens");
   if (endpoint == Endpoint::ChatCompletions)
-    if (auto m = get_integer(body, "max_completion_tokens")) max_tokens = m;
-  if (max_tokens && *max_tokens < 1)
-    bad("max_tokens", "'max_tokens' must be at least 1, got " + std::to_string(*max_tokens));
+    if (auto m = get_integer(body, "max_completion_tokens")) f.limits.max_tokens = m;
+  f.limits.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
 
-  // Validate everything else before the (possibly long) tokenisation.
-  if (endpoint == Endpoint::Completions) {
-    r.prompt = completion_prompt(body, ctx);
-  } else {
-    const AgentFields& a = p.agent;
-    if (a.tools_active() && ctx.tool_parser.empty() && a.tool_choice.kind != ToolChoice::Kind::Auto)
-      bad("tool_choice", "this model has no tool-call format this server knows (start it with --tool-call-parser)");
-    p.prompt_text = chat_prompt(body, ctx, a);
-    r.prompt = ctx.tokenizer->encode(p.prompt_text, false);  // the template writes the BOS itself
-    if (a.tools_active()) p.tool_parser = ctx.tool_parser;
-    p.reasoning_parser = ctx.reasoning_parser;
-    p.reasoning_opened = !p.reasoning_parser.empty() && chat::prompt_opens_reasoning(p.prompt_text);
-    r.keep_special_token_ids = parser_marker_ids(*ctx.tokenizer, p.tool_parser, p.reasoning_parser);
-  }
-  r.logprobs = p.agent.logprobs;
-  const int64_t n = int64_t(r.prompt.size());
-  const char* prompt_param = endpoint == Endpoint::Completions ? "prompt" : "messages";
-  if (n == 0) bad(prompt_param, "the prompt is empty");
-  // The room of one request: the model's context and what one request can hold in the KV cache
-  // (the engine's page budget); 0: unknown.
-  int64_t room = ctx.max_sequence_tokens > 0 ? ctx.max_sequence_tokens : 0;
-  if (ctx.context_length > 0 && (room == 0 || ctx.context_length < room)) room = ctx.context_length;
-  const std::string what = ctx.context_length > 0 && room == ctx.context_length
-                               ? "this model's maximum context length of " + std::to_string(room) + " tokens"
-                               : "the " + std::to_string(room) + " tokens one request can hold in the KV cache";
-  if (room > 0 && n > room)
-    throw ContextLengthError("the prompt is " + std::to_string(n) + " tokens, more than " + what, prompt_param, n, room);
-  if (max_tokens && room > 0 && options.cap_max_tokens) max_tokens = std::min(*max_tokens, room - n);
-  // max_tokens > room - n, not n + max_tokens > room: no overflow for max_tokens up to 2^63 - 1.
-  if (max_tokens && room > 0 && *max_tokens > room - n)
-    bad("max_tokens", "the request asks for " + std::to_string(n) + " prompt tokens and " +
-                          std::to_string(*max_tokens) + " to generate, more than " + what + " (at most " +
-                          std::to_string(room - n) + " to generate for this prompt)");
-  // Default: generation_config.json's max_new_tokens, else until EOS; never beyond the room.
-  int64_t max_new = max_tokens.value_or(ctx.generation ? ctx.generation->max_new_tokens.value_or(-1) : -1);
-  if (room > 0 && (max_new < 0 || max_new > room - n)) max_new = room - n;
-  if (ctx.max_output_tokens > 0 && (max_new < 0 || max_new > ctx.max_output_tokens)) max_new = ctx.max_output_tokens;
-  r.max_new_tokens = max_new;
-
-  if (!get_bool(body, "ignore_eos").value_or(false)) {
-    if (ctx.generation) r.eos_token_ids = ctx.generation->eos_token_ids;
-    int64_t eos = ctx.tokenizer->eos_id();
-    if (eos >= 0 && std::find(r.eos_token_ids.begin(), r.eos_token_ids.end(), eos) == r.eos_token_ids.end())
-      r.eos_token_ids.push_back(eos);
-  }
-  if (endpoint == Endpoint::ChatCompletions) {
-    const bool constrained = p.agent.format != ResponseFormat::Text ||
-                             (p.agent.has_tools() && (p.agent.tool_choice.kind == ToolChoice::Kind::Required ||
-                                                      p.agent.tool_choice.kind == ToolChoice::Kind::Named));
-    if (constrained) {
-      if (!ctx.structured) bad(p.agent.format != ResponseFormat::Text ? "response_format" : "tool_choice",
-                               "constrained outputs are not available on this server");
-      p.grammar = ctx.structured->grammar_for(p);
-    }
-  }
+  // Everything else is checked before the (possibly long) tokenisation.
+  const OutputLimits limits = f.limits;
+  ParsedRequest p = start_request(endpoint, std::move(f), ctx);
+  if (endpoint == Endpoint::Completions) p.request.prompt = completion_prompt(body, ctx);
+  else render_prompt(p, chat_messages(body), ctx);
+  finish_request(p, limits, ctx);
   return p;
-}
-
-std::vector<int32_t> parser_marker_ids(const Tokenizer& tokenizer, const std::string& tool_parser,
-                                       const std::string& reasoning_parser, bool special_only) {
-  std::vector<std::string_view> markers;
-  if (tool_parser == "deepseek_v3" || tool_parser == "deepseek_v31")
-    markers = {"<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
-               "<｜tool▁sep｜>"};
-  else if (tool_parser == "kimi_k2")
-    markers = {"<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
-               "<|tool_call_end|>", "<|tool_call_argument_begin|>"};
-  else if (tool_parser == "glm47")
-    markers = {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"};
-  if (!reasoning_parser.empty()) {
-    markers.push_back("<think>");
-    markers.push_back("</think>");
-  }
-  std::vector<int32_t> ids;
-  for (std::string_view m : markers)
-    if (auto id = tokenizer.token_id(m); id && (!special_only || tokenizer.is_special(*id))) ids.push_back(*id);
-  return ids;
 }
 
 const char* openai_finish_reason(FinishReason r) {
@@ -360,13 +318,6 @@ const char* openai_finish_reason(FinishReason r) {
     case FinishReason::Error: return "error";
   }
   return "error";
-}
-
-json Usage::to_json() const {
-  return {{"prompt_tokens", prompt_tokens},
-          {"completion_tokens", completion_tokens},
-          {"total_tokens", prompt_tokens + completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
 json completion_response(const ParsedRequest& p, const std::string& id, int64_t created, const std::string& text,
@@ -384,7 +335,7 @@ json completion_response(const ParsedRequest& p, const std::string& id, int64_t 
           {"created", created},
           {"model", p.model},
           {"choices", json::array({choice})},
-          {"usage", usage.to_json()}};
+          {"usage", usage_object(usage)}};
 }
 
 json stream_chunk(const ParsedRequest& p, const std::string& id, int64_t created, const std::string& text,
@@ -412,7 +363,7 @@ json usage_chunk(const ParsedRequest& p, const std::string& id, int64_t created,
           {"created", created},
           {"model", p.model},
           {"choices", json::array()},
-          {"usage", usage.to_json()}};
+          {"usage", usage_object(usage)}};
 }
 
 std::string sse_event(const json& j) {

@@ -14,7 +14,7 @@
 #include <string_view>
 
 #include "engine/request.h"
-#include "server/openai.h"
+#include "server/api_common.h"
 
 namespace mla::server {
 

@@ -22,7 +22,7 @@
 // Back-pressure: at most max_running + max_queued_requests generation requests are admitted
 // at once; the next is answered 429 at once (OpenAI's error object, Retry-After). Each
 // admitted request is parsed (the body's nesting depth is checked before anything recursive
-// touches it, openai.h) and tokenised, submitted to the engine, and waits for (or streams) its
+// touches it, api_common.h) and tokenised, submitted to the engine, and waits for (or streams) its
 // tokens. While it waits it watches the client's connection (connection.h): a client that
 // goes away, streamed or not, has its request cancelled, and its pages freed, within one
 // engine step; a request's own "timeout" ends it the same way, answered 504 (or an error

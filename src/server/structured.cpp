@@ -4,6 +4,7 @@
 #include <set>
 
 #include "grammar/json_schema.h"
+#include "server/chat_request.h"
 
 namespace mla::server {
 

@@ -29,7 +29,7 @@
 
 #include "grammar/cache.h"
 #include "grammar/matcher.h"
-#include "server/openai.h"
+#include "server/api_common.h"
 
 namespace mla::server {
 

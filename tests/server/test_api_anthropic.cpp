@@ -10,6 +10,7 @@
 
 #include "chat/chat_template.h"
 #include "server/api_anthropic.h"
+#include "server/openai.h"
 #include "server/structured.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -217,24 +218,27 @@ TEST(AnthropicApiRequest, ToolChoiceAndThinkingMapToChat) {
   auto translate = [](const json& extra) {
     ordered_json body = {{"messages", json::array({user("hi")})}, {"tools", json::array({weather_tool()})}};
     for (auto& [k, v] : extra.items()) body[k] = v;
-    return json(server::translate_messages_body(body));
+    return server::read_messages_body(body);
   };
-  EXPECT_EQ(translate({{"tool_choice", {{"type", "auto"}}}})["tool_choice"], "auto");
-  EXPECT_EQ(translate({{"tool_choice", {{"type", "none"}}}})["tool_choice"], "none");
-  EXPECT_EQ(translate({{"tool_choice", {{"type", "any"}}}})["tool_choice"], "required");
-  json named = translate({{"tool_choice", {{"type", "tool"}, {"name", "get_weather"}, {"disable_parallel_tool_use", true}}}});
-  EXPECT_EQ(named["tool_choice"], json({{"type", "function"}, {"function", {{"name", "get_weather"}}}}));
-  EXPECT_EQ(named["parallel_tool_calls"], false);
-  EXPECT_EQ(named["tools"][0],
+  using Kind = server::ToolChoice::Kind;
+  EXPECT_EQ(translate({{"tool_choice", {{"type", "auto"}}}}).agent.tool_choice.kind, Kind::Auto);
+  EXPECT_EQ(translate({{"tool_choice", {{"type", "none"}}}}).agent.tool_choice.kind, Kind::None);
+  EXPECT_EQ(translate({{"tool_choice", {{"type", "any"}}}}).agent.tool_choice.kind, Kind::Required);
+  server::RequestFields named =
+      translate({{"tool_choice", {{"type", "tool"}, {"name", "get_weather"}, {"disable_parallel_tool_use", true}}}});
+  EXPECT_EQ(named.agent.tool_choice.kind, Kind::Named);
+  EXPECT_EQ(named.agent.tool_choice.name, "get_weather");
+  EXPECT_FALSE(named.agent.parallel_tool_calls);
+  EXPECT_EQ(json(named.agent.tools[0]),
             json({{"type", "function"},
                   {"function",
                    {{"name", "get_weather"}, {"description", "Weather of a city"}, {"parameters", weather_tool()["input_schema"]}}}}));
-  EXPECT_EQ(translate({{"thinking", {{"type", "enabled"}, {"budget_tokens", 1024}}}})["chat_template_kwargs"],
+  EXPECT_EQ(translate({{"thinking", {{"type", "enabled"}, {"budget_tokens", 1024}}}}).agent.template_kwargs,
             json({{"thinking", true}, {"enable_thinking", true}}));
-  EXPECT_EQ(translate({{"thinking", {{"type", "disabled"}}}})["chat_template_kwargs"]["thinking"], false);
-  EXPECT_FALSE(translate({{"thinking", {{"type", "adaptive"}}}}).contains("chat_template_kwargs"));
+  EXPECT_EQ(translate({{"thinking", {{"type", "disabled"}}}}).agent.template_kwargs["thinking"], false);
+  EXPECT_TRUE(translate({{"thinking", {{"type", "adaptive"}}}}).agent.template_kwargs.empty());
 
-  // Through parse_request: a forced call is constrained by the tool's grammar.
+  // Through chat_request: a forced call is constrained by the tool's grammar.
   server::ServingContext ctx = deepseek_context();
   AnthropicMessages api(ctx);
   json body = {{"messages", json::array({user("hi")})},

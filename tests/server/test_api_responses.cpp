@@ -190,7 +190,7 @@ TEST(ResponsesApiRequest, InputItemsBecomeChatMessages) {
       {"type": "function_call", "call_id": "c4", "namespace": "files", "name": "read", "arguments": "{}"}
     ]})");
   server::ResponsesTranslation t = server::translate_responses_request(body);
-  const ordered_json& m = t.chat_body["messages"];
+  const ordered_json& m = t.fields.messages;
   ASSERT_EQ(m.size(), 9u) << m.dump(1);
   EXPECT_EQ(m[0], ordered_json({{"role", "system"}, {"content", "Be brief."}}));
   EXPECT_EQ(m[1], ordered_json({{"role", "system"}, {"content", "Use tools."}}));
@@ -214,7 +214,7 @@ TEST(ResponsesApiRequest, InputItemsBecomeChatMessages) {
   EXPECT_EQ(m[7]["role"], "tool");
   EXPECT_EQ(m[8]["tool_calls"][0]["function"]["name"], "files__read");
   EXPECT_EQ(t.input_messages.size(), m.size() - 1) << "the instructions are not input";
-  EXPECT_EQ(t.chat_body["model"], "gpt-5-codex");
+  EXPECT_EQ(t.fields.model, "gpt-5-codex");
 
   // Through the chat template: the prompt holds each turn.
   auto ctx = context();
