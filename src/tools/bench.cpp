@@ -1,10 +1,6 @@
 // The CPU benchmark behind `mla bench` (see bench.h).
 #include "tools/bench.h"
 
-#include <immintrin.h>
-#include <omp.h>
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -22,11 +18,9 @@
 #include <stdexcept>
 
 #include "backend/cpu/compute_peak.h"
-#include "backend/cpu/gemm.h"
 #include "backend/cpu/index_score.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
-#include "backend/cpu/stream_prefetch.h"
 #include "backend/cpu/weight_memory.h"
 #include "engine/engine.h"
 #include "tensor/dtype.h"
@@ -154,21 +148,6 @@ std::string limit_line(const std::string& what, const Summary& bw, const Summary
   return "  " + what + buf;
 }
 
-// Adds the 64-byte lines of [p, p + n) to four accumulators (loads of whole lines only: a span's
-// last partial line, at most 63 bytes, is left out), touching each page two pages ahead as the
-// decode GEMVs do (stream_prefetch.h): the fastest plain read measured, so that the limit is one.
-inline void read_lines(const uint8_t* p, size_t n, __m512& a0, __m512& a1, __m512& a2, __m512& a3) {
-  const uint8_t* const end = p + n / 64 * 64;
-  for (; p + 256 <= end; p += 256) {
-    cpu::touch_page_ahead<256>(p);
-    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(reinterpret_cast<const float*>(p)));
-    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(reinterpret_cast<const float*>(p + 64)));
-    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(reinterpret_cast<const float*>(p + 128)));
-    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(reinterpret_cast<const float*>(p + 192)));
-  }
-  for (; p < end; p += 64) a0 = _mm512_add_ps(a0, _mm512_loadu_ps(reinterpret_cast<const float*>(p)));
-}
-
 // Every weight one decoded token reads but its routed experts and its embedding row, with the
 // part of the model it belongs to: f(part, view) for each view that holds data.
 // The same for one decoder layer.
@@ -277,38 +256,10 @@ void fill_random_cache(LatentPool& pool, int64_t kvr, PageTable& seq, int64_t S,
 
 }  // namespace
 
-ReadLoop::ReadLoop(size_t bytes, int threads) {
-  bytes_ = std::max<size_t>(bytes / 4096 * 4096, 4096);
-  mem_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mem_ == MAP_FAILED) throw std::runtime_error("read loop: cannot map " + std::to_string(bytes_) + " bytes");
-  madvise(mem_, bytes_, MADV_HUGEPAGE);  // best effort
-  threads_ = cpu::threads_or_default(threads);
-  per_ = bytes_ / size_t(threads_) / 256 * 256;
-  // First touch by the thread that reads it; then huge pages asked for where faults got none.
-#pragma omp parallel num_threads(threads_)
-  std::memset(static_cast<uint8_t*>(mem_) + per_ * size_t(omp_get_thread_num()), 1, per_);
-  madvise(mem_, bytes_, 25 /* MADV_COLLAPSE, Linux 6.1 */);
-}
-
-ReadLoop::~ReadLoop() { munmap(mem_, bytes_); }
-
 double ReadLoop::measure(int passes) {
+  const cpu::ReadSpan all = buffer_.span();
   double best = 0;
-  for (int r = 0; r < std::max(1, passes); ++r) {
-    auto t0 = Clock::now();
-    float total = 0;
-#pragma omp parallel num_threads(threads_) reduction(+ : total)
-    {
-      const uint8_t* b = static_cast<const uint8_t*>(mem_) + per_ * size_t(omp_get_thread_num());
-      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      read_lines(b, per_, a0, a1, a2, a3);
-      alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-      total += lanes[0];
-    }
-    best = std::max(best, double(per_) * threads_ / seconds_since(t0) / 1e9);
-    sink_ += total;
-  }
+  for (int r = 0; r < std::max(1, passes); ++r) best = std::max(best, cpu::read_gbps({&all, 1}, buffer_.threads()));
   return best;
 }
 
@@ -317,7 +268,7 @@ TokenRead::TokenRead(const ModelWeights& w, const ModelConfig& c, uint32_t seed,
   each_fixed_weight(w, [&](const char*, const MatrixView& m) { add(fixed_, m); });
 }
 
-void TokenRead::add(std::vector<Span>& to, const MatrixView& m) {
+void TokenRead::add(std::vector<cpu::ReadSpan>& to, const MatrixView& m) {
   to.push_back({static_cast<const uint8_t*>(m.data), m.bytes()});
   if (m.scales) to.push_back({static_cast<const uint8_t*>(m.scales), m.scale_bytes()});
 }
@@ -339,35 +290,14 @@ void TokenRead::draw() {
   const int64_t row = int64_t(rng() % uint32_t(std::max<int64_t>(1, w_.embed.rows)));
   spans_.push_back({static_cast<const uint8_t*>(w_.embed.data) + size_t(row) * w_.embed.row_bytes(), w_.embed.row_bytes()});
   bytes_ = 0;
-  for (const Span& s : spans_) bytes_ += double(s.n);
+  for (const cpu::ReadSpan& s : spans_) bytes_ += double(s.bytes);
 }
 
 double TokenRead::measure(int passes) {
   double best = 0;
   for (int r = 0; r < std::max(1, passes); ++r) {
     draw();
-    const auto& spans = spans_;
-    const double total = bytes_;
-    auto t0 = Clock::now();
-    float sum = 0;
-    // Each thread reads an equal share of the spans laid end to end.
-#pragma omp parallel num_threads(threads_) reduction(+ : sum)
-    {
-      const int nt = omp_get_num_threads(), me = omp_get_thread_num();
-      const double lo = total * me / nt, hi = total * (me + 1) / nt;
-      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      double at = 0;
-      for (const Span& s : spans) {
-        const double s0 = std::max(lo, at), s1 = std::min(hi, at + double(s.n));
-        if (s1 > s0) read_lines(s.p + size_t(s0 - at), size_t(s1 - s0), a0, a1, a2, a3);
-        at += double(s.n);
-      }
-      alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-      sum += lanes[0];
-    }
-    best = std::max(best, total / seconds_since(t0) / 1e9);
-    sink_ += sum;
+    best = std::max(best, cpu::read_gbps(spans_, threads_));
   }
   return best;
 }
@@ -430,7 +360,7 @@ double GemmProbe::measure(int passes) {
   double best = 0;
   for (int p = 0; p <= passes; ++p) {  // pass 0 creates the primitive and warms up
     auto t = Clock::now();
-    cpu::gemm_bf16_nt(ctx_, a_.data(), n_, n_, b_.data(), n_, n_, n_, c_.data(), n_);
+    cpu::gemm_probe_bf16(ctx_, n_, a_.data(), b_.data(), c_.data());
     const double s = seconds_since(t);
     if (p > 0) best = std::max(best, 2.0 * double(n_) * double(n_) * double(n_) / s / 1e9);
   }
