@@ -50,9 +50,9 @@ struct SpecPasses {
 
   // One pass of each kind; profiled in the timed runs.
   void step(bool timed) {
-    forward_kept(timed ? &pp : nullptr, plain, ids(1), fo);
+    profiled_pass(timed ? &pp : nullptr, plain, ids(1), fo);
     const int64_t pos = spec.length;
-    forward_kept(timed ? &pv : nullptr, spec, ids(k + 1), vo);
+    profiled_pass(timed ? &pv : nullptr, spec, ids(k + 1), vo);
     pool.truncate(spec, pos + 1);  // every draft rejected: the last token's row stays
     if (!mtp_pool) return;
     if (mtp_first < 0) mtp_first = pos;
@@ -69,11 +69,13 @@ struct SpecPasses {
     mtp_pool->truncate(mtp_seq, pos + 1 - mtp_first);  // the chained rows out again
   }
 
-  void forward_kept(ForwardProfile* prof, PageTable& seq, std::vector<int32_t> tokens, const ForwardOptions& o) {
+  // One pass of the model over `tokens` of `seq`, profiled into prof (null: unprofiled).
+  void profiled_pass(ForwardProfile* prof, PageTable& seq, std::vector<int32_t> tokens, const ForwardOptions& o) {
     const Profiled profiled(model, prof);
     forward_one(model, seq, tokens, pool, o, logits);
   }
 
+  // One pass of the MTP module: `token` at position pos, after the hidden row prev_hidden.
   void mtp_pass(std::span<const int32_t> token, const float* prev_hidden, int64_t pos) {
     MtpSlice m{&mtp_seq, token, prev_hidden, pos};
     model.mtp_forward(std::span<const MtpSlice>(&m, 1), *mtp_pool, true, logits, &mtp_hidden);
