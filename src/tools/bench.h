@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/probe.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -35,17 +36,11 @@ double read_bandwidth_gbps(size_t bytes = size_t(2) << 30, int runs = 5, int thr
 // The same loop over a buffer kept between measurements.
 class ReadLoop {
  public:
-  explicit ReadLoop(size_t bytes, int threads = 0);
-  ~ReadLoop();
-  ReadLoop(const ReadLoop&) = delete;
-  ReadLoop& operator=(const ReadLoop&) = delete;
+  explicit ReadLoop(size_t bytes, int threads = 0) : buffer_(bytes, threads) {}
   double measure(int passes);  // best of `passes`, GB/s
 
  private:
-  void* mem_ = nullptr;
-  size_t bytes_ = 0, per_ = 0;
-  int threads_ = 1;
-  float sink_ = 0;
+  cpu::ReadBuffer buffer_;
 };
 
 // The same loop over the bytes one decoded token reads, where the model holds them (see
@@ -60,19 +55,14 @@ class TokenRead {
   double bytes_per_pass() const { return bytes_; }
 
  private:
-  struct Span {
-    const uint8_t* p;
-    size_t n;
-  };
-  static void add(std::vector<Span>& to, const MatrixView& m);  // m's weights and scales
+  static void add(std::vector<cpu::ReadSpan>& to, const MatrixView& m);  // m's weights and scales
   void draw();  // this pass's spans
   const ModelWeights& w_;
   int64_t experts_per_token_;
   uint32_t rng_state_;
   int threads_;
-  std::vector<Span> fixed_, spans_;
+  std::vector<cpu::ReadSpan> fixed_, spans_;
   double bytes_ = 0;
-  float sink_ = 0;
 };
 
 struct Summary {
