@@ -229,7 +229,7 @@ DsaReport run_dsa(const DsaOptions& opt) {
   if (opt.layers <= 0) return rep;
 
   v32_checkpoint(opt, rep);
-  auto model = Model::load(rep.model_dir, ctx);
+  auto model = Model::load(rep.model_dir, LoadOptions{ctx, false, {}, false, &parallel::world()});
   rep.model_desc = model_desc(model->config());
   for (int64_t S : opt.contexts) rep.model_rows.push_back(model_row(*model, opt, S, layer.dt, rng));
   return rep;
