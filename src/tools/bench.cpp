@@ -22,11 +22,11 @@
 #include <stdexcept>
 
 #include "backend/cpu/compute_peak.h"
-#include "backend/cpu/gemm.h"
+#include "backend/cpu/formats/gemm.h"
 #include "backend/cpu/index_score.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
-#include "backend/cpu/stream_prefetch.h"
+#include "backend/cpu/common/stream_prefetch.h"
 #include "backend/cpu/weight_memory.h"
 #include "engine/engine.h"
 #include "tensor/dtype.h"

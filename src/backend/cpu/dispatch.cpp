@@ -1,8 +1,8 @@
 // The kernel of each product (see dispatch.h).
 #include "backend/cpu/dispatch.h"
 
-#include "backend/cpu/amx.h"
-#include "backend/cpu/decode_avx512.h"
+#include "backend/cpu/common/amx.h"
+#include "backend/cpu/common/decode_avx512.h"
 #include "backend/cpu/compute_peak.h"
 
 #include <limits>

@@ -1,11 +1,11 @@
 #include "backend/cpu/ops.h"
 
 #include "backend/cpu/dispatch.h"
-#include "backend/cpu/gemm.h"
-#include "backend/cpu/gemv.h"
-#include "backend/cpu/onednn_threads.h"
+#include "backend/cpu/formats/gemm.h"
+#include "backend/cpu/formats/gemv.h"
+#include "backend/cpu/common/onednn_threads.h"
 #include "backend/cpu/parallel.h"
-#include "backend/cpu/vec_math.h"
+#include "backend/cpu/common/vec_math.h"
 
 #include <omp.h>
 

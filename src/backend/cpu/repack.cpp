@@ -13,7 +13,7 @@
 
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/parallel.h"
-#include "backend/cpu/transpose_avx512.h"
+#include "backend/cpu/common/transpose_avx512.h"
 
 namespace mla::cpu {
 

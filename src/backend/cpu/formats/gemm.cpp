@@ -2,7 +2,7 @@
 // call into a zero-padded bf16 block of M_pad rows (M bucketed, so the number of distinct
 // primitive shapes stays small: creating one takes milliseconds, running a cached one does not),
 // the result lands in a float32 block and is copied to y.
-#include "backend/cpu/gemm.h"
+#include "backend/cpu/formats/gemm.h"
 
 #include <omp.h>
 
@@ -17,15 +17,15 @@
 #include <tuple>
 #include <vector>
 
-#include "backend/cpu/amx.h"
-#include "backend/cpu/decode_avx512.h"
+#include "backend/cpu/common/amx.h"
+#include "backend/cpu/common/decode_avx512.h"
 #include "backend/cpu/dispatch.h"
-#include "backend/cpu/dpbf16_gemm.h"
-#include "backend/cpu/gemm_blocking.h"
-#include "backend/cpu/fma_gemm.h"
-#include "backend/cpu/onednn_threads.h"
+#include "backend/cpu/formats/bf16/dpbf16_gemm.h"
+#include "backend/cpu/common/gemm_blocking.h"
+#include "backend/cpu/formats/bf16/fma_gemm.h"
+#include "backend/cpu/common/onednn_threads.h"
 #include "backend/cpu/parallel.h"
-#include "backend/cpu/vnni_gemm.h"
+#include "backend/cpu/formats/int_group/vnni_gemm.h"
 
 namespace mla::cpu {
 

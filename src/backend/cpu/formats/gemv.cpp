@@ -17,7 +17,7 @@
 // activations rounded to bf16 as above. Where int8 activations are on, INT4 and INT8 repacked at
 // load (INT4_WORDS16, INT8_WORDS16) run on VPDPBUSD over int8 activations instead, as the
 // prompt's VNNI GEMM does (VnniRows). dispatch.h's gemv_kernel decides, per product.
-#include "backend/cpu/gemv.h"
+#include "backend/cpu/formats/gemv.h"
 
 #include <omp.h>
 
@@ -27,12 +27,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "backend/cpu/amx.h"
-#include "backend/cpu/decode_avx512.h"
+#include "backend/cpu/common/amx.h"
+#include "backend/cpu/common/decode_avx512.h"
 #include "backend/cpu/dispatch.h"
-#include "backend/cpu/gemm.h"
-#include "backend/cpu/stream_prefetch.h"
-#include "backend/cpu/vnni_gemm.h"
+#include "backend/cpu/formats/gemm.h"
+#include "backend/cpu/common/stream_prefetch.h"
+#include "backend/cpu/formats/int_group/vnni_gemm.h"
 #include "tensor/dtype.h"
 
 namespace mla::cpu {

@@ -1,4 +1,4 @@
-#include "backend/cpu/small_gemm.h"
+#include "backend/cpu/attention/small_gemm.h"
 
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on _mm512_undefined_ps() (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/attention.h"
-#include "backend/cpu/attention_reference.h"
+#include "backend/cpu/attention/attention_reference.h"
 #include "backend/cpu/sparse_attention.h"
 #include "test_util.h"
 

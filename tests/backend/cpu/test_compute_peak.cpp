@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "backend/cpu/amx.h"
+#include "backend/cpu/common/amx.h"
 #include "backend/cpu/compute_peak.h"
 #include "backend/cpu/dispatch.h"
 

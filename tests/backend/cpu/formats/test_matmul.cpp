@@ -9,15 +9,15 @@
 #include <vector>
 
 #include "backend/cpu/dispatch.h"
-#include "backend/cpu/dpbf16_gemm.h"
-#include "backend/cpu/gemm.h"
-#include "backend/cpu/gemm_blocking.h"
-#include "backend/cpu/gemv.h"
+#include "backend/cpu/formats/bf16/dpbf16_gemm.h"
+#include "backend/cpu/formats/gemm.h"
+#include "backend/cpu/common/gemm_blocking.h"
+#include "backend/cpu/formats/gemv.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
 #include "backend/cpu/repack.h"
-#include "backend/cpu/decode_avx512.h"
-#include "backend/group_view.h"
+#include "backend/cpu/common/decode_avx512.h"
+#include "backend/cpu/formats/group_view.h"
 #include "tensor/dtype.h"
 #include "tensor/matrix.h"
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <map>
 
-#include "backend/cpu/stream_prefetch.h"
+#include "backend/cpu/common/stream_prefetch.h"
 
 namespace {
 

@@ -30,7 +30,7 @@
 
 #include <cstdint>
 
-#include "backend/cpu/decode_avx512.h"
+#include "backend/cpu/common/decode_avx512.h"
 #include "tensor/matrix.h"
 
 namespace mla::cpu {

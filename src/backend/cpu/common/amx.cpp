@@ -8,7 +8,7 @@
 // each alone), so the order of a step is chosen to load as few tiles as possible per product:
 // weights of row block 0, each token tile in turn (3 products), weights of row block 1, then the
 // token tiles in reverse, the last one still loaded: 7 loads for 6 products.
-#include "backend/cpu/amx.h"
+#include "backend/cpu/common/amx.h"
 
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on _mm512_undefined_ps() (GCC bug 105593,
 // as in decode_avx512.h): a false positive, silenced for this file.
@@ -23,8 +23,8 @@
 #include <algorithm>
 #include <initializer_list>
 
-#include "backend/cpu/decode_avx512.h"
-#include "backend/cpu/vec_math.h"
+#include "backend/cpu/common/decode_avx512.h"
+#include "backend/cpu/common/vec_math.h"
 
 namespace mla::cpu {
 

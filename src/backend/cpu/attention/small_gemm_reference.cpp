@@ -1,5 +1,5 @@
 // Plain references of small_gemm.h's products: one output at a time, the sum in double.
-#include "backend/cpu/small_gemm.h"
+#include "backend/cpu/attention/small_gemm.h"
 
 namespace mla::cpu::ref {
 

@@ -1,14 +1,14 @@
 // INT4 / INT8 group weights x int8 activations on AVX-512 VNNI (see vnni_gemm.h).
-#include "backend/cpu/vnni_gemm.h"
+#include "backend/cpu/formats/int_group/vnni_gemm.h"
 
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
 
-#include "backend/cpu/decode_avx512.h"
-#include "backend/cpu/gemm_blocking.h"
-#include "backend/cpu/transpose_avx512.h"
+#include "backend/cpu/common/decode_avx512.h"
+#include "backend/cpu/common/gemm_blocking.h"
+#include "backend/cpu/common/transpose_avx512.h"
 
 namespace mla::cpu {
 

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/small_gemm.h"
+#include "backend/cpu/attention/small_gemm.h"
 
 namespace mla {
 namespace {

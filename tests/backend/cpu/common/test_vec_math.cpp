@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "backend/cpu/vec_math.h"
+#include "backend/cpu/common/vec_math.h"
 
 namespace {
 

@@ -11,15 +11,15 @@
 #include <stdexcept>
 #include <vector>
 
-#include "backend/cpu/amx.h"
-#include "backend/cpu/decode_avx512.h"
-#include "backend/cpu/dpbf16_gemm.h"
-#include "backend/cpu/gemm.h"
+#include "backend/cpu/common/amx.h"
+#include "backend/cpu/common/decode_avx512.h"
+#include "backend/cpu/formats/bf16/dpbf16_gemm.h"
+#include "backend/cpu/formats/gemm.h"
 #include "backend/cpu/ops.h"
-#include "backend/cpu/small_gemm.h"
+#include "backend/cpu/attention/small_gemm.h"
 #include "backend/cpu/dispatch.h"
-#include "backend/cpu/transpose_avx512.h"
-#include "backend/cpu/vec_math.h"
+#include "backend/cpu/common/transpose_avx512.h"
+#include "backend/cpu/common/vec_math.h"
 
 namespace mla::cpu {
 

@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/amx.h"
+#include "backend/cpu/common/amx.h"
 #include "backend/cpu/attention.h"
-#include "backend/cpu/attention_reference.h"
+#include "backend/cpu/attention/attention_reference.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/ops.h"
 #include "kv/latent_pool.h"

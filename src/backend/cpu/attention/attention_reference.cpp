@@ -1,4 +1,4 @@
-#include "backend/cpu/attention_reference.h"
+#include "backend/cpu/attention/attention_reference.h"
 
 #include <algorithm>
 #include <cmath>

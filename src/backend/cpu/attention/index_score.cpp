@@ -7,8 +7,8 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "backend/cpu/amx.h"
-#include "backend/cpu/decode_avx512.h"
+#include "backend/cpu/common/amx.h"
+#include "backend/cpu/common/decode_avx512.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/parallel.h"
 #include "tensor/dtype.h"

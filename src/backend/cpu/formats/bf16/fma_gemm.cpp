@@ -1,5 +1,5 @@
 // bf16-weight GEMM on float32 FMAs (see fma_gemm.h).
-#include "backend/cpu/fma_gemm.h"
+#include "backend/cpu/formats/bf16/fma_gemm.h"
 
 // GCC 12's AVX-512 headers build results on _mm512_undefined_*(), which -Wuninitialized reports
 // at every inlined use (GCC bug 105593): a false positive, as in decode_avx512.h.
@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "backend/cpu/gemm_blocking.h"
-#include "backend/cpu/transpose_avx512.h"
+#include "backend/cpu/common/gemm_blocking.h"
+#include "backend/cpu/common/transpose_avx512.h"
 
 namespace mla::cpu {
 

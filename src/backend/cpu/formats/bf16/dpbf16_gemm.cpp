@@ -10,16 +10,16 @@
 // packed for AMX: a token count off a multiple of 16 padded its last block, which cost an
 // expert with 33 tokens a third of its time (0.66 of the VDPBF16PS peak at 33 tokens, 0.99 at
 // 48, one thread, 2816 x 2048). This one ran 0.95-0.97 of the peak at 33, 37, 41, 48 and 52.
-#include "backend/cpu/dpbf16_gemm.h"
+#include "backend/cpu/formats/bf16/dpbf16_gemm.h"
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 
-#include "backend/cpu/decode_avx512.h"
-#include "backend/cpu/gemm_blocking.h"
-#include "backend/cpu/transpose_avx512.h"
+#include "backend/cpu/common/decode_avx512.h"
+#include "backend/cpu/common/gemm_blocking.h"
+#include "backend/cpu/common/transpose_avx512.h"
 
 namespace mla::cpu {
 
