@@ -9,7 +9,7 @@
 
 #include "backend/cpu/common/amx.h"
 #include "backend/cpu/dispatch.h"
-#include "backend/cpu/common/decode_avx512.h"
+#include "backend/cpu/common/avx512.h"
 
 namespace mla::cpu {
 

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "backend/cpu/common/amx.h"
-#include "backend/cpu/common/decode_avx512.h"
+#include "backend/cpu/common/avx512.h"
 #include "backend/cpu/formats/bf16/dpbf16_gemm.h"
-#include "backend/cpu/formats/gemm.h"
+#include "backend/cpu/formats/activations.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/attention/small_gemm.h"
 #include "backend/cpu/dispatch.h"

@@ -8,7 +8,7 @@
 #include <stdexcept>
 
 #include "backend/cpu/common/amx.h"
-#include "backend/cpu/common/decode_avx512.h"
+#include "backend/cpu/common/avx512.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/parallel.h"
 #include "tensor/dtype.h"

@@ -11,7 +11,7 @@
 //    4 loads of B's row and 6 broadcast FMAs; K in chunks of 64 so B's slice [64, 64] stays in
 //    L1 across the row tiles; the last column vector masked for N % 16.
 // Both: C = alpha op + beta C; where beta == 0, C is only written (NaN there does not spread).
-// Needs AVX-512F. References of both in small_gemm_reference.cpp; tests/backend/test_small_gemm.cpp.
+// Needs AVX-512F. References of both in small_gemm_reference.cpp; tests/backend/cpu/attention/test_small_gemm.cpp.
 #pragma once
 #include <cstdint>
 

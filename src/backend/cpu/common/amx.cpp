@@ -11,7 +11,7 @@
 #include "backend/cpu/common/amx.h"
 
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on _mm512_undefined_ps() (GCC bug 105593,
-// as in decode_avx512.h): a false positive, silenced for this file.
+// as in common/avx512.h): a false positive, silenced for this file.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
@@ -23,7 +23,8 @@
 #include <algorithm>
 #include <initializer_list>
 
-#include "backend/cpu/common/decode_avx512.h"
+#include "backend/cpu/common/avx512.h"
+#include "backend/cpu/formats/fp8_block128/decode.h"
 #include "backend/cpu/common/vec_math.h"
 
 namespace mla::cpu {

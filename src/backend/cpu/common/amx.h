@@ -43,7 +43,7 @@ void amx_gemv_end();
 // FP8 rows of w (row_bytes apart, each readable for S * 64 columns, all in one 128-row block
 // whose scales are scales[0..]), between amx_gemv_begin(T) and amx_gemv_end().
 //  xb: the activations (bf16) as B tiles, two per step (the step's words 0-31 and 32-63 in
-//      the Fp8Unpack layout, decode_avx512.h): 16 pairs x T tokens x 2 values, 64 T a step.
+//      the Fp8Unpack layout, formats/fp8_block128/decode.h): 16 pairs x T tokens x 2 values, 64 T a step.
 //  The weights are decoded to bf16 words 2^-120 times their value (as BfDecFP8); each 128
 //  columns sum in a tile of their own, added to c times their block scale. TDPBF16PS reads the
 //  codes of exponent field 0 as zero: their products go to fix[r * T + t] instead

@@ -18,14 +18,16 @@
 #include <vector>
 
 #include "backend/cpu/common/amx.h"
-#include "backend/cpu/common/decode_avx512.h"
+#include "backend/cpu/common/avx512.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/formats/bf16/dpbf16_gemm.h"
 #include "backend/cpu/common/gemm_blocking.h"
 #include "backend/cpu/formats/bf16/fma_gemm.h"
 #include "backend/cpu/common/onednn_threads.h"
 #include "backend/cpu/parallel.h"
-#include "backend/cpu/formats/int_group/vnni_gemm.h"
+#include "backend/cpu/formats/registry.h"
+#include "backend/cpu/formats/rows_bf16.h"
+#include "tensor/dtype.h"
 
 namespace mla::cpu {
 
@@ -64,23 +66,6 @@ Dnnl& dnnl_state() {
   return d;
 }
 
-// The 32 source columns of a chunk in lane order, as permutex2var indices (bit 4 picks the
-// second vector of 16).
-struct ChunkPerm {
-  __m512i a, b;
-};
-ChunkPerm chunk_perm(Layout l) {
-  alignas(64) int32_t ia[16], ib[16];
-  for (int j = 0; j < 16; ++j) {
-    ia[j] = layout_col(l, j);
-    ib[j] = layout_col(l, 16 + j);
-  }
-  return {_mm512_load_si512(ia), _mm512_load_si512(ib)};
-}
-
-inline void store_bf16x32(uint16_t* dst, __m512 a, __m512 b) {
-  _mm512_storeu_si512(dst, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
-}
 
 struct Scratch {
   std::vector<uint16_t> a, w, p;
@@ -90,27 +75,6 @@ struct Scratch {
 
 constexpr int64_t kAmxRows = 32;
 
-// The bytes of a pass's bf16 activations (2 K per token, in passes of a multiple of 48 tokens,
-// the AMX kernel's token group), read again for every 32 weight rows. AMX: within about 1 MiB,
-// half of L2: 240 tokens at K = 2048, 48 at K = 7168. Measured on 2816 x 2048 experts, one per
-// thread (2 threads): 256 tokens in one pass ran 1.17 TFLOPS, 512 tokens 1.05.
-constexpr int64_t kAmxPassBytes = int64_t(1) << 20;
-// The VDPBF16PS kernels run at about half AMX's rate, so a group of tokens read from L3 for every
-// 32 rows keeps up with them; a pass's bf16 activations may then take 8 MiB (a quarter of a Zen
-// 4 / 5 L3): the whole 512-token prompt at K = 2048, two passes at K = 10944, and every weight
-// read once or twice from memory instead of 3 or 11 times. Measured against the 1 MiB passes
-// (in-process alternation, 2 threads, Zen 5, 4 copies of each matrix cycled from DRAM, 512
-// tokens): 21888 x 2048 1.05-1.07x, 2048 x 10944 1.08-1.15x, 5632 x 2048 1.04x, 2048-row
-// products at K = 2048 and 2816 1.00-1.04x.
-constexpr int64_t kDpbf16PassBytes = int64_t(8) << 20;
-int64_t max_pass_tokens(int64_t K, int64_t bytes) { return std::clamp<int64_t>(bytes / (2 * K) / 48 * 48, 48, 512); }
-
-// Tokens per pass for T tokens: at most max_pass_tokens(K, bytes), the passes of equal size (a
-// short last pass would read every weight again for a few tokens).
-int64_t pass_tokens(int64_t T, int64_t K, int64_t bytes) {
-  const int64_t most = max_pass_tokens(K, bytes), npass = (T + most - 1) / most;
-  return (T + npass - 1) / npass;
-}
 
 // The AMX, VDPBF16PS and FMA paths of matmul_bf16, the weight rows split across the threads 32
 // at a time. bf16 weights are read where they lie; other formats are decoded to bf16 32 rows at
@@ -124,10 +88,11 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
   const bool amx = kernel == Kernel::AmxGemm, fma = kernel == Kernel::FmaGemm;
   const bool dpbf16 = kernel == Kernel::Dpbf16Gemm;
   const int64_t N = W.rows, K = W.cols;
-  const bool direct = W.format == WeightFormat::BF16;
+  const FormatKernels& fk = format_kernels(W.format);
+  const bool direct = fk.bf16_weights == Bf16Weights::InPlace;
   // Column pairs as stored (BF16_PAIRS32): the VDPBF16PS and FMA kernels read the blocks in place.
-  const bool stored_pairs = W.format == WeightFormat::BF16_PAIRS32 && !amx;
-  const bool permute_f32 = fma && !direct && layout_of(W.format) != Layout::Natural;
+  const bool stored_pairs = fk.bf16_weights == Bf16Weights::Pairs32 && !amx;
+  const bool permute_f32 = fma && !direct && fk.layout != Layout::Natural;
   const int64_t blocks = (N + kAmxRows - 1) / kAmxRows;
   const int64_t pass = pass_tokens(T, K, dpbf16 ? kDpbf16PassBytes : kAmxPassBytes);
   for (int64_t t0 = 0; t0 < T; t0 += pass) {
@@ -150,7 +115,7 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
       for (int64_t g = 0; g < token_group_count(tn, kDpbf16PairsTokens); ++g) {
         const TokenGroup tg = token_group(tn, kDpbf16PairsTokens, g);
         uint32_t* const out = s.pairs.data() + tg.t0 * (K / 2);
-        if (direct || layout_of(W.format) == Layout::Natural) {
+        if (direct || fk.layout == Layout::Natural) {
           pack_activation_pair_group(x + (t0 + tg.t0) * ldx, tg.n, K, ldx, out);
           continue;
         }
@@ -203,129 +168,16 @@ void matmul_packed(const Context& ctx, const float* x, int64_t T, int64_t ldx, c
 
 }  // namespace
 
-namespace {
 
-// Calls chunk(t, c, a, b) for every token t < T and chunk c of 32 columns of x, a and b the
-// chunk's 32 values in layout l's column order (layout_col).
-template <class Chunk>
-void for_each_chunk(const float* x, int64_t T, int64_t ldx, int64_t K, Layout l, Chunk&& chunk) {
-  const ChunkPerm p = chunk_perm(l);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < K / kChunk; ++c) {
-      const float* src = x + t * ldx + c * kChunk;
-      const __m512 lo = _mm512_loadu_ps(src), hi = _mm512_loadu_ps(src + 16);
-      chunk(t, c, _mm512_permutex2var_ps(lo, p.a, hi), _mm512_permutex2var_ps(lo, p.b, hi));
-    }
-}
-
-}  // namespace
-
-void activations_bf16(const float* x, int64_t T, int64_t ldx, int64_t K, WeightFormat format, bool permute,
-                      uint16_t* dst, int64_t ld) {
-  for_each_chunk(x, T, ldx, K, permute ? layout_of(format) : Layout::Natural,
-                 [&](int64_t t, int64_t c, __m512 a, __m512 b) { store_bf16x32(dst + t * ld + c * kChunk, a, b); });
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t k = K / kChunk * kChunk; k < K; ++k) dst[t * ld + k] = f32_to_bf16(x[t * ldx + k]);
-}
-
-void activations_f32_permuted(const float* x, int64_t T, int64_t ldx, int64_t K, WeightFormat format, float* dst,
-                              int64_t ld) {
-  for_each_chunk(x, T, ldx, K, layout_of(format), [&](int64_t t, int64_t c, __m512 a, __m512 b) {
-    _mm512_storeu_ps(dst + t * ld + c * kChunk, a);
-    _mm512_storeu_ps(dst + t * ld + c * kChunk + 16, b);
-  });
-  for (int64_t t = 0; t < T; ++t)
-    std::copy(x + t * ldx + K / kChunk * kChunk, x + t * ldx + K, dst + t * ld + K / kChunk * kChunk);
-}
-
-void activations_int8(const float* x, int64_t T, int64_t ldx, int64_t K, WeightFormat format, int bias, int8_t* q,
-                      int64_t ldq, float* qs, int32_t* qc, int64_t lds) {
-  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  for_each_chunk(x, T, ldx, K, layout_of(format), [&](int64_t t, int64_t c, __m512 a, __m512 b) {
-    const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(a, sign), _mm512_and_ps(b, sign)));
-    // A chunk of zeros gets codes 0 and scale 0; otherwise |x| * 127 / m rounds to at most 127.
-    const float inv = m > 0 ? 127.0f / m : 0.0f;
-    const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
-    const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
-    int8_t* dst = q + t * ldq + c * kChunk;
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtsepi32_epi8(qa));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), _mm512_cvtsepi32_epi8(qb));
-    qs[t * lds + c] = m / 127.0f;
-    qc[t * lds + c] = -bias * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
-  });
-}
 
 void dequant_rows_bf16(const MatrixView& W, int64_t n0, int64_t n1, uint16_t* dst, int64_t ld) {
   const int64_t K = W.cols, Kc = K / kChunk;
-  thread_local std::vector<float> sbuf;
+  const FormatKernels& fk = format_kernels(W.format);
+  thread_local std::vector<float> scales;  // the row's group scales per chunk (INT4, INT8)
+  if (scales.size() < size_t(Kc)) scales.resize(size_t(Kc));
   for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = static_cast<const uint8_t*>(W.data) + size_t(n) * W.row_bytes();
     uint16_t* out = dst + (n - n0) * ld;
-    // The rows come from memory (a prompt's experts, read once): each decoder's prefetch runs
-    // ahead as in the GEMV kernels. A 512-token FP8 prompt (mla bench) ran 479-499 tokens/s with
-    // it against 408-427 without, INT4 559-570 against 506-546 (alternating runs).
-    auto run = [&](const auto& dec, auto&& scale_of) {
-      for (int64_t c = 0; c < Kc; ++c) {
-        dec.prefetch(c);
-        __m512 a, b;
-        dec.decode(c, a, b);
-        const __m512 s = scale_of(c);
-        store_bf16x32(out + c * kChunk, _mm512_mul_ps(a, s), _mm512_mul_ps(b, s));
-      }
-    };
-    auto run_fp8 = [&](const float* bs) {
-      // The decode is 2^-120 times the value: times 2^120 exactly first, then the block scale.
-      const __m512 up = _mm512_set1_ps(1329227995784915872903807060280344576.0f);  // 2^120
-      const DecFP8 dec{row};
-      for (int64_t c = 0; c < Kc; ++c) {
-        dec.prefetch(c);
-        __m512 a, b;
-        dec.decode(c, a, b);
-        const __m512 s = _mm512_set1_ps(bs[(c * kChunk) / 128]);
-        store_bf16x32(out + c * kChunk, _mm512_mul_ps(_mm512_mul_ps(a, up), s), _mm512_mul_ps(_mm512_mul_ps(b, up), s));
-      }
-    };
-    const __m512 one = _mm512_set1_ps(1.0f);
-    auto unit = [&](int64_t) { return one; };
-    switch (W.format) {
-      case WeightFormat::F32: run(DecF32{reinterpret_cast<const float*>(row)}, unit); break;
-      case WeightFormat::F16: run(DecF16{reinterpret_cast<const uint16_t*>(row)}, unit); break;
-      case WeightFormat::BF16: run(DecBF16{reinterpret_cast<const uint16_t*>(row)}, unit); break;
-      case WeightFormat::FP8_BLOCK128: {
-        run_fp8(static_cast<const float*>(W.scales) + ((W.row0 + n) / 128) * W.scale_cols);
-        break;
-      }
-      case WeightFormat::INT4_GROUP:
-      case WeightFormat::INT8_GROUP: {
-        if (sbuf.size() < size_t(Kc)) sbuf.resize(size_t(Kc));
-        group_chunk_scales(W, n, Kc, sbuf.data());
-        if (W.format == WeightFormat::INT4_GROUP) run(DecInt4{row, sbuf.data()}, unit);
-        else run(DecInt8{row, sbuf.data()}, unit);
-        break;
-      }
-      case WeightFormat::INT4_WORDS16:
-      case WeightFormat::INT8_WORDS16: {  // the VNNI GEMM reads them in place; this is the bf16 GEMMs' way in
-        // The row's words gathered from its block (INT8: unbiased again), then as INT4 / INT8 groups.
-        const bool int8 = W.format == WeightFormat::INT8_WORDS16;
-        const int64_t words_per_row = K / (int8 ? 4 : 8);
-        const uint32_t bias = int8 ? 0x80808080u : 0;
-        thread_local std::vector<uint32_t> words;
-        words.resize(size_t(words_per_row));
-        const uint32_t* block = static_cast<const uint32_t*>(W.data) + (n / 16) * 16 * words_per_row;
-        for (int64_t d = 0; d < words_per_row; ++d) words[size_t(d)] = block[d * 16 + n % 16] ^ bias;
-        if (sbuf.size() < size_t(Kc)) sbuf.resize(size_t(Kc));
-        group_chunk_scales(W, n, Kc, sbuf.data());
-        const uint8_t* codes = reinterpret_cast<const uint8_t*>(words.data());
-        if (int8) run(DecInt8{codes, sbuf.data()}, unit);
-        else run(DecInt4{codes, sbuf.data()}, unit);
-        break;
-      }
-      case WeightFormat::BF16_PAIRS32: {  // the GEMMs without AMX read it in place; this is AMX's and oneDNN's way in
-        const uint32_t* block = static_cast<const uint32_t*>(W.data) + (n / 32) * 16 * K;
-        for (int64_t p = 0; p < K / 2; ++p) std::memcpy(out + 2 * p, block + p * 32 + n % 32, 4);
-        break;
-      }
-    }
+    fk.row_bf16(W, n, out, scales.data());
     for (int64_t k = Kc * kChunk; k < K; ++k) out[k] = f32_to_bf16(element(W, n, k));
   }
 }
@@ -372,7 +224,7 @@ void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
                  int64_t ldy) {
   const int64_t N = W.rows, K = W.cols;
   if (T <= 0 || N <= 0) return;
-  if (is_int_group(W.format) && !fast_supported(W))
+  if (!fused_kernels(W))
     throw std::invalid_argument(std::string("matmul_bf16: ") + weight_format_name(W.format) + " group size " + std::to_string(W.group_size) +
                                 " is not a multiple of 32");
   thread_local Scratch s;
@@ -387,7 +239,7 @@ void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
     matmul_packed(ctx, x, T, ldx, W, y, ldy, k, s);
     return;
   }
-  const bool direct = W.format == WeightFormat::BF16;  // used in place, natural column order
+  const bool direct = format_kernels(W.format).bf16_weights == Bf16Weights::InPlace;  // natural column order
   // 128 tokens and more, or no AMX, or K not a multiple of 32: oneDNN's matmul on bf16
   // operands, bf16 weights as they are stored, other formats dequantized a block of rows at a
   // time.
@@ -429,85 +281,6 @@ void matmul_bf16(const Context& ctx, const float* x, int64_t T, int64_t ldx, con
   }
 }
 
-namespace {
 
-// Rows [n0, n0 + rows) of W and their group scales into L2.
-void prefetch_rows(const MatrixView& W, int64_t n0, int64_t rows) {
-  const size_t bytes = size_t(rows) * W.row_bytes(), scale_bytes = size_t(rows * W.scale_cols) * 2;
-  const char* p = static_cast<const char*>(W.data) + size_t(n0) * W.row_bytes();
-  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
-  const char* sp = static_cast<const char*>(W.scales) + size_t(W.row0 + n0) * size_t(W.scale_cols) * 2;
-  for (size_t o = 0; o < scale_bytes; o += 64) _mm_prefetch(sp + o, _MM_HINT_T1);
-}
-
-}  // namespace
-
-void matmul_vnni(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y,
-                 int64_t ldy) {
-  const int64_t N = W.rows, K = W.cols, Kc = K / kChunk;
-  if (T <= 0 || N <= 0) return;
-  if (!is_int_group(W.format) || !fast_supported(W))
-    throw std::invalid_argument(std::string("matmul_vnni: ") + weight_format_name(W.format) + " weights, group size " +
-                                std::to_string(W.group_size) + ": needs INT4 or INT8 groups of a multiple of 32");
-  const int bias = vnni_weight_bias(W.format);
-  struct Codes {
-    std::vector<int8_t> q;
-    std::vector<float> s;
-    std::vector<int32_t> c;
-  };
-  thread_local Codes a;
-  constexpr int64_t kRows = 16;
-  const int64_t blocks = (N + kRows - 1) / kRows;
-  // Passes of AMX's token counts, whose codes (a byte a column) stay within about 512 KiB, read
-  // again for every block of rows (each pass repacks every weight).
-  const int64_t pass = pass_tokens(T, K, kAmxPassBytes);
-  for (int64_t t0 = 0; t0 < T; t0 += pass) {
-    const int64_t tn = std::min(pass, T - t0);
-    if (a.q.size() < size_t(tn * K)) a.q.resize(size_t(tn * K));
-    if (a.s.size() < size_t(tn * Kc)) a.s.resize(size_t(tn * Kc)), a.c.resize(size_t(tn * Kc));
-    int8_t* const q = a.q.data();  // the workers below see this thread's codes through these
-    float* const qs = a.s.data();
-    int32_t* const qc = a.c.data();
-    parallel_region(ctx, true, [&] {
-#pragma omp for schedule(static)
-      for (int64_t tb = 0; tb < (tn + 15) / 16; ++tb) {
-        const int64_t m0 = tb * 16, mn = std::min<int64_t>(16, tn - m0);
-        activations_int8(x + (t0 + m0) * ldx, mn, ldx, K, W.format, bias, q + m0 * K, K, qs + m0 * Kc, qc + m0 * Kc, Kc);
-      }
-      if (is_words16(W.format)) {  // blocks of 16 rows in the kernel's order, two at a time
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < blocks; b += 2) {
-          const int64_t n0 = b * kRows, nr = std::min(2 * kRows, N - n0);
-          if (n0 + nr < N) prefetch_rows(W, n0 + nr, std::min(2 * kRows, N - n0 - nr));
-          vnni_gemm_words16(q, qs, qc, tn, K, Kc, W, n0, nr, y + t0 * ldy + n0, ldy);
-        }
-        return;
-      }
-      // Pairs of blocks (32 rows), each reordered into this thread's buffer (a last block of
-      // fewer than 32 rows alone).
-#pragma omp for schedule(static)
-      for (int64_t b = 0; b < blocks; b += 2) {
-        const int64_t n0 = b * kRows, nr = std::min(2 * kRows, N - n0);
-        struct Tag;
-        const size_t words = size_t(K / 4 * kRows), scales_n = size_t(Kc * kRows);
-        uint32_t* const packed = thread_buffer<Tag, uint32_t>(2 * words + 2 * scales_n);
-        float* const scales = reinterpret_cast<float*>(packed + 2 * words);
-        vnni_pack_rows16(W, n0, std::min(kRows, nr), packed, scales);
-        if (nr > kRows) vnni_pack_rows16(W, n0 + kRows, nr - kRows, packed + words, scales + scales_n);
-        // The next blocks' codes and scales (contiguous) into L2 while these compute: the 16
-        // rows' strided loads of the pack alone leave most of DRAM's latency exposed.
-        if (n0 + nr < N) prefetch_rows(W, n0 + nr, std::min(2 * kRows, N - n0 - nr));
-        float* const yb = y + t0 * ldy + n0;
-        if (nr == 2 * kRows) {
-          vnni_gemm_rows32(q, qs, qc, tn, K, K, Kc, packed, scales, yb, ldy);
-        } else {
-          vnni_gemm_rows16(q, qs, qc, tn, K, K, Kc, packed, scales, std::min(kRows, nr), yb, ldy);
-          if (nr > kRows) vnni_gemm_rows16(q, qs, qc, tn, K, K, Kc, packed + words, scales + scales_n, nr - kRows,
-                                           yb + kRows, ldy);
-        }
-      }
-    });
-  }
-}
 
 }  // namespace mla::cpu

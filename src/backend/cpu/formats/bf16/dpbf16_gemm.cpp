@@ -17,7 +17,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backend/cpu/common/decode_avx512.h"
+#include "backend/cpu/common/avx512.h"
 #include "backend/cpu/common/gemm_blocking.h"
 #include "backend/cpu/common/transpose_avx512.h"
 

@@ -2,7 +2,7 @@
 #include "backend/cpu/formats/bf16/fma_gemm.h"
 
 // GCC 12's AVX-512 headers build results on _mm512_undefined_*(), which -Wuninitialized reports
-// at every inlined use (GCC bug 105593): a false positive, as in decode_avx512.h.
+// at every inlined use (GCC bug 105593): a false positive, as in common/avx512.h.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>

@@ -6,7 +6,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "backend/cpu/common/decode_avx512.h"
+#include "backend/cpu/formats/int_group/scales.h"
+#include "backend/cpu/formats/registry.h"
 #include "backend/cpu/common/gemm_blocking.h"
 #include "backend/cpu/common/transpose_avx512.h"
 
@@ -149,11 +150,9 @@ void blocks_words16(const int8_t* q, const float* qs, const int32_t* qc, int64_t
 }  // namespace
 
 int vnni_weight_bias(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::INT8_GROUP: case WeightFormat::INT8_WORDS16: return 128;
-    case WeightFormat::INT4_GROUP: case WeightFormat::INT4_WORDS16: return 8;
-    default: throw std::invalid_argument(std::string("vnni_weight_bias: ") + weight_format_name(f));
-  }
+  const int bias = format_kernels(f).vnni_bias;
+  if (bias == 0) throw std::invalid_argument(std::string("vnni_weight_bias: ") + weight_format_name(f));
+  return bias;
 }
 
 void vnni_pack_rows16(const MatrixView& W, int64_t n0, int64_t rows, uint32_t* packed, float* scales) {

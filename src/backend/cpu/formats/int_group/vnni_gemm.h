@@ -30,12 +30,13 @@
 
 #include <cstdint>
 
-#include "backend/cpu/common/decode_avx512.h"
+#include "backend/cpu/formats/int_group/scales.h"
+#include "backend/cpu/context.h"
 #include "tensor/matrix.h"
 
 namespace mla::cpu {
 
-// A block of 16 INT4_WORDS16 rows where it lies, as the VNNI GEMM and the decode GEMV (gemv.cpp)
+// A block of 16 INT4_WORDS16 rows where it lies, as the VNNI GEMM and the decode GEMV (vnni_gemv.h)
 // both read it: chunk c's 4 words of the 16 rows hold bytes 4v .. 4v + 3 of each row's chunk,
 // whose low nibbles are code vector v and high nibbles code vector v + 4 (each word loaded
 // twice, from L1: two registers a chunk instead of eight, beside 12 tokens' 24).
@@ -73,7 +74,7 @@ int vnni_weight_bias(WeightFormat f);
 
 // Rows n0 .. n0 + rows - 1 of W (INT4 or INT8 groups, W.cols % 32 == 0, rows <= 16) reordered:
 // packed[(k / 4) * 16 + r] holds row r's biased codes of columns k .. k + 3, the columns of each
-// chunk of 32 in the order layout_of(W.format) gives them (decode_avx512.h); scales[c * 16 + r] is
+// chunk of 32 in W's layout (formats/registry.h); scales[c * 16 + r] is
 // row r's group scale for chunk c. Rows past `rows` get zero scales. packed: K / 4 x 16 dwords,
 // 64-byte aligned; scales: K / 32 x 16 floats, 64-byte aligned.
 void vnni_pack_rows16(const MatrixView& W, int64_t n0, int64_t rows, uint32_t* packed, float* scales);
@@ -97,5 +98,11 @@ void vnni_gemm_rows32(const int8_t* q, const float* qs, const int32_t* qc, int64
 // time, each token's activation bytes broadcast once for both.
 void vnni_gemm_words16(const int8_t* q, const float* qs, const int32_t* qc, int64_t M, int64_t ldq, int64_t lds,
                        const MatrixView& W, int64_t n0, int64_t rows, float* y, int64_t ldy);
+
+// y[t, :] = W x[t, :] for INT4 / INT8 group weights (groups a multiple of 32) on int8
+// activations: each token's chunks of 32 columns quantized to int8 (activations_int8), the
+// products on VNNI's VPDPBUSD (the kernels above), float32 sums of the chunks' scaled integer sums. On
+// ctx's threads. Kernel::VnniGemm (dispatch.h).
+void matmul_vnni(const Context& ctx, const float* x, int64_t T, int64_t ldx, const MatrixView& W, float* y, int64_t ldy);
 
 }  // namespace mla::cpu
