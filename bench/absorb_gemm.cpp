@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "backend/cpu/small_gemm.h"
+#include "backend/cpu/attention/small_gemm.h"
 
 namespace {
 using Clock = std::chrono::steady_clock;

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/gemm.h"
+#include "backend/cpu/formats/gemm.h"
 #include "backend/cpu/compute_peak.h"
-#include "backend/cpu/gemv.h"
+#include "backend/cpu/formats/gemv.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
 #include "backend/cpu/repack.h"

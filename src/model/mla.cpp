@@ -5,7 +5,7 @@
 #include <stdexcept>
 
 #include "backend/cpu/attention.h"
-#include "backend/cpu/attention_reference.h"
+#include "backend/cpu/attention/attention_reference.h"
 #include "backend/cpu/parallel.h"
 
 namespace mla {

@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cpu/attention_reference.h"
+#include "backend/cpu/attention/attention_reference.h"
 #include "backend/cpu/context.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/sparse_attention.h"

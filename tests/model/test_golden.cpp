@@ -6,7 +6,7 @@
 #include <map>
 #include <memory>
 
-#include "backend/cpu/amx.h"
+#include "backend/cpu/common/amx.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
 #include "tools/run_modes.h"

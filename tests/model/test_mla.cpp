@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu/attention_reference.h"
+#include "backend/cpu/attention/attention_reference.h"
 #include "model/mla.h"
 #include "model/random_mla_layer.h"
 

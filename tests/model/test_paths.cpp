@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "backend/cpu/amx.h"
+#include "backend/cpu/common/amx.h"
 #include "backend/cpu/attention.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/context.h"

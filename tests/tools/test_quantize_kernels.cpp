@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "backend/group_view.h"
+#include "backend/cpu/formats/group_view.h"
 #include "tensor/dtype.h"
 #include "tensor/quantize.h"
 

@@ -7,9 +7,9 @@
 #include <stdexcept>
 #include <cstring>
 
-#include "backend/cpu/amx.h"
+#include "backend/cpu/common/amx.h"
 #include "backend/cpu/dispatch.h"
-#include "backend/cpu/decode_avx512.h"
+#include "backend/cpu/common/avx512.h"
 
 namespace mla::cpu {
 

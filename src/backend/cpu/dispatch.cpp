@@ -1,9 +1,12 @@
-// The kernel of each product (see dispatch.h).
+// The kernel of each product (see dispatch.h). What a weight format has (its kernels, the tokens
+// its GEMVs take) comes from its registry entry (formats/registry.h); the rules below name no
+// format.
 #include "backend/cpu/dispatch.h"
 
-#include "backend/cpu/amx.h"
-#include "backend/cpu/decode_avx512.h"
+#include "backend/cpu/common/amx.h"
+#include "backend/cpu/common/avx512.h"
 #include "backend/cpu/compute_peak.h"
+#include "backend/cpu/formats/registry.h"
 
 #include <limits>
 
@@ -11,8 +14,6 @@ namespace mla::cpu {
 
 namespace {
 
-using avx512::bf16_kernel;     // the format has VDPBF16PS kernels
-using avx512::fast_supported;  // the format has fused GEMV kernels (else the reference)
 using avx512::kChunk;          // columns of one AVX-512 decode
 using avx512::kStep;           // columns of one bf16 GEMV step
 constexpr int64_t kAmxGemmMaxTokens = 128;  // the AMX GEMM below this; oneDNN from it (gemm.cpp)
@@ -69,8 +70,9 @@ const char* kernel_name(Kernel k) {
 int64_t gemv_max_tokens(const Context& ctx, const MatrixView& W, const CpuFeatures& f) {
   if (ctx.one_token_kernels) return std::numeric_limits<int64_t>::max();
   if (!ctx.fast()) return 16;
-  if (W.format == WeightFormat::FP8_BLOCK128 && f.amx) return kAmxGemvTokens;
-  return W.format == WeightFormat::BF16 || W.format == WeightFormat::BF16_PAIRS32 ? 4 : 12;
+  const FormatKernels& k = format_kernels(W.format);
+  if (k.gemv_amx && f.amx) return kAmxGemvTokens;
+  return k.fast_gemv_tokens;
 }
 
 // Row-major INT8 weights stay on the float32 GEMV in the fast precision too (bf16_kernel is
@@ -95,13 +97,13 @@ int64_t gemv_max_tokens(const Context& ctx, const MatrixView& W, const CpuFeatur
 // 86.3 / 70.0 -> 88.9 / 74.8.
 Kernel gemv_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f) {
   if (ctx.one_token_kernels) T = 1;
-  if (!fast_supported(W)) return Kernel::GemvReference;
-  if (is_words16(W.format) && ctx.fast() && ctx.int8_activations) return Kernel::GemvVnni;
-  if (W.format == WeightFormat::INT8_WORDS16) return Kernel::GemvReference;
-  if (ctx.fast() && f.amx && T >= 2 && T <= kAmxGemvTokens && W.cols >= kStep &&
-      W.format == WeightFormat::FP8_BLOCK128)
-    return Kernel::GemvAmxFp8;
-  if (ctx.fast() && T <= ctx.gemv_bf16_max_tokens && bf16_kernel(W)) return Kernel::GemvBf16;
+  const FormatKernels& k = format_kernels(W.format);
+  if (!fused_kernels(W)) return Kernel::GemvReference;
+  if (k.gemv_vnni && ctx.fast() && ctx.int8_activations) return Kernel::GemvVnni;
+  if (!k.gemv_f32) return Kernel::GemvReference;
+  if (ctx.fast() && f.amx && T >= 2 && T <= kAmxGemvTokens && W.cols >= kStep && k.gemv_amx) return Kernel::GemvAmxFp8;
+  if (ctx.fast() && T <= ctx.gemv_bf16_max_tokens && k.gemv_bf16 && W.cols % k.gemv_bf16_cols == 0)
+    return Kernel::GemvBf16;
   return Kernel::GemvF32;
 }
 
@@ -113,11 +115,11 @@ Kernel gemm_bf16_kernel(int64_t T, const MatrixView& W, const CpuFeatures& f) {
 
 Kernel matmul_kernel(const Context& ctx, int64_t T, const MatrixView& W, const CpuFeatures& f) {
   if (T <= gemv_max_tokens(ctx, W, f)) return gemv_kernel(ctx, T, W, f);
-  if (ctx.fast() && fast_supported(W)) {
-    if (is_int_group(W.format) && ctx.int8_activations && !f.amx) return Kernel::VnniGemm;
+  if (ctx.fast() && fused_kernels(W)) {
+    if (format_kernels(W.format).gemm_int8 && ctx.int8_activations && !f.amx) return Kernel::VnniGemm;
     return gemm_bf16_kernel(T, W, f);
   }
-  return W.format == WeightFormat::F32 ? Kernel::Sgemm : Kernel::DequantSgemm;
+  return format_kernels(W.format).sgemm ? Kernel::Sgemm : Kernel::DequantSgemm;
 }
 
 // Without AMX the fast precision scores on VDPBF16PS where it outruns the float32 FMAs, which

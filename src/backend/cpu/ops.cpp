@@ -1,11 +1,12 @@
 #include "backend/cpu/ops.h"
 
 #include "backend/cpu/dispatch.h"
-#include "backend/cpu/gemm.h"
-#include "backend/cpu/gemv.h"
-#include "backend/cpu/onednn_threads.h"
+#include "backend/cpu/formats/gemm.h"
+#include "backend/cpu/formats/gemv.h"
+#include "backend/cpu/formats/registry.h"
+#include "backend/cpu/common/onednn_threads.h"
 #include "backend/cpu/parallel.h"
-#include "backend/cpu/vec_math.h"
+#include "backend/cpu/common/vec_math.h"
 
 #include <omp.h>
 
@@ -47,7 +48,7 @@ void matmul(const Context& ctx, const float* x, int64_t T, int64_t ldx, const Ma
     return;
   }
   if (kernel == Kernel::VnniGemm) {
-    matmul_vnni(ctx, x, T, ldx, W, y, ldy);
+    format_kernels(W.format).gemm_int8(ctx, x, T, ldx, W, y, ldy);
     return;
   }
   if (kernel == Kernel::AmxGemm || kernel == Kernel::Dpbf16Gemm || kernel == Kernel::FmaGemm ||

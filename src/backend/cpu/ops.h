@@ -7,7 +7,7 @@
 #include <span>
 
 #include "backend/cpu/context.h"
-#include "backend/cpu/gemv.h"
+#include "backend/cpu/formats/gemv.h"
 #include "tensor/matrix.h"
 
 namespace mla::cpu {

@@ -11,8 +11,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "backend/cpu/gemm.h"
-#include "backend/cpu/stream_prefetch.h"
+#include "backend/cpu/formats/gemm.h"
+#include "backend/cpu/common/stream_prefetch.h"
 
 namespace mla::cpu {
 

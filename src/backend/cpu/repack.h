@@ -12,11 +12,11 @@
 // each row's 4 columns in one lane, and otherwise unpacks and transposes every block of 16 rows
 // for each call (vnni_pack_rows16: about 29% of that GEMM's time in an INT4 prompt). Stored as
 // the rows' 32-bit words side by side, a block's 8 code vectors of 32 columns are 4 loads, an AND
-// and a shift each; the GEMVs of decode read the same blocks (gemv.cpp).
+// and a shift each; the GEMVs of decode read the same blocks (formats/int4/kernels.cpp).
 //
 // INT8_WORDS16 (tensor/matrix.h): INT8 groups the same way, each row's 4 codes of a dword biased
 // to unsigned: a block is exactly what vnni_pack_rows16 would build from it, so the VNNI GEMM
-// reads it in place, and decode's GEMV runs on VPDPBUSD too (gemv.cpp: Kernel::GemvVnni), one
+// reads it in place, and decode's GEMV runs on VPDPBUSD too (formats/int_group/vnni_gemv.h: Kernel::GemvVnni), one
 // sequential stream of 64-byte vectors of 16 rows instead of the row-major GEMV's 4 rows a page
 // apart.
 #pragma once
