@@ -248,7 +248,7 @@ void Speculation::shape(const Batch& batch, std::vector<SeqSlice>& slices, Forwa
   new_tokens_.resize(parts);
   verify_ids_.resize(parts);
   prefill_rows_ = any_drafts_ = false;
-  int64_t rows = 0, tokens = 0, logits_rows = 0;
+  int64_t tokens = 0, logits_rows = 0;
   for (size_t b = 0; b < parts; ++b) {
     Sequence& s = *batch.parts[b].seq;
     const int64_t n = batch.parts[b].n, pending = s.pending();
@@ -257,7 +257,6 @@ void Speculation::shape(const Batch& batch, std::vector<SeqSlice>& slices, Forwa
     first_token_[b] = tokens;
     first_row_[b] = logits_rows;
     tokens += n;
-    rows += n;
     if (pending == 1 && n > 1) {  // the pending token and n - 1 drafts
       drafts_[b] = n - 1;
       any_drafts_ = true;
@@ -272,7 +271,7 @@ void Speculation::shape(const Batch& batch, std::vector<SeqSlice>& slices, Forwa
   }
   fo.logits_last = logits_last_;
   // Decoding sequences only: every row as a one-token decode step computes it.
-  if (!prefill_rows_ && rows <= opt_.max_verify_rows) {
+  if (!prefill_rows_ && tokens <= opt_.max_verify_rows) {
     fo.context = &one_token_ctx_;
     if (fo.path == AttnPath::Auto) fo.path = AttnPath::Absorb;
   }
