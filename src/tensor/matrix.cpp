@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "tensor/ggml_blocks.h"
+
 namespace mla {
 
 const char* weight_format_name(WeightFormat f) {
@@ -16,6 +18,16 @@ const char* weight_format_name(WeightFormat f) {
     case WeightFormat::BF16_PAIRS32: return "bf16-pairs32";
     case WeightFormat::INT4_WORDS16: return "int4-words16";
     case WeightFormat::INT8_WORDS16: return "int8-words16";
+    case WeightFormat::Q4_0: return "q4_0";
+    case WeightFormat::Q4_1: return "q4_1";
+    case WeightFormat::Q5_0: return "q5_0";
+    case WeightFormat::Q5_1: return "q5_1";
+    case WeightFormat::Q8_0: return "q8_0";
+    case WeightFormat::Q2_K: return "q2_k";
+    case WeightFormat::Q3_K: return "q3_k";
+    case WeightFormat::Q4_K: return "q4_k";
+    case WeightFormat::Q5_K: return "q5_k";
+    case WeightFormat::Q6_K: return "q6_k";
   }
   return "?";
 }
@@ -27,8 +39,10 @@ size_t MatrixView::row_bytes() const {
     case WeightFormat::FP8_BLOCK128: case WeightFormat::INT8_GROUP: case WeightFormat::INT8_WORDS16:
       return size_t(cols);
     case WeightFormat::INT4_GROUP: case WeightFormat::INT4_WORDS16: return size_t(cols) / 2;
+    default: break;
   }
-  return 0;
+  const GgmlBlock b = ggml_block(format);
+  return b.values ? size_t(cols / b.values) * b.bytes : 0;
 }
 
 size_t MatrixView::scale_bytes() const {
@@ -43,6 +57,10 @@ size_t MatrixView::scale_bytes() const {
 
 void MatrixView::dequant_row(int64_t r, float* out) const {
   const uint8_t* p = static_cast<const uint8_t*>(data) + size_t(r) * row_bytes();
+  if (is_ggml_block(format)) {
+    ggml_dequantize(format, p, cols, out);
+    return;
+  }
   switch (format) {
     case WeightFormat::F32: {
       const float* s = reinterpret_cast<const float*>(p);
@@ -102,6 +120,7 @@ void MatrixView::dequant_row(int64_t r, float* out) const {
       }
       break;
     }
+    default: break;
   }
 }
 
@@ -121,7 +140,7 @@ MatrixView MatrixView::slice_rows(int64_t first, int64_t count) const {
 
 std::optional<MatrixView> concat_rows(const MatrixView& a, const MatrixView& b) {
   const bool plain = a.format == WeightFormat::F32 || a.format == WeightFormat::BF16 || a.format == WeightFormat::F16 ||
-                     (a.format == WeightFormat::BF16_PAIRS32 && a.rows % 32 == 0);
+                     is_ggml_block(a.format) || (a.format == WeightFormat::BF16_PAIRS32 && a.rows % 32 == 0);
   if (!plain || b.format != a.format || b.cols != a.cols || !a.data ||
       b.data != static_cast<const uint8_t*>(a.data) + a.bytes())
     return std::nullopt;

@@ -34,6 +34,18 @@ enum class WeightFormat {
   // operand as the VNNI GEMM and GEMV multiply it (vnni_gemm.h, gemv.cpp); repack_words16
   // converts INT8 weights at load.
   INT8_WORDS16,
+  // llama.cpp's block formats as a GGUF file stores them (tensor/ggml_blocks.h): each row is
+  // cols / 32 blocks (cols / 256 for the K-quants), each block carrying its own scales.
+  Q4_0,
+  Q4_1,
+  Q5_0,
+  Q5_1,
+  Q8_0,
+  Q2_K,
+  Q3_K,
+  Q4_K,
+  Q5_K,
+  Q6_K,
 };
 
 // The bf16 word of weight (r, k) in a BF16_PAIRS32 matrix of `cols` columns, counted from its data.
@@ -67,7 +79,7 @@ struct MatrixView {
   WeightFormat format = WeightFormat::F32;
   int64_t rows = 0, cols = 0;
   const void* data = nullptr;    // row r starts at data + r * row_bytes() (BF16_PAIRS32: rows 32b.. at 32b * row_bytes())
-  const void* scales = nullptr;  // FP8_BLOCK128: f32 block scales; INT4/INT8_GROUP: bf16 group scales
+  const void* scales = nullptr;  // FP8_BLOCK128: f32 block scales; INT4/INT8_GROUP: bf16 group scales (ggml blocks: none)
   int64_t row0 = 0;              // first row within the whole stored tensor (for FP8 block scales)
   int64_t scale_cols = 0;        // FP8: ceil(cols/128); INT4, INT8: cols / group_size
   int64_t group_size = 0;        // INT4 and INT8 only

@@ -13,6 +13,8 @@ extern const FormatKernels kBf16Format, kBf16Pairs32Format;              // form
 extern const FormatKernels kFp8Block128Format;                           // formats/fp8_block128/
 extern const FormatKernels kInt4GroupFormat, kInt4Words16Format;         // formats/int4/
 extern const FormatKernels kInt8GroupFormat, kInt8Words16Format;         // formats/int8/
+extern const FormatKernels kQ4_0Format, kQ4_1Format, kQ5_0Format, kQ5_1Format, kQ8_0Format;  // formats/ggml/
+extern const FormatKernels kQ2_KFormat, kQ3_KFormat, kQ4_KFormat, kQ5_KFormat, kQ6_KFormat;  // formats/ggml/
 
 namespace {
 
@@ -27,6 +29,16 @@ constexpr const FormatKernels* kRegistry[] = {
     &kBf16Pairs32Format,  // BF16_PAIRS32
     &kInt4Words16Format,  // INT4_WORDS16
     &kInt8Words16Format,  // INT8_WORDS16
+    &kQ4_0Format,         // Q4_0
+    &kQ4_1Format,         // Q4_1
+    &kQ5_0Format,         // Q5_0
+    &kQ5_1Format,         // Q5_1
+    &kQ8_0Format,         // Q8_0
+    &kQ2_KFormat,         // Q2_K
+    &kQ3_KFormat,         // Q3_K
+    &kQ4_KFormat,         // Q4_K
+    &kQ5_KFormat,         // Q5_K
+    &kQ6_KFormat,         // Q6_K
 };
 
 }  // namespace
