@@ -1,5 +1,7 @@
 #include "format/safetensors.h"
 
+#include "format/gguf.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -193,6 +195,14 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
                      "listed in model.safetensors.index.json but not in that shard");
 }
 
+Checkpoint::Checkpoint(std::shared_ptr<const GgufFile> file, std::map<std::string, TensorInfo> tensors,
+                       std::function<std::string(const std::string&)> source_name)
+    : dir_(file->path()), gguf_(std::move(file)), gguf_tensors_(std::move(tensors)), source_name_(std::move(source_name)) {
+  for (auto& [name, t] : gguf_tensors_) index_[name] = &t;
+}
+
+Checkpoint::~Checkpoint() = default;
+
 const TensorInfo* Checkpoint::find(const std::string& name) const {
   auto it = index_.find(name);
   return it == index_.end() ? nullptr : it->second;
@@ -200,7 +210,11 @@ const TensorInfo* Checkpoint::find(const std::string& name) const {
 
 const TensorInfo& Checkpoint::get(const std::string& name) const {
   auto* t = find(name);
-  if (!t) format_error(dir_, name, "missing from the checkpoint");
+  if (!t) {
+    const std::string source = source_name_ ? source_name_(name) : std::string();
+    if (!source.empty()) format_error(dir_, source, "missing from the file (the model needs it as " + name + ")");
+    format_error(dir_, name, "missing from the checkpoint");
+  }
   return *t;
 }
 
@@ -211,12 +225,14 @@ std::vector<std::string> Checkpoint::names() const {
 }
 
 size_t Checkpoint::total_bytes() const {
+  if (gguf_) return gguf_->total_bytes();
   size_t n = 0;
   for (auto& [name, t] : index_) n += t->nbytes;
   return n;
 }
 
 void Checkpoint::prefault(const std::function<void(size_t, size_t)>& progress) const {
+  if (gguf_) return gguf_->prefault(progress);
   size_t total = 0, done = 0;
   for (auto& f : files_) total += f->mapping_size();
   const size_t step = size_t(64) << 20;
@@ -234,6 +250,7 @@ void Checkpoint::prefault(const std::function<void(size_t, size_t)>& progress) c
 }
 
 void Checkpoint::release_pages() const {
+  if (gguf_) return gguf_->release_pages();
   for (auto& f : files_) madvise(const_cast<uint8_t*>(f->mapping()), f->mapping_size(), MADV_DONTNEED);
 }
 

@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tensor/dtype.h"
+#include "tensor/matrix.h"
 
 namespace mla {
 
@@ -18,6 +20,9 @@ struct TensorInfo {
   std::string file;  // path of the file holding it, for error messages
   DType dtype;
   std::vector<int64_t> shape;
+  // Set for a tensor stored in one of llama.cpp's block formats (a GGUF file's Q4_K ...,
+  // tensor/ggml_blocks.h): `shape` counts weights, dtype is U8 and nbytes the blocks' bytes.
+  std::optional<WeightFormat> ggml;
   const uint8_t* data = nullptr;  // into the mapping
   size_t nbytes = 0;
   int64_t numel() const;
@@ -49,13 +54,22 @@ class SafetensorsFile {
 // All the weights of a checkpoint folder. With model.safetensors.index.json, the shards it
 // names (each tensor must be in the shard the index says); else model.safetensors; else every
 // *.safetensors file in the folder.
+class GgufFile;
+
 class Checkpoint {
  public:
   explicit Checkpoint(const std::string& dir);
+  // The tensors of a GGUF file under their hub names (model/gguf_model.h makes them): `tensors`
+  // point into the file's mappings; `source_name` gives a hub name's name in the file, for the
+  // message about a missing tensor.
+  Checkpoint(std::shared_ptr<const GgufFile> file, std::map<std::string, TensorInfo> tensors,
+             std::function<std::string(const std::string&)> source_name);
+  ~Checkpoint();
   const TensorInfo* find(const std::string& name) const;
   const TensorInfo& get(const std::string& name) const;  // throws FormatError naming the tensor
   std::vector<std::string> names() const;
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const { return dir_; }  // the folder, or the GGUF file (its first part)
+  const GgufFile* gguf() const { return gguf_.get(); }  // null for a folder of safetensors
   size_t total_bytes() const;
   // Reads every mapped page once so the first forward pass does not stall on the disk;
   // progress(done, total) is called as it goes.
@@ -67,6 +81,9 @@ class Checkpoint {
  private:
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::shared_ptr<const GgufFile> gguf_;
+  std::map<std::string, TensorInfo> gguf_tensors_;
+  std::function<std::string(const std::string&)> source_name_;
   std::map<std::string, const TensorInfo*> index_;
 };
 

@@ -6,6 +6,8 @@
 #include <fstream>
 
 #include "format/error.h"
+#include "format/gguf.h"
+#include "model/gguf_model.h"
 
 namespace mla {
 
@@ -412,6 +414,10 @@ ModelConfig ModelConfig::from_json(const json& root, const std::string& src) {
 }
 
 ModelConfig ModelConfig::load(const std::string& dir) {
+  if (const auto gguf = gguf_path(dir)) {
+    const GgufFile f(*gguf);
+    return from_json(gguf_config_json(f), f.path());
+  }
   auto path = (std::filesystem::path(dir) / "config.json").string();
   std::ifstream f(path);
   if (!f) format_error(path, "", "cannot open");

@@ -9,6 +9,7 @@
 
 #include "backend/cpu/dispatch.h"
 #include "format/error.h"
+#include "format/gguf.h"
 
 namespace mla {
 
@@ -24,10 +25,37 @@ std::vector<char> read_range(std::ifstream& f, const std::string& path, int64_t 
   return buf;
 }
 
+// A GGUF model: each part's name and size, its first bytes (the header, the metadata and the
+// tensor records, whole for any but a huge vocabulary) and samples of the rest.
+Hash128 gguf_fingerprint(const std::string& path) {
+  namespace fs = std::filesystem;
+  const GgufFile file(path);
+  Digest d;
+  d.add("mla gguf v1");
+  for (const std::string& part : file.parts()) {
+    std::ifstream f(part, std::ios::binary);
+    std::error_code ec;
+    const int64_t size = int64_t(fs::file_size(part, ec));
+    if (!f || ec) throw FormatError("cannot read " + part);
+    d.add(fs::path(part).filename().string()).add_value(size);
+    const int64_t head = std::min<int64_t>(size, int64_t(16) << 20);
+    const std::vector<char> header = read_range(f, part, 0, head);
+    d.add(header.data(), header.size());
+    const int64_t rest = size - head;
+    for (int i = 0; i < kSamples && rest > 0; ++i) {
+      const int64_t n = std::min(kSampleBytes, rest);
+      const std::vector<char> sample = read_range(f, part, head + (rest - n) * i / std::max(kSamples - 1, 1), n);
+      d.add(sample.data(), sample.size());
+    }
+  }
+  return d.finish();
+}
+
 }  // namespace
 
 Hash128 checkpoint_fingerprint(const std::string& dir) {
   namespace fs = std::filesystem;
+  if (const auto gguf = gguf_path(dir)) return gguf_fingerprint(*gguf);
   Digest d;
   d.add("mla checkpoint v1");
   std::vector<fs::path> shards;

@@ -15,6 +15,7 @@
 #include "backend/cpu/weight_memory.h"
 #include "format/progress.h"
 #include "model/fingerprint.h"
+#include "model/gguf_model.h"
 #include "parallel/comm.h"
 
 namespace mla {
@@ -70,7 +71,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& op
     parallel::require_same_on_all_ranks(*comm, "checkpoint", checkpoint_fingerprint(dir).hex());
     experts = parallel::expert_range(m->cfg_.n_routed_experts, comm->rank(), comm->size());
   }
-  m->ckpt_ = std::make_unique<Checkpoint>(dir);
+  m->ckpt_ = open_checkpoint(dir);
   // Reading the whole checkpoint in up front would fault in the other ranks' experts too.
   if (show_progress && !quantize.any() && experts.all()) {
     Progress bar("loading weights");

@@ -60,9 +60,13 @@ class Loader {
       }
       L.kv_a = matrix(a + "kv_a_proj_with_mqa", c.latent_dim(), c.hidden_size);
       L.kv_a_norm = vec(a + "kv_a_layernorm.weight", kvr);
-      L.kv_b = matrix(a + "kv_b_proj", H * (nope + vd), kvr);
+      if (!ckpt_.find(a + "kv_b_proj.weight") && ckpt_.find(a + "k_b_proj.weight")) {
+        split_kv_b(L, a);  // a GGUF file's attn_k_b / attn_v_b
+      } else {
+        L.kv_b = matrix(a + "kv_b_proj", H * (nope + vd), kvr);
+        absorb(L);
+      }
       L.o = matrix(a + "o_proj", c.hidden_size, H * vd);
-      absorb(L);
       // The MTP module's layer (l == num_hidden_layers) attends densely (model/mtp.cpp): its
       // indexer, where the checkpoint has one, is not loaded (indexer_shared lists only the
       // decoder layers; reading it at l == num_hidden_layers read past its end).
@@ -209,6 +213,75 @@ class Loader {
     w_.owned.push_back(std::move(buf));
   }
 
+  // llama.cpp's MLA layout (model/gguf_model.h): kv_b split per head into k_b [H, kv_lora, nope],
+  // which is W_UK^T, and v_b [H, v, kv_lora], which is W_UV, each in its stored format: the
+  // absorbed path reads them where they lie. The expanded path's kv_b [H (nope + v), kv_lora] is
+  // derived from them: W_UK transposed back and W_UV's rows, float32 when both are stored in
+  // float32 or float16, else bf16 (a bf16 file's values exactly; a block format's dequantized).
+  void split_kv_b(LayerWeights& L, const std::string& a) {
+    const int64_t H = cfg_.num_attention_heads, nope = cfg_.qk_nope_head_dim, vd = cfg_.v_head_dim,
+                  kvr = cfg_.kv_lora_rank;
+    const TensorInfo& kb = ckpt_.get(a + "k_b_proj.weight");
+    const TensorInfo& vb = ckpt_.get(a + "v_b_proj.weight");
+    expect_shape(kb, {H, kvr, nope});
+    expect_shape(vb, {H, vd, kvr});
+    MatrixView uk = head_view(kb, kvr, nope), uv = head_view(vb, vd, kvr);
+    for (int64_t h = 0; h < H; ++h) {
+      L.w_uk_t.push_back(uk.slice_rows(h * kvr, kvr));
+      L.w_uv.push_back(uv.slice_rows(h * vd, vd));
+    }
+    const bool wide = (uk.format == WeightFormat::F32 || uk.format == WeightFormat::F16) &&
+                      (uv.format == WeightFormat::F32 || uv.format == WeightFormat::F16);
+    const size_t esize = wide ? 4 : 2;
+    auto buf = std::make_unique<std::vector<uint8_t>>(size_t(H * (nope + vd) * kvr) * esize);
+    auto put = [&](int64_t row, int64_t k, float v) {
+      const size_t idx = size_t(row * kvr + k);
+      if (wide) reinterpret_cast<float*>(buf->data())[idx] = v;
+      else reinterpret_cast<uint16_t*>(buf->data())[idx] = f32_to_bf16(v);
+    };
+    std::vector<float> row(size_t(std::max(kvr, nope)));
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t r0 = h * (nope + vd);
+      for (int64_t k = 0; k < kvr; ++k) {  // W_UK^T row k: column k of W_UK's nope rows
+        L.w_uk_t[size_t(h)].dequant_row(k, row.data());
+        for (int64_t d = 0; d < nope; ++d) put(r0 + d, k, row[size_t(d)]);
+      }
+      for (int64_t j = 0; j < vd; ++j) {
+        L.w_uv[size_t(h)].dequant_row(j, row.data());
+        for (int64_t k = 0; k < kvr; ++k) put(r0 + nope + j, k, row[size_t(k)]);
+      }
+    }
+    L.kv_b = MatrixView{};
+    L.kv_b.format = wide ? WeightFormat::F32 : WeightFormat::BF16;
+    L.kv_b.rows = H * (nope + vd);
+    L.kv_b.cols = kvr;
+    L.kv_b.data = buf->data();
+    count(std::string(wide ? "f32" : "bf16") + " (derived kv_b)", buf->size());
+    w_.owned.push_back(std::move(buf));
+  }
+
+  // A [H, rows, cols] tensor as one matrix of H * rows rows (its heads' rows one after another).
+  MatrixView head_view(const TensorInfo& t, int64_t rows, int64_t cols) {
+    MatrixView m;
+    m.rows = t.shape[0] * rows;
+    m.cols = cols;
+    m.data = t.data;
+    m.format = stored_format(t);
+    count(weight_format_name(m.format), t.nbytes);
+    return m;
+  }
+
+  // The format of a plain (unscaled) stored weight: float, or one of llama.cpp's block formats.
+  WeightFormat stored_format(const TensorInfo& t) const {
+    if (t.ggml) return *t.ggml;
+    switch (t.dtype) {
+      case DType::BF16: return WeightFormat::BF16;
+      case DType::F16: return WeightFormat::F16;
+      case DType::F32: return WeightFormat::F32;
+      default: format_error(t.file, t.name, std::string("dtype ") + dtype_name(t.dtype) + " is not supported here");
+    }
+  }
+
   // scale_fmt ue8m0: every block scale is a power of two (an 8-bit exponent stored as float32).
   void check_ue8m0(const TensorInfo& s) const {
     for (int64_t i = 0; i < s.numel(); ++i) {
@@ -283,6 +356,11 @@ class Loader {
     const TensorInfo& t = ckpt_.get(base + ".weight");
     expect_shape(t, {rows, cols});
     m.data = t.data;
+    if (t.ggml) {  // a GGUF file's block format: the blocks hold their scales
+      m.format = *t.ggml;
+      count(weight_format_name(m.format), t.nbytes);
+      return place(base, m);
+    }
     switch (t.dtype) {
       case DType::BF16: m.format = WeightFormat::BF16; break;
       case DType::F16: m.format = WeightFormat::F16; break;

@@ -8,6 +8,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "format/gguf.h"
 #include "model/presets.h"
 #include "tensor/dtype.h"
 #include "tools/bench/sections.h"
@@ -159,8 +160,8 @@ std::unique_ptr<Model> load_checkpoint(const Options& opt, const cpu::Context& c
   if (rep.own_model) {
     if (!opt.dir.empty() || !opt.checkpoint_config.is_null())
       throw std::invalid_argument("--model measures a checkpoint as it is: --dir and --config describe the random one");
-    if (!std::filesystem::exists(opt.model + "/config.json"))
-      throw std::invalid_argument("--model " + opt.model + ": no config.json there");
+    if (!gguf_path(opt.model) && !std::filesystem::exists(opt.model + "/config.json"))
+      throw std::invalid_argument("--model " + opt.model + ": no config.json there, and not a GGUF file");
     rep.dir = opt.model;
     rep.shape = "the checkpoint's own shape";
   } else {

@@ -1,0 +1,195 @@
+// llama.cpp's GGUF files run as stored (model/gguf_model.h), checked against two outside
+// references: the golden fixture's HuggingFace logits through llama.cpp's own conversion of it
+// (BF16: the fixture's values), and llama.cpp's logits on the same quantized files. The files
+// and llama.cpp's logits were made by tests/fixtures/gguf/make_gguf_fixtures.sh.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <memory>
+
+#include "format/error.h"
+#include "format/gguf.h"
+#include "model/gguf_model.h"
+#include "tools/run_modes.h"
+#include "test_util.h"
+
+namespace mla {
+namespace {
+
+std::string gguf_fixture(const std::string& name) { return (test::source_dir() / "tests/fixtures/gguf" / name).string(); }
+
+template <class T>
+std::vector<T> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  EXPECT_TRUE(f) << path;
+  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<T> out(bytes.size() / sizeof(T));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  return out;
+}
+
+// ---- the config from the metadata ------------------------------------------------------------
+
+class GgufConfig : public ::testing::TestWithParam<std::string> {};
+
+// llama.cpp's converter writes every hyperparameter the folder's config.json holds; read back,
+// they give the same ModelConfig (the MTP layers aside: the converter leaves them out).
+TEST_P(GgufConfig, MetadataGivesTheFoldersConfig) {
+  const ModelConfig want = ModelConfig::load(test::fixture(GetParam()));
+  const ModelConfig got = ModelConfig::load(gguf_fixture(GetParam() + ".meta.gguf"));
+  EXPECT_EQ(got.vocab_size, want.vocab_size);
+  EXPECT_EQ(got.hidden_size, want.hidden_size);
+  EXPECT_EQ(got.intermediate_size, want.intermediate_size);
+  EXPECT_EQ(got.moe_intermediate_size, want.moe_intermediate_size);
+  EXPECT_EQ(got.num_hidden_layers, want.num_hidden_layers);
+  EXPECT_EQ(got.num_attention_heads, want.num_attention_heads);
+  EXPECT_EQ(got.q_lora_rank, want.q_lora_rank);
+  EXPECT_EQ(got.kv_lora_rank, want.kv_lora_rank);
+  EXPECT_EQ(got.qk_nope_head_dim, want.qk_nope_head_dim);
+  EXPECT_EQ(got.qk_rope_head_dim, want.qk_rope_head_dim);
+  EXPECT_EQ(got.v_head_dim, want.v_head_dim);
+  EXPECT_EQ(got.n_routed_experts, want.n_routed_experts);
+  EXPECT_EQ(got.n_shared_experts, want.n_shared_experts);
+  EXPECT_EQ(got.num_experts_per_tok, want.num_experts_per_tok);
+  EXPECT_EQ(got.n_group, want.n_group);
+  EXPECT_EQ(got.topk_group, want.topk_group);
+  EXPECT_EQ(got.first_k_dense_replace, want.first_k_dense_replace);
+  EXPECT_EQ(got.norm_topk_prob, want.norm_topk_prob);
+  EXPECT_DOUBLE_EQ(got.routed_scaling_factor, want.routed_scaling_factor);
+  EXPECT_EQ(got.scoring_func, want.scoring_func);
+  EXPECT_EQ(got.topk_method, want.topk_method);
+  EXPECT_FLOAT_EQ(float(got.rms_norm_eps), float(want.rms_norm_eps));
+  EXPECT_FLOAT_EQ(float(got.rope_theta), float(want.rope_theta));
+  EXPECT_EQ(got.rope_scaling.yarn, want.rope_scaling.yarn);
+  if (want.rope_scaling.yarn) {
+    EXPECT_FLOAT_EQ(float(got.rope_scaling.factor), float(want.rope_scaling.factor));
+    EXPECT_EQ(got.rope_scaling.original_max_position_embeddings, want.rope_scaling.original_max_position_embeddings);
+    EXPECT_FLOAT_EQ(float(got.rope_scaling.beta_fast), float(want.rope_scaling.beta_fast));
+    EXPECT_FLOAT_EQ(float(got.rope_scaling.beta_slow), float(want.rope_scaling.beta_slow));
+    // Stored as float32 in the file: the two YaRN factors come back within float32 rounding.
+    EXPECT_NEAR(got.rope_scaling.mscale, want.rope_scaling.mscale, 1e-5);
+    EXPECT_NEAR(got.rope_scaling.mscale_all_dim, want.rope_scaling.mscale_all_dim, 1e-5);
+    EXPECT_NEAR(got.softmax_scale(), want.softmax_scale(), 1e-6 * want.softmax_scale());
+  }
+  EXPECT_EQ(got.tie_word_embeddings, want.tie_word_embeddings);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GgufConfig,
+                         ::testing::Values("deepseek-v2-lite-tiny", "deepseek-v2-tiny", "deepseek-v3-tiny",
+                                           "deepseek-v3-yarn-tiny", "kimi-k2-tiny", "glm-4.7-flash-tiny"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           for (auto& ch : s)
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return s;
+                         });
+
+// ---- the golden fixture, through llama.cpp's conversion --------------------------------------
+
+// llama.cpp's MLA layout (attn_k_b / attn_v_b), BF16 as the fixture: HuggingFace's logits in
+// every mode on both attention paths, within the golden tests' tolerance.
+TEST(GgufGolden, Bf16FileGivesTheFixturesLogits) {
+  auto model = Model::load(gguf_fixture("deepseek-v3-tiny-bf16.gguf"));
+  SafetensorsFile golden(test::fixture("deepseek-v3-tiny") + "/golden.safetensors");
+  for (int j = 0; j < 4; ++j) {
+    auto ids = test::read_ids(*golden.find("seq" + std::to_string(j) + "_ids"));
+    auto want = test::read_f32(*golden.find("seq" + std::to_string(j) + "_logits"));
+    const int64_t n = int64_t(ids.size());
+    for (const std::string& mode : {std::string("prefill"), std::string("decode"), "extend:" + std::to_string(n / 2)})
+      for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
+        RunOptions opt;
+        opt.mode = RunMode::parse(mode);
+        opt.path = path;
+        EXPECT_LE(test::max_abs_diff(run_logits(*model, ids, opt), want), 1e-3f)
+            << "seq" << j << " " << mode << " " << attn_path_name(path);
+      }
+  }
+}
+
+// ---- quantized files against llama.cpp ---------------------------------------------------------
+
+struct Distance {
+  double kl = 0;      // mean over positions of KL(reference || candidate)
+  int top1 = 0;       // positions whose argmax agrees
+  float max_abs = 0;  // largest logit difference
+};
+
+Distance distance(const std::vector<float>& ref, const std::vector<float>& got, int64_t vocab) {
+  Distance d;
+  const int64_t T = int64_t(ref.size()) / vocab;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* p = ref.data() + t * vocab;
+    const float* q = got.data() + t * vocab;
+    auto lse = [&](const float* x) {
+      const float m = *std::max_element(x, x + vocab);
+      double s = 0;
+      for (int64_t i = 0; i < vocab; ++i) s += std::exp(double(x[i] - m));
+      return double(m) + std::log(s);
+    };
+    const double lp = lse(p), lq = lse(q);
+    for (int64_t i = 0; i < vocab; ++i) {
+      const double a = double(p[i]) - lp, b = double(q[i]) - lq;
+      d.kl += std::exp(a) * (a - b);
+      d.max_abs = std::max(d.max_abs, std::abs(p[i] - q[i]));
+    }
+    d.top1 += std::max_element(p, p + vocab) - p == std::max_element(q, q + vocab) - q;
+  }
+  d.kl /= double(T);
+  return d;
+}
+
+class GgufQuantized : public ::testing::TestWithParam<std::string> {};
+
+// On the same file, this engine's logits are llama.cpp's: the same argmax at every position, and
+// no further from the unquantized model than llama.cpp's are (KL), beyond a margin: llama.cpp
+// multiplies its quantized weights with 8-bit activations (Q8_K / Q8_0), this engine in the
+// precise precision with float32 ones, so each is off the other by about the activations'
+// rounding while both stay as close to the float32 model.
+TEST_P(GgufQuantized, AgreesWithLlamaCppOnTheSameFile) {
+  const std::string type = GetParam();
+  auto model = Model::load(gguf_fixture("kquant-tiny-" + type + ".gguf"));
+  const int64_t vocab = model->config().vocab_size;
+  const auto ids = read_file<int32_t>(gguf_fixture("kquant-tiny.ids"));
+  const auto f32 = read_file<float>(gguf_fixture("kquant-tiny-f32.logits"));
+  const auto llama = read_file<float>(gguf_fixture("kquant-tiny-" + type + ".logits"));
+  ASSERT_EQ(f32.size(), ids.size() * size_t(vocab));
+  ASSERT_EQ(llama.size(), f32.size());
+  const Distance theirs = distance(f32, llama, vocab);
+  for (const char* mode : {"prefill", "decode"})
+    for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb})
+      for (KvDType kv : {KvDType::F32, KvDType::BF16}) {
+        RunOptions opt;
+        opt.mode = RunMode::parse(mode);
+        opt.path = path;
+        opt.kv_dtype = kv;
+        const auto ours = run_logits(*model, ids, opt);
+        const Distance to_llama = distance(llama, ours, vocab), to_f32 = distance(f32, ours, vocab);
+        const std::string where = type + " " + mode + " " + attn_path_name(path) + (kv == KvDType::BF16 ? " bf16 cache" : " f32 cache");
+        EXPECT_EQ(to_llama.top1, int(ids.size())) << where << ": argmax differs from llama.cpp's";
+        EXPECT_LE(to_f32.kl, theirs.kl * 1.25 + 1e-3) << where << ": KL to f32 " << to_f32.kl << ", llama.cpp's " << theirs.kl;
+        std::printf("%-40s KL(f32||ours) %.3e  KL(f32||llama.cpp) %.3e  max|ours - llama.cpp| %.3e\n", where.c_str(),
+                    to_f32.kl, theirs.kl, double(to_llama.max_abs));
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, GgufQuantized, ::testing::Values("q4_k_m", "q2_k_xl", "legacy"));
+
+// ---- what the file holds -------------------------------------------------------------------------
+
+TEST(GgufModel, WeightsStayInTheirBlockFormats) {
+  auto model = Model::load(gguf_fixture("kquant-tiny-q4_k_m.gguf"));
+  const auto& bytes = model->weights().bytes_by_format;
+  EXPECT_TRUE(bytes.count("q4_k")) << weight_bytes_summary(model->weights());
+  EXPECT_TRUE(bytes.count("q6_k")) << weight_bytes_summary(model->weights());
+  EXPECT_EQ(model->weights().layers[1].experts[0].gate.format, WeightFormat::Q4_K);
+}
+
+TEST(GgufModel, MissingTensorNamesTheFilesTensor) {
+  EXPECT_EQ(gguf_tensor_name("model.layers.3.mlp.experts.7.down_proj.weight"), "blk.3.ffn_down_exps.weight");
+  EXPECT_EQ(gguf_tensor_name("model.layers.0.self_attn.kv_a_proj_with_mqa.weight"), "blk.0.attn_kv_a_mqa.weight");
+  EXPECT_EQ(gguf_tensor_name("lm_head.weight"), "output.weight");
+}
+
+}  // namespace
+}  // namespace mla
