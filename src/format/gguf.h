@@ -35,13 +35,21 @@ struct GgmlTypeInfo {
 };
 std::optional<GgmlTypeInfo> ggml_type_info(uint32_t type);
 
+// GGUF's value types, by their numbers in a file (`type` of a GgufValue).
+enum class GgufType : uint32_t {
+  U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, Bool = 7, String = 8, Array = 9,
+  U64 = 10, I64 = 11, F64 = 12,
+};
+
 // A metadata value. Scalars: integers (every width, signed or not) in `i` (u64 above 2^63 - 1
-// is an error), floats in `f`, bools in `b`, strings in `s`. Arrays hold their elements by kind
-// in `ints`, `floats` or `strings` (bool arrays in `ints`); arrays of arrays are rejected.
+// is an error), floats in `f`, bools in `b` (a byte other than 0 or 1 is an error), strings in
+// `s`. Arrays hold their elements by kind in `ints`, `floats` or `strings` (bool arrays in
+// `ints`, as 0 and 1); arrays of arrays are rejected.
 struct GgufValue {
   enum class Kind { Int, Float, Bool, String, Array };
   Kind kind = Kind::Int;
   Kind elem = Kind::Int;  // arrays: their elements' kind
+  GgufType type = GgufType::U8;  // the type in the file: the scalar's, or an array's elements'
   int64_t i = 0;
   double f = 0;
   bool b = false;
@@ -65,7 +73,9 @@ struct GgufTensor {
 class GgufFile {
  public:
   // `path`: a .gguf file, the first part of a split set (or any part: the set is found from its
-  // name), or a folder holding one model's .gguf file(s). Throws FormatError.
+  // name), or a folder holding one model's .gguf file(s) (mmproj-*.gguf beside it ignored).
+  // Every part of a set must be there, and its split.no / split.count must agree with its name;
+  // the parts' tensors must add up to split.tensors.count. Throws FormatError.
   explicit GgufFile(const std::string& path);
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
@@ -73,7 +83,8 @@ class GgufFile {
 
   const std::string& path() const { return path_; }  // the first part
   const std::vector<std::string>& parts() const { return parts_; }
-  uint32_t version() const { return version_; }
+  uint32_t version() const { return version_; }  // of the first part
+  uint32_t alignment() const { return alignment_; }  // general.alignment of the first part
 
   // Metadata of the first part (split.* keys of every part are checked at open).
   const std::map<std::string, GgufValue>& metadata() const { return metadata_; }
@@ -93,25 +104,35 @@ class GgufFile {
   const GgufTensor* find_tensor(const std::string& name) const;
   size_t total_bytes() const;  // tensor data bytes of every part
 
+  // The mapping of parts()[part], whole (tensor data pointers lie inside their part's).
+  const uint8_t* mapping(size_t part) const;
+  size_t mapping_size(size_t part) const;
+
   // As Checkpoint's: read every mapped page once (progress as it goes); drop the pages.
   void prefault(const std::function<void(size_t done, size_t total)>& progress) const;
   void release_pages() const;
 
  private:
   struct Part;
-  void open_part(const std::string& file, bool first);
+  // Maps and validates part `no` (1-based) of `count`, adding its tensors; the first part's
+  // metadata becomes the file's. Returns the part's split.tensors.count (-1 when absent).
+  int64_t open_part(const std::string& file, int no, int count, bool split_name);
 
   std::string path_;
   std::vector<std::string> parts_;
   uint32_t version_ = 0;
+  uint32_t alignment_ = 32;
   std::map<std::string, GgufValue> metadata_;
   std::map<std::string, GgufTensor> tensors_;
   std::vector<std::unique_ptr<Part>> mapped_;
 };
 
 // The GGUF file `path` names, if it names one: a path ending in .gguf (existing or not: opening
-// it reports what is wrong), or a folder holding .gguf files and no config.json (the first
-// part of the set, by name). nullopt for anything else (a hub checkpoint folder).
+// it reports what is wrong), or a folder holding .gguf files and no config.json (its model's
+// file: the one .gguf, or the first part of its split set, by name; mmproj-*.gguf projector
+// files beside it do not count). A folder whose model is ambiguous (several .gguf files, or
+// only projectors) gives the folder itself, so that opening it reports why. nullopt for
+// anything else (a hub checkpoint folder).
 std::optional<std::string> gguf_path(const std::string& path);
 
 }  // namespace mla
