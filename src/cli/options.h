@@ -25,8 +25,11 @@ inline cpu::Context cpu_context(int threads, const std::string& precision = "pre
   return ctx;
 }
 
-inline constexpr const char* kCheckpointHelp = "checkpoint folder (config.json, *.safetensors, tokenizer.json)";
-inline constexpr const char* kWeightsHelp = "checkpoint folder (config.json, *.safetensors)";
+inline constexpr const char* kCheckpointHelp =
+    "checkpoint folder (config.json, *.safetensors, tokenizer.json) or GGUF file (FILE.gguf, the first part "
+    "NAME-00001-of-0000N.gguf of a split set, or a folder holding one)";
+inline constexpr const char* kWeightsHelp =
+    "checkpoint folder (config.json, *.safetensors) or GGUF file (or the first part of a split set)";
 
 // -m,--model: the model folder, required.
 inline CLI::Option* add_model_option(CLI::App& app, std::string& dir, const std::string& help = kCheckpointHelp) {

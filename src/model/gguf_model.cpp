@@ -271,13 +271,13 @@ std::unique_ptr<Checkpoint> gguf_checkpoint(std::shared_ptr<const GgufFile> f) {
       hub = it->second;
     } else if (std::regex_match(name, mt, layer_re)) {
       const std::string prefix = "model.layers." + mt[1].str() + ".", suffix = mt[2].str();
-      if (auto e = expert_names().find(suffix); e != expert_names().end()) {
+      if (auto proj = expert_names().find(suffix); proj != expert_names().end()) {
         if (!supported_type(g.type))
           format_error(g.file, name, std::string("type ") + ggml_type_info(g.type)->name + " is not supported");
         if (shape.size() != 3) format_error(g.file, name, "stacked experts need 3 dimensions, got " + g.shape_str());
         const size_t per = g.nbytes / size_t(shape[0]);
         for (int64_t e = 0; e < shape[0]; ++e) {
-          const std::string hn = prefix + "mlp.experts." + std::to_string(e) + "." + e->second + ".weight";
+          const std::string hn = prefix + "mlp.experts." + std::to_string(e) + "." + proj->second + ".weight";
           out.emplace(hn, hub_tensor(g, name + " (expert " + std::to_string(e) + ")", {shape[1], shape[2]},
                                      g.data + size_t(e) * per, per));
         }

@@ -1,15 +1,18 @@
 // llama.cpp's GGUF files run as stored (model/gguf_model.h), checked against two outside
 // references: the golden fixture's HuggingFace logits through llama.cpp's own conversion of it
 // (BF16: the fixture's values), and llama.cpp's logits on the same quantized files. The files
-// and llama.cpp's logits were made by tests/fixtures/gguf/make_gguf_fixtures.sh.
+// and llama.cpp's logits were made by tests/fixtures/gguf/make_models.sh.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <fstream>
+#include <functional>
 #include <memory>
 
 #include "format/error.h"
 #include "format/gguf.h"
+#include "format/gguf_builder.h"
 #include "model/gguf_model.h"
 #include "tools/run_modes.h"
 #include "test_util.h"
@@ -189,6 +192,110 @@ TEST(GgufModel, MissingTensorNamesTheFilesTensor) {
   EXPECT_EQ(gguf_tensor_name("model.layers.3.mlp.experts.7.down_proj.weight"), "blk.3.ffn_down_exps.weight");
   EXPECT_EQ(gguf_tensor_name("model.layers.0.self_attn.kv_a_proj_with_mqa.weight"), "blk.0.attn_kv_a_mqa.weight");
   EXPECT_EQ(gguf_tensor_name("lm_head.weight"), "output.weight");
+}
+
+// ---- bad files -----------------------------------------------------------------------------------
+
+// A copy of a fixture through the test writer, `edit` changing it first: metadata keys (all
+// but the tokenizer's long lists and general.alignment, which the builder writes itself) and
+// tensors as read.
+std::string rewrite(const std::string& name, const test::TempDir& dir, const std::function<void(test::GgufBuilder&)>& edit) {
+  const GgufFile src(gguf_fixture(name));
+  test::GgufBuilder b;
+  for (const auto& [k, v] : src.metadata()) {
+    if (k == "general.alignment") continue;
+    using K = GgufValue::Kind;
+    if (v.kind == K::String) b.add_string(k, v.s);
+    else if (v.kind == K::Float) b.add_f64(k, v.f);
+    else if (v.kind == K::Bool) b.add_bool(k, v.b);
+    else if (v.kind == K::Int) b.add_i64(k, v.i);
+    else if (v.elem == K::String) b.add_string_array(k, v.strings);
+    else if (v.elem == K::Float) b.add_array<double>(k, test::GgufBuilder::F64, v.floats);
+    else b.add_array<int64_t>(k, test::GgufBuilder::I64, v.ints);
+  }
+  for (const auto& [n, t] : src.tensors()) b.add_tensor(n, t.type, t.ne, std::vector<uint8_t>(t.data, t.data + t.nbytes));
+  edit(b);
+  const std::string out = dir / "model.gguf";
+  b.write(out);
+  return out;
+}
+
+template <class F>
+void expect_error(F fn, std::vector<std::string> fragments) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one mentioning " << fragments[0];
+  } catch (const FormatError& e) {
+    const std::string msg = e.what();
+    for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "message: " << msg << "\nlacks: " << f;
+  }
+}
+
+void drop_tensor(test::GgufBuilder& b, const std::string& name) {
+  auto& ts = b.tensors();
+  ts.erase(std::remove_if(ts.begin(), ts.end(), [&](const auto& t) { return t.name == name; }), ts.end());
+}
+
+TEST(BadGgufModel, RewrittenCopyStillLoads) {  // the rewrite itself keeps a good file good
+  test::TempDir d("gguf");
+  auto model = Model::load(rewrite("kquant-tiny-q4_k_m.gguf", d, [](auto&) {}));
+  EXPECT_EQ(model->config().hidden_size, 256);
+}
+
+// The value of general.architecture, written first by gguf-py, renamed in place (same length).
+TEST(BadGgufModel, ArchitectureThatIsNotMla) {
+  test::TempDir d("gguf");
+  std::ifstream f(gguf_fixture("deepseek-v3-tiny.meta.gguf"), std::ios::binary);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string needle = "deepseek2";
+  auto it = std::search(bytes.begin(), bytes.end(), needle.begin(), needle.end());
+  ASSERT_NE(it, bytes.end());
+  std::copy_n("llama2xyz", 9, it);
+  const std::string path = d / "llama.gguf";
+  test::GgufBuilder::write_bytes(path, bytes);
+  expect_error([&] { ModelConfig::load(path); }, {path, "general.architecture", "not an MLA architecture"});
+}
+
+TEST(BadGgufModel, MissingTensorNamedAsInTheFile) {
+  test::TempDir d("gguf");
+  const std::string path =
+      rewrite("kquant-tiny-q4_k_m.gguf", d, [](test::GgufBuilder& b) { drop_tensor(b, "blk.1.ffn_up_exps.weight"); });
+  expect_error([&] { Model::load(path); }, {path, "blk.1.ffn_up_exps.weight", "missing"});
+}
+
+TEST(BadGgufModel, WrongShape) {
+  test::TempDir d("gguf");
+  const std::string path = rewrite("kquant-tiny-q4_k_m.gguf", d, [](test::GgufBuilder& b) {
+    for (auto& t : b.tensors())
+      if (t.name == "blk.0.attn_q_a_norm.weight") {  // f32 [256] -> [128]
+        t.ne = {128};
+        t.data.resize(128 * 4);
+      }
+  });
+  expect_error([&] { Model::load(path); }, {path, "blk.0.attn_q_a_norm.weight", "shape"});
+}
+
+TEST(BadGgufModel, TypeTheEngineDoesNotRun) {
+  test::TempDir d("gguf");
+  const std::string path = rewrite("kquant-tiny-q4_k_m.gguf", d, [](test::GgufBuilder& b) {
+    for (auto& t : b.tensors())
+      if (t.name == "blk.0.ffn_down.weight") {  // q4_K [256, 256] -> iq2_xxs: 66 bytes a 256
+        t.type = 16;
+        t.data.assign(size_t(66) * 256, 0);
+      }
+  });
+  expect_error([&] { Model::load(path); }, {path, "blk.0.ffn_down.weight", "iq2_xxs", "not supported"});
+}
+
+TEST(BadGgufModel, TruncatedFile) {
+  test::TempDir d("gguf");
+  std::ifstream f(gguf_fixture("kquant-tiny-q4_k_m.gguf"), std::ios::binary);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  for (size_t keep : {size_t(3), size_t(100), bytes.size() / 2, bytes.size() - 1}) {
+    const std::string path = d / "cut.gguf";
+    test::GgufBuilder::write_bytes(path, std::vector<uint8_t>(bytes.begin(), bytes.begin() + long(keep)));
+    expect_error([&] { Model::load(path); }, {path});
+  }
 }
 
 }  // namespace

@@ -187,6 +187,23 @@ TEST(MpiRun, DecodeModeEqualsOneProcessAndOnlyRankZeroPrints) {
   EXPECT_EQ(reports, 1u) << r.output;
 }
 
+// A GGUF file, its routed experts one view each into the stacked tensor of a K-quant, splits
+// across ranks as a folder does: each rank reads its block of the experts.
+TEST(MpiRun, GgufFileEqualsOneProcess) {
+  if (auto why = mpirun_missing(); !why.empty()) GTEST_SKIP() << why;
+  const std::string file = (test::source_dir() / "tests/fixtures/gguf/kquant-tiny-q4_k_m.gguf").string();
+  test::TempDir tmp("mpi");
+  for (const char* mode : {"prefill", "decode"}) {
+    const std::string args =
+        std::string("logits -m ") + file + " --ids 5,17,300,2,99,41,7,250 --mode " + mode + " --threads 1 --out ";
+    auto one = test::run_mla(args + (tmp / "one.safetensors"));
+    ASSERT_EQ(one.status, 0) << one.output;
+    auto r = test::run_command(mpirun(2) + "'" + MLA_BINARY + "' " + args + (tmp / "two.safetensors"), true);
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_LE(test::max_abs_diff(logits_of(tmp / "two.safetensors"), logits_of(tmp / "one.safetensors")), 1e-5f) << mode;
+  }
+}
+
 // `mla run` with MTP speculative decoding (the MTP module's MoE layer is split too): the same
 // greedy text on two ranks as in one process, printed once, and each rank's figures at the end.
 TEST(MpiRun, SpeculativeRunGivesOneProcessText) {
