@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-25}
-targets=${FUZZ_TARGETS:-"fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_chat_template fuzz_request fuzz_page_file"}
+targets=${FUZZ_TARGETS:-"fuzz_safetensors fuzz_gguf fuzz_config fuzz_tokenizer fuzz_chat_template fuzz_request fuzz_page_file"}
 cxx=${FUZZ_CXX:-$(command -v clang++-14 || command -v clang++ || true)}
 if [ -z "$cxx" ]; then
   echo "fuzz.sh: no clang++ (install clang libclang-rt-14-dev: scripts/install-deps.sh)" >&2

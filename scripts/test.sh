@@ -25,7 +25,7 @@ cmake --build build-asan -j"$jobs" --target mla_tests
 # the release build only too.
 echo "== unit tests under ASan + UBSan"
 OMP_NUM_THREADS=1 build-asan/mla_tests --gtest_brief=1 \
-  --gtest_filter='Bad*:LatentPool*:PoolDtype*:Fp8*:PathPolicy*:KvExhaustion*:MlaPaths*:Packaging*:Tokenizer*:ChatTemplate*:Jinja*:CacheSize*:Fixtures/Golden.LayerOutputs*:Attention*:MlaUnit*:Moe*:PrefixCache*:PromptCacheTiers*:OutputStream*:Grammar*:JsonSchema*:ToolParser*:ReasoningParser*:EncodingDsv32*:DsaPool*:DsaConfig*:DsaIndexer*:SparseAttention*:QuantizeKernels*:ComputePeak*:Int8.*:QuantizeInt8.Malformed*:RopeParameters*:OneTokenKernels*:Matmul.FastPrecision*:Repack.*:AnthropicApi*:ResponsesApi*:ExpertParallel*-JinjaRender.SelfReferencingListPrintsToALimit:EncodingDsv32.ChatTemplateCommandUsesTheEncoder'
+  --gtest_filter='Bad*:Gguf*:LatentPool*:PoolDtype*:Fp8*:PathPolicy*:KvExhaustion*:MlaPaths*:Packaging*:Tokenizer*:ChatTemplate*:Jinja*:CacheSize*:Fixtures/Golden.LayerOutputs*:Attention*:MlaUnit*:Moe*:PrefixCache*:PromptCacheTiers*:OutputStream*:Grammar*:JsonSchema*:ToolParser*:ReasoningParser*:EncodingDsv32*:DsaPool*:DsaConfig*:DsaIndexer*:SparseAttention*:QuantizeKernels*:ComputePeak*:Int8.*:QuantizeInt8.Malformed*:RopeParameters*:OneTokenKernels*:Matmul.FastPrecision*:Repack.*:AnthropicApi*:ResponsesApi*:ExpertParallel*-JinjaRender.SelfReferencingListPrintsToALimit:EncodingDsv32.ChatTemplateCommandUsesTheEncoder'
 
 echo "== fuzzing (clang++, ASan + UBSan)"
 bash scripts/fuzz.sh

@@ -38,6 +38,13 @@ std::vector<uint8_t> iota_bytes(size_t n, uint8_t first = 1) {
   return v;
 }
 
+// "t<k>" (appended, not "t" + string: GCC 12 warns falsely on that operator+ under -O2).
+std::string tensor_name(int k) {
+  std::string s = "t";
+  s += std::to_string(k);
+  return s;
+}
+
 // A small valid model: a little metadata, an f32 [4, 2] and a q8_0 [32, 1] tensor.
 GgufBuilder small_model() {
   GgufBuilder b;
@@ -335,7 +342,7 @@ TEST(GgufRead, ReadsASplitSetLlamaCppWrites) {
   EXPECT_EQ(f.get_int("split.count"), 3);
   ASSERT_EQ(f.tensors().size(), 3u);
   for (int k = 0; k < 3; ++k) {
-    const GgufTensor* t = f.find_tensor("t" + std::to_string(k));
+    const GgufTensor* t = f.find_tensor(tensor_name(k));
     ASSERT_TRUE(t);
     EXPECT_EQ(t->file, (dir / GgufBuilder::split_name("tiny-split", k + 1, 3)).string());
     float v;
@@ -597,7 +604,7 @@ void write_split(const std::string& prefix, int count, const std::function<void(
     b.add_split_keys(no, count, count);
     if (no == 1) b.add_string("general.architecture", "deepseek2").add_u32("deepseek2.block_count", 3);
     const float v = float(no);
-    b.add_tensor_f32("t" + std::to_string(no), {4}, {v, v, v, v});
+    b.add_tensor_f32(tensor_name(no), {4}, {v, v, v, v});
     if (edit) edit(no, b);
     b.write(GgufBuilder::split_name(prefix, no, count));
   }
@@ -621,7 +628,7 @@ TEST(GgufSplit, OpensFromAnyPartAndFromTheFolder) {
     ASSERT_EQ(f.tensors().size(), 3u);
     EXPECT_EQ(f.total_bytes(), 48u);
     for (int no = 1; no <= 3; ++no) {
-      const GgufTensor* t = f.find_tensor("t" + std::to_string(no));
+      const GgufTensor* t = f.find_tensor(tensor_name(no));
       ASSERT_TRUE(t);
       EXPECT_EQ(t->file, names[size_t(no - 1)]);
       const uint8_t* map = f.mapping(size_t(no - 1));
@@ -646,7 +653,7 @@ TEST(GgufSplit, MetadataOnlyFirstPart) {
     GgufBuilder b;
     b.add_split_keys(no, 3, 2);
     if (no == 1) b.add_string("general.architecture", "deepseek2");
-    else b.add_tensor_f32("t" + std::to_string(no), {2}, {1, 2});
+    else b.add_tensor_f32(tensor_name(no), {2}, {1, 2});
     b.write(GgufBuilder::split_name(prefix, no, 3));
   }
   GgufFile f(GgufBuilder::split_name(prefix, 3, 3));
@@ -694,7 +701,7 @@ TEST(GgufSplit, TensorTotalMustMatch) {
   write_split(prefix, 3, [](int no, GgufBuilder& b) {
     b = GgufBuilder();
     b.add_split_keys(no, 3, 4);
-    b.add_tensor_f32("t" + std::to_string(no), {1}, {1});
+    b.add_tensor_f32(tensor_name(no), {1}, {1});
   });
   expect_error([&] { GgufFile f(d.str()); }, {"m-00001-of-00003.gguf", "split.tensors.count is 4", "hold 3 tensors"});
 }
