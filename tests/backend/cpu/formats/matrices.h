@@ -3,6 +3,7 @@
 // and a dot product).
 #pragma once
 #include <gtest/gtest.h>
+#include <immintrin.h>
 
 #include <cmath>
 #include <cstring>
@@ -14,12 +15,27 @@
 #include "backend/cpu/formats/gemv.h"
 #include "backend/cpu/ops.h"
 #include "tensor/dtype.h"
+#include "tensor/ggml_blocks.h"
 #include "tensor/matrix.h"
 
 namespace mla::test {
 
 using mla::MatrixView;
 using mla::WeightFormat;
+
+// The byte offsets of a ggml block's f16 fields (d, and dmin or m; tensor/ggml_blocks.h).
+inline std::vector<size_t> ggml_half_offsets(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::Q4_1:
+    case WeightFormat::Q5_1:
+    case WeightFormat::Q4_K:
+    case WeightFormat::Q5_K: return {0, 2};
+    case WeightFormat::Q2_K: return {80, 82};
+    case WeightFormat::Q3_K: return {108};
+    case WeightFormat::Q6_K: return {208};
+    default: return {0};
+  }
+}
 
 // A weight matrix with its own storage.
 struct Owned {
@@ -68,6 +84,25 @@ inline Owned random_matrix(WeightFormat f, int64_t rows, int64_t cols, std::mt19
         float s = u(rng) * 1e-3f;
         std::memcpy(&m.scales[size_t(4 * i)], &s, 4);
       }
+      break;
+    }
+    case WeightFormat::Q4_0:
+    case WeightFormat::Q4_1:
+    case WeightFormat::Q5_0:
+    case WeightFormat::Q5_1:
+    case WeightFormat::Q8_0:
+    case WeightFormat::Q2_K:
+    case WeightFormat::Q3_K:
+    case WeightFormat::Q4_K:
+    case WeightFormat::Q5_K:
+    case WeightFormat::Q6_K: {  // random codes and sub-block scales; the f16 scales N(0, 1) / 100
+      for (auto& b : m.data) b = uint8_t(byte(rng));
+      const size_t bytes = mla::ggml_block(f).bytes;
+      for (size_t o = 0; o < m.data.size(); o += bytes)
+        for (size_t h : ggml_half_offsets(f)) {
+          const uint16_t v = _cvtss_sh(nd(rng) * 0.01f, 0);  // to nearest even
+          std::memcpy(&m.data[o + h], &v, 2);
+        }
       break;
     }
     case WeightFormat::INT4_GROUP:

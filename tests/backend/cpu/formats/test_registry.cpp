@@ -16,7 +16,11 @@ using mla::cpu::FormatKernels;
 
 const WeightFormat kAll[] = {WeightFormat::F32,          WeightFormat::BF16,         WeightFormat::F16,
                              WeightFormat::FP8_BLOCK128, WeightFormat::INT4_GROUP,   WeightFormat::INT8_GROUP,
-                             WeightFormat::BF16_PAIRS32, WeightFormat::INT4_WORDS16, WeightFormat::INT8_WORDS16};
+                             WeightFormat::BF16_PAIRS32, WeightFormat::INT4_WORDS16, WeightFormat::INT8_WORDS16,
+                             WeightFormat::Q4_0,         WeightFormat::Q4_1,         WeightFormat::Q5_0,
+                             WeightFormat::Q5_1,         WeightFormat::Q8_0,         WeightFormat::Q2_K,
+                             WeightFormat::Q3_K,         WeightFormat::Q4_K,         WeightFormat::Q5_K,
+                             WeightFormat::Q6_K};
 
 TEST(FormatRegistry, EveryFormatHasItsEntry) {
   for (WeightFormat f : kAll) {
