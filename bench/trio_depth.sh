@@ -5,7 +5,11 @@
 # makes them), same thread count. Run from anywhere; the project root is this script's parent.
 #
 #   bench/trio_depth.sh [-w bf16|fp8|int8|int4] [-n ROUNDS] [-t THREADS] [-d DEPTHS]
-#                       [-m 1 (skip mainline)] [-k 1 (skip ik)] [-g GGUF] [-G IK_GGUF]
+#                       [-m 1 (skip mainline)] [-k 1 (skip ik)] [-g GGUF] [-G IK_GGUF] [-s 1]
+#
+# -s 1: mla reads the same GGUF file as the peers (`mla bench -m GGUF`, its blocks as stored:
+# Q4_K_M, Q8_0, a Q2_K mix ...) instead of its own checkpoint of -w's format. With -g naming a
+# K-quant file this is the like-for-like comparison on the same bytes.
 #
 # Defaults: -w bf16 -n 5 -t 2 -d 0,8192,32768. Per depth D (tokens already in the cache):
 #   prompt: a 512-token prompt after D tokens, tokens/s; decode: 64 tokens after D, tokens/s.
@@ -55,13 +59,13 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PEER_DIR=${PEER_DIR:-/tmp/mla-peer}
 IK_EXTRA=${IK_EXTRA--mla 3 -fa 1 -rtr -wb}
 TIMEOUT=${TIMEOUT:-1800}
-WEIGHTS=bf16 ROUNDS=5 THREADS=2 DEPTHS=0,8192,32768 GGUF="" IKGGUF="" LAYERS=6 SKIPML=0 SKIPIK=0
+WEIGHTS=bf16 ROUNDS=5 THREADS=2 DEPTHS=0,8192,32768 GGUF="" IKGGUF="" LAYERS=6 SKIPML=0 SKIPIK=0 SAME=0
 PP=512 TG=64
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
-while getopts "w:n:t:d:m:k:g:G:h" o; do
+while getopts "w:n:t:d:m:k:g:G:s:h" o; do
   case $o in
     w) WEIGHTS=$OPTARG ;; n) ROUNDS=$OPTARG ;; t) THREADS=$OPTARG ;; d) DEPTHS=$OPTARG ;;
-    m) SKIPML=$OPTARG ;; k) SKIPIK=$OPTARG ;; g) GGUF=$OPTARG ;; G) IKGGUF=$OPTARG ;;
+    m) SKIPML=$OPTARG ;; k) SKIPIK=$OPTARG ;; g) GGUF=$OPTARG ;; G) IKGGUF=$OPTARG ;; s) SAME=$OPTARG ;;
     h) usage; exit 0 ;; *) usage >&2; exit 2 ;;
   esac
 done
@@ -92,9 +96,14 @@ PY=/usr/bin/python3
 [[ -x $PY ]] || PY=python3
 if [[ -n ${LOG_DIR:-} ]]; then LOG=$LOG_DIR; mkdir -p "$LOG" || exit 1
 else LOG=$(mktemp -d "$PEER_DIR/logs-depth.XXXXXX" 2>/dev/null || mktemp -d "${TMPDIR:-/tmp}/trio_depth.XXXXXX") || exit 1; fi
-MLA_ARGS=(bench --layers "$LAYERS" --weights "$WEIGHTS" --threads "$THREADS" --runs 1 --depth "$DEPTHS"
-          --prompt-tokens "$PP" --decode-tokens "$TG")
-[[ -n ${MLA_DIR:-} ]] && MLA_ARGS+=(--dir "$MLA_DIR")
+MLA_ARGS=(bench --threads "$THREADS" --runs 1 --depth "$DEPTHS" --prompt-tokens "$PP" --decode-tokens "$TG")
+if [[ $SAME != 0 ]]; then
+  MLA_ARGS+=(-m "$GGUF")
+  MLA_DIR=$GGUF
+else
+  MLA_ARGS+=(--layers "$LAYERS" --weights "$WEIGHTS")
+  [[ -n ${MLA_DIR:-} ]] && MLA_ARGS+=(--dir "$MLA_DIR")
+fi
 # ik: one sweep to the deepest depth, a measured window every STRIDE windows of 512.
 IK_ARGS=(-m "$IKGGUF" -t "$THREADS" -c $((MAXD + PP + TG)) -ub "$PP" -b "$PP" -n "$TG" --sweep-stride "$STRIDE"
          --output-format jsonl)
