@@ -148,7 +148,8 @@ json gguf_config_json(const GgufFile& f) {
   rope_keys(m, c);
   if (const auto bos = f.get_int("tokenizer.ggml.bos_token_id")) c["bos_token_id"] = *bos;
   if (const auto eos = f.get_int("tokenizer.ggml.eos_token_id")) c["eos_token_id"] = *eos;
-  c["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
+  // llama.cpp ties the output head to the embeddings when the file has no output.weight.
+  c["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr && f.find_tensor("token_embd.weight") != nullptr;
 
   if (arch != "deepseek2") {  // the lightning indexer of DeepSeek Sparse Attention
     c["index_n_heads"] = m.i("attention.indexer.head_count");

@@ -59,7 +59,7 @@ TEST_P(GgufConfig, MetadataGivesTheFoldersConfig) {
   EXPECT_EQ(got.topk_group, want.topk_group);
   EXPECT_EQ(got.first_k_dense_replace, want.first_k_dense_replace);
   EXPECT_EQ(got.norm_topk_prob, want.norm_topk_prob);
-  EXPECT_DOUBLE_EQ(got.routed_scaling_factor, want.routed_scaling_factor);
+  EXPECT_FLOAT_EQ(float(got.routed_scaling_factor), float(want.routed_scaling_factor));  // float32 in the file
   EXPECT_EQ(got.scoring_func, want.scoring_func);
   EXPECT_EQ(got.topk_method, want.topk_method);
   EXPECT_FLOAT_EQ(float(got.rms_norm_eps), float(want.rms_norm_eps));
