@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 
+#include "backend/cpu/precision.h"
 #include "format/error.h"
 #include "format/gguf.h"
 #include "format/gguf_builder.h"
@@ -159,19 +160,25 @@ TEST_P(GgufQuantized, AgreesWithLlamaCppOnTheSameFile) {
   ASSERT_EQ(f32.size(), ids.size() * size_t(vocab));
   ASSERT_EQ(llama.size(), f32.size());
   const Distance theirs = distance(f32, llama, vocab);
-  for (const char* mode : {"prefill", "decode"})
-    for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb})
-      for (KvDType kv : {KvDType::F32, KvDType::BF16}) {
+  cpu::Context fast = model->context();
+  fast.precision = cpu::Precision::Fast;  // what run, chat and serve compute in: 8- or 16-bit activations
+  const cpu::Context* const contexts[] = {nullptr, &fast};  // null: the model's own (precise)
+  for (const cpu::Context* ctx : contexts)
+    for (const char* mode : {"prefill", "decode"})
+      for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb})
+        for (KvDType kv : {KvDType::F32, KvDType::BF16}) {
         RunOptions opt;
         opt.mode = RunMode::parse(mode);
         opt.path = path;
         opt.kv_dtype = kv;
+        opt.context = ctx;
         const auto ours = run_logits(*model, ids, opt);
         const Distance to_llama = distance(llama, ours, vocab), to_f32 = distance(f32, ours, vocab);
-        const std::string where = type + " " + mode + " " + attn_path_name(path) + (kv == KvDType::BF16 ? " bf16 cache" : " f32 cache");
+        const std::string where = type + (ctx ? " fast " : " precise ") + mode + " " + attn_path_name(path) +
+                                  (kv == KvDType::BF16 ? " bf16 cache" : " f32 cache");
         EXPECT_EQ(to_llama.top1, int(ids.size())) << where << ": argmax differs from llama.cpp's";
         EXPECT_LE(to_f32.kl, theirs.kl * 1.25 + 1e-3) << where << ": KL to f32 " << to_f32.kl << ", llama.cpp's " << theirs.kl;
-        std::printf("%-40s KL(f32||ours) %.3e  KL(f32||llama.cpp) %.3e  max|ours - llama.cpp| %.3e\n", where.c_str(),
+        std::printf("%-48s KL(f32||ours) %.3e  KL(f32||llama.cpp) %.3e  max|ours - llama.cpp| %.3e\n", where.c_str(),
                     to_f32.kl, theirs.kl, double(to_llama.max_abs));
       }
 }
