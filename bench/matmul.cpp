@@ -4,8 +4,11 @@
 // for a prompt's share of tokens per expert).
 // The weights (about 2 GB per format) are larger than the caches, so every product reads DRAM.
 //
-//   bench/matmul [--quick] [--threads N] [--huge 0|1] [--l2] [--prompt]
-//   (--l2: only the in-cache table; --prompt: only the prompt-shaped products)
+//   bench/matmul [--quick] [--threads N] [--huge 0|1] [--l2] [--prompt] [--ggml[-l2|-model] [FORMAT ...]]
+//   (--l2: only the in-cache table; --prompt: only the prompt-shaped products; --ggml: only the
+//   decode tables of llama.cpp's block formats, every one or those named: q4_0 .. q6_k;
+//   --ggml-l2: their in-cache table alone; --ggml-model: one token through the weight products
+//   of bench/ggml_model.py's model, the decode step llama-bench times on that file)
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -19,6 +22,7 @@
 
 #include "backend/cpu/formats/gemm.h"
 #include "backend/cpu/compute_peak.h"
+#include "backend/cpu/dispatch.h"
 #include "backend/cpu/formats/gemv.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/precision.h"
@@ -26,6 +30,7 @@
 #include "matrix_pass.h"
 #include "tools/bench.h"
 #include "tensor/dtype.h"
+#include "tensor/ggml_blocks.h"
 #include "tensor/matrix.h"
 
 namespace {
@@ -88,9 +93,23 @@ Set make_set(mla::WeightFormat f, int64_t rows, int64_t cols, int count, bool hu
         std::memcpy(pool + k, &h, 2);
       }
     }
+    if (mla::is_ggml_block(f))  // random codes and sub-block scales
+      for (size_t k = 0; k < sizeof pool; ++k) pool[k] = uint8_t(r());
     for (size_t k = 0; k < wb; k += 1024) {
       const size_t off = (r() % 1536) * 2;
       std::memcpy(w + k, pool + off, std::min<size_t>(1024, wb - k));
+    }
+    if (mla::is_ggml_block(f)) {  // each block's f16 d (and dmin or m) about 1e-3
+      const size_t bb = mla::ggml_block(f).bytes;
+      const size_t at = f == mla::WeightFormat::Q2_K ? 80 : f == mla::WeightFormat::Q3_K ? 108
+                        : f == mla::WeightFormat::Q6_K ? 208 : 0;
+      const bool two = f == mla::WeightFormat::Q4_1 || f == mla::WeightFormat::Q5_1 || f == mla::WeightFormat::Q2_K ||
+                       f == mla::WeightFormat::Q4_K || f == mla::WeightFormat::Q5_K;
+      const uint16_t h = 0x1419;  // 0.00101
+      for (size_t b = 0; b < wb; b += bb) {
+        std::memcpy(w + b + at, &h, 2);
+        if (two) std::memcpy(w + b + at + 2, &h, 2);
+      }
     }
     if (f == mla::WeightFormat::FP8_BLOCK128)
       for (size_t k = 0; k < sb; k += 4) {
@@ -115,8 +134,14 @@ Set make_set(mla::WeightFormat f, int64_t rows, int64_t cols, int count, bool hu
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, huge = true, l2_only = false, prompt_only = false;
+  bool quick = false, huge = true, l2_only = false, prompt_only = false, ggml_only = false, ggml_l2_only = false,
+       ggml_model = false;
   int threads = 0;
+  const mla::WeightFormat ggml_all[] = {mla::WeightFormat::Q4_0, mla::WeightFormat::Q4_1, mla::WeightFormat::Q5_0,
+                                        mla::WeightFormat::Q5_1, mla::WeightFormat::Q8_0, mla::WeightFormat::Q2_K,
+                                        mla::WeightFormat::Q3_K, mla::WeightFormat::Q4_K, mla::WeightFormat::Q5_K,
+                                        mla::WeightFormat::Q6_K};
+  std::vector<mla::WeightFormat> ggml_formats;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -124,11 +149,20 @@ int main(int argc, char** argv) {
     else if (a == "--huge" && i + 1 < argc) huge = std::atoi(argv[++i]) != 0;
     else if (a == "--l2") l2_only = true;
     else if (a == "--prompt") prompt_only = true;
-    else {
-      std::fprintf(stderr, "usage: matmul [--quick] [--threads N] [--huge 0|1] [--l2] [--prompt]\n");
+    else if (a == "--ggml") ggml_only = true;
+    else if (a == "--ggml-l2") ggml_only = ggml_l2_only = true;
+    else if (a == "--ggml-model") ggml_only = ggml_model = true;
+    else if (ggml_only && std::find_if(std::begin(ggml_all), std::end(ggml_all), [&](mla::WeightFormat f) {
+                            return a == mla::weight_format_name(f);
+                          }) != std::end(ggml_all)) {
+      for (mla::WeightFormat f : ggml_all)
+        if (a == mla::weight_format_name(f)) ggml_formats.push_back(f);
+    } else {
+      std::fprintf(stderr, "usage: matmul [--quick] [--threads N] [--huge 0|1] [--l2] [--prompt] [--ggml [FORMAT ...]]\n");
       return 2;
     }
   }
+  if (ggml_only && ggml_formats.empty()) ggml_formats.assign(std::begin(ggml_all), std::end(ggml_all));
   mla::cpu::Context base;  // precise, --threads
   base.threads = std::max(0, threads);
   auto in = [&](mla::cpu::Precision p) {
@@ -138,9 +172,115 @@ int main(int argc, char** argv) {
   };
   const int reps = quick ? 2 : 5;
   const size_t target = quick ? (size_t(1) << 30) : (size_t(2) << 30);
-  const double bw = l2_only || prompt_only ? 0.0 : mla::bench::read_bandwidth_gbps(target, reps, base.threads);
+  const double bw = l2_only || prompt_only || ggml_l2_only || ggml_model ? 0.0 : mla::bench::read_bandwidth_gbps(target, reps, base.threads);
   std::printf("threads %d, huge pages %s; read loop over %.1f GiB: %.1f GB/s\n", base.num_threads(),
               huge ? "asked" : "off", double(target) / (1 << 30), bw);
+
+  // llama.cpp's block formats: decode-sized products on a Llama-3-8B's shapes (the FFN's gate /
+  // up and down, the attention's output), as GGUF files store them (no repack), 1 and 4 tokens,
+  // fast (the VNNI GEMV on int8 activations where the build has it) and precise (float32 GEMV),
+  // with the kernel each ran (dispatch.h).
+  // One decode step's weight products of bench/ggml_model.py's model (2 layers of Llama-3-8B's
+  // shapes and a 32000-token output matrix, every matrix in one format): per layer q, k, v, o,
+  // gate, up, down, then the output, one token each, in sequence as a decode step runs them.
+  // GB/s of the weights streamed (what llama-bench's tg streams on that file, less its
+  // embedding table, which a token reads one row of).
+  if (ggml_model) {
+    for (mla::WeightFormat f : ggml_formats) {
+      struct Shape {
+        int64_t rows, cols;
+      };
+      std::vector<Shape> step;
+      for (int l = 0; l < 2; ++l)
+        for (Shape sh : {Shape{4096, 4096}, {1024, 4096}, {1024, 4096}, {4096, 4096}, {14336, 4096}, {14336, 4096},
+                         {4096, 14336}})
+          step.push_back(sh);
+      step.push_back({32000, 4096});
+      std::vector<Set> sets;
+      size_t bytes = 0;
+      for (const Shape& sh : step) {
+        sets.push_back(make_set(f, sh.rows, sh.cols, 1, huge));
+        bytes += sets.back().bytes;
+      }
+      for (auto p : {mla::cpu::Precision::Fast, mla::cpu::Precision::Precise}) {
+        const mla::cpu::Context ctx = in(p);
+        const mla::cpu::Kernel k = mla::cpu::matmul_kernel(ctx, 1, sets[0].views[0], mla::cpu::features(ctx));
+        std::vector<float> x(size_t(14336), 0.01f), y(size_t(32000));
+        double best = 1e30;
+        for (int r = 0; r < 3 * reps; ++r) {
+          auto t = Clock::now();
+          for (const Set& st : sets) mla::cpu::matmul(ctx, x.data(), 1, st.views[0], y.data());
+          best = std::min(best, since(t));
+        }
+        std::printf("%s model step, %d threads, %s (%s): %.2f ms, %.1f steps/s, %.1f GB/s of %.1f MB\n",
+                    mla::weight_format_name(f), base.num_threads(), mla::cpu::precision_name(p), mla::cpu::kernel_name(k),
+                    best * 1e3, 1.0 / best, double(bytes) / best / 1e9, double(bytes) / 1e6);
+        std::fflush(stdout);
+      }
+      for (Set& st : sets) munmap(const_cast<void*>(st.views[0].data), st.bytes);
+    }
+    return 0;
+  }
+  if (ggml_only && !ggml_l2_only) {
+    std::printf("\n%-6s %-12s %3s %-8s %-12s %9s %9s %6s\n", "format", "shape", "T", "prec", "kernel", "ms/pass",
+                "GB/s", "ratio");
+    for (mla::WeightFormat f : ggml_formats)
+      for (auto [rows, cols] : {std::pair<int64_t, int64_t>{14336, 4096}, {4096, 14336}, {4096, 4096}}) {
+        mla::MatrixView probe;
+        probe.format = f;
+        probe.rows = rows;
+        probe.cols = cols;
+        const int count = int(std::max<size_t>(1, target / probe.bytes()));
+        Set s = make_set(f, rows, cols, count, huge);
+        for (int64_t T : {1, 4})
+          for (auto p : {mla::cpu::Precision::Fast, mla::cpu::Precision::Precise}) {
+            const mla::cpu::Context ctx = in(p);
+            const mla::cpu::Kernel k = mla::cpu::matmul_kernel(ctx, T, probe, mla::cpu::features(ctx));
+            const double t = best_pass_seconds(ctx, s.views, T, reps);
+            const double gbs = double(s.bytes) / t / 1e9;
+            std::printf("%-6s %5lldx%-6lld %3lld %-8s %-12s %9.2f %9.1f %6.2f\n", mla::weight_format_name(f),
+                        (long long)rows, (long long)cols, (long long)T, mla::cpu::precision_name(p),
+                        mla::cpu::kernel_name(k), t * 1e3, gbs, gbs / bw);
+            std::fflush(stdout);
+          }
+        munmap(const_cast<void*>(s.views[0].data), s.bytes);
+      }
+  }
+  if (ggml_only) {
+    // The same kernels on 256 x 4096 in L2 on one thread (what a product costs in instructions,
+    // away from DRAM): GB/s by the wall clock and by the thread's CPU time (the second holds
+    // where other processes share the cores).
+    std::printf("\nin L2, 1 thread:\n%-6s %-12s %3s %-8s %-12s %9s %9s %9s\n", "format", "shape", "T", "prec", "kernel",
+                "us/pass", "GB/s", "GB/s cpu");
+    for (mla::WeightFormat f : ggml_formats) {
+      const int64_t rows = 256, cols = 4096;
+      Set s = make_set(f, rows, cols, 1, false);
+      for (int64_t T : {1, 4})
+        for (auto p : {mla::cpu::Precision::Fast, mla::cpu::Precision::Precise}) {
+          mla::cpu::Context ctx = in(p);
+          ctx.threads = 1;
+          const mla::cpu::Kernel k = mla::cpu::matmul_kernel(ctx, T, s.views[0], mla::cpu::features(ctx));
+          const int inner = 100;
+          std::vector<float> x(size_t(T * cols), 0.01f), y(size_t(T * rows));
+          double best = 1e30, best_cpu = 1e30;
+          for (int r = 0; r < 7; ++r) {
+            timespec c0, c1;
+            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+            auto t = Clock::now();
+            for (int i = 0; i < inner; ++i) mla::cpu::matmul(ctx, x.data(), T, s.views[0], y.data());
+            best = std::min(best, since(t) / inner);
+            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+            best_cpu = std::min(best_cpu, (double(c1.tv_sec - c0.tv_sec) + 1e-9 * double(c1.tv_nsec - c0.tv_nsec)) / inner);
+          }
+          std::printf("%-6s %5lldx%-6lld %3lld %-8s %-12s %9.2f %9.1f %9.1f\n", mla::weight_format_name(f),
+                      (long long)rows, (long long)cols, (long long)T, mla::cpu::precision_name(p),
+                      mla::cpu::kernel_name(k), best * 1e6, double(s.bytes) / best / 1e9, double(s.bytes) / best_cpu / 1e9);
+          std::fflush(stdout);
+        }
+      munmap(const_cast<void*>(s.views[0].data), s.bytes);
+    }
+    return 0;
+  }
 
   // Decode: an MoE expert projection (1408 x 2048) and its transpose, T = 1 and 4, and in bf16
   // the lm_head of DeepSeek-V3's vocabulary (129280 x 2048, the bench checkpoint's).

@@ -26,7 +26,7 @@ enum class Kernel {
   GemvF32,        // fused dequantize-and-FMA GEMV on float32 activations (gemv.h)
   GemvBf16,       // the GEMV's VDPBF16PS kernels on bf16 activations (fast; bf16, FP8, INT4)
   GemvAmxFp8,     // FP8 rows decoded onto AMX tiles, 2 to 16 tokens (fast; amx.h)
-  GemvVnni,       // INT4 / INT8_WORDS16 blocks x int8 activations on VPDPBUSD (fast, int8_activations; gemv.h)
+  GemvVnni,       // INT4 / INT8_WORDS16 blocks, ggml block formats x int8 activations on VPDPBUSD (fast, int8_activations; gemv.h)
   AmxGemm,        // bf16 GEMM on AMX tiles, amx_gemm_rows32, 32 weight rows at a time (fast; gemm.h)
   Dpbf16Gemm,     // bf16 GEMM on VDPBF16PS, dpbf16_gemm_rows32, activations row-major (fast, no AMX; dpbf16_gemm.h)
   FmaGemm,        // bf16 weights x float32 activations on FMAs, fma_gemm_rows32 (fast, no AMX; fma_gemm.h)

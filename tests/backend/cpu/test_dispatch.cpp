@@ -8,6 +8,7 @@
 
 #include "backend/cpu/context.h"
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/formats/registry.h"
 #include "tensor/matrix.h"
 
 namespace {
@@ -225,6 +226,28 @@ TEST(Dispatch, GemvTokensAndGemmKernelAgreeWithMatmul) {
           }
         }
       }
+}
+
+TEST(Dispatch, GgmlBlockFormats) {
+  // llama.cpp's block formats: in the fast precision with int8 activations the VNNI GEMV up to
+  // 12 tokens (where the build has it: formats/ggml/kernels.h), then the prompt's bf16 GEMMs on
+  // rows decoded through row_bf16; otherwise the float32 GEMV; precise: float32, then dequantized
+  // blocks into sgemm.
+  const Context fast = context(mla::cpu::Precision::Fast), precise = context(mla::cpu::Precision::Precise);
+  Context no_int8 = fast;
+  no_int8.int8_activations = false;
+  for (WeightFormat f : {WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q5_0, WeightFormat::Q5_1,
+                         WeightFormat::Q8_0, WeightFormat::Q2_K, WeightFormat::Q3_K, WeightFormat::Q4_K,
+                         WeightFormat::Q5_K, WeightFormat::Q6_K}) {
+    const std::string name = mla::weight_format_name(f);
+    const std::string gemv = mla::cpu::format_kernels(f).gemv_vnni ? "vgemv" : "f32";
+    const std::string five = gemv + " " + gemv + " " + gemv + " " + gemv + " " + gemv;
+    EXPECT_EQ(row(fast, weight(f), CpuFeatures{true}), five + " amx amx amx amx dnnl dnnl") << name;
+    EXPECT_EQ(row(fast, weight(f), CpuFeatures{false}), five + " dp dp dp dp dp dp") << name;
+    EXPECT_EQ(row(fast, weight(f), CpuFeatures{false, true}), five + " dp fma fma fma fma fma") << name;
+    EXPECT_EQ(row(no_int8, weight(f), CpuFeatures{false}), "f32 f32 f32 f32 f32 dp dp dp dp dp dp") << name;
+    EXPECT_EQ(row(precise, weight(f), CpuFeatures{false}), "f32 f32 f32 f32 f32 f32 f32 deq deq deq deq") << name;
+  }
 }
 
 TEST(Dispatch, KernelNamesAreDistinct) {

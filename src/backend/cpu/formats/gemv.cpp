@@ -13,7 +13,9 @@
 // than Context::gemv_bf16_max_tokens (1 by default), except FP8 products of 2 to 16 tokens where
 // the CPU has AMX: those run on tiles of 16 rows (amx.h). Where int8 activations are on, INT4 and
 // INT8 repacked at load (INT4_WORDS16, INT8_WORDS16) run on VPDPBUSD over int8 activations, as
-// the prompt's VNNI GEMM does. dispatch.h's gemv_kernel decides, per product.
+// the prompt's VNNI GEMM does, and so do llama.cpp's block formats, on activations quantized in
+// their own blocks (FormatKernels::vnni_x, formats/ggml/vnni.h). dispatch.h's gemv_kernel
+// decides, per product.
 #include "backend/cpu/formats/gemv.h"
 
 #include <omp.h>
@@ -123,6 +125,7 @@ void gemv_batch(const Context& ctx, std::span<const GemvJob> jobs) {
   thread_local std::vector<int8_t> codes;     // the VNNI GEMV's activations: int8 codes,
   thread_local std::vector<float> code_scales;  // a scale per token and chunk,
   thread_local std::vector<int32_t> code_fix;   // and the bias's correction
+  thread_local std::vector<uint8_t> own_codes;  // or the format's own (FormatKernels::vnni_x)
   thread_local std::vector<GemvRows> rows;
   thread_local std::vector<GemvFastRows> frows;
   thread_local std::vector<GemvVnniRows> vrows;
@@ -131,13 +134,15 @@ void gemv_batch(const Context& ctx, std::span<const GemvJob> jobs) {
   thread_local std::vector<Unit> units;
   const CpuFeatures feats = features(ctx);
   auto kernel_of = [&](const GemvJob& j) { return gemv_kernel(ctx, j.T, j.W, feats); };
-  size_t need = 0, need16 = 0, need8 = 0, need_chunks = 0;
+  size_t need = 0, need16 = 0, need8 = 0, need_chunks = 0, need_own = 0;
   for (const auto& j : jobs) {
     if (j.T <= 0 || j.W.rows <= 0) continue;
     const Kernel k = kernel_of(j);
     if (k == Kernel::GemvReference) continue;
     const size_t words = size_t(j.T * (j.W.cols / kStep) * kStep);
+    const FormatKernels& fk = format_kernels(j.W.format);
     if (k == Kernel::GemvAmxFp8 || k == Kernel::GemvBf16) need16 += words;
+    else if (k == Kernel::GemvVnni && fk.vnni_x) need_own += size_t(j.T) * fk.vnni_x_bytes(j.W.cols);
     else if (k == Kernel::GemvVnni) need8 += size_t(j.T * j.W.cols), need_chunks += size_t(j.T * (j.W.cols / kChunk));
     else need += size_t(j.T * (j.W.cols / kChunk) * kChunk);
   }
@@ -145,6 +150,8 @@ void gemv_batch(const Context& ctx, std::span<const GemvJob> jobs) {
   if (prepared16.size() < need16) prepared16.resize(need16);
   if (codes.size() < need8) codes.resize(need8);
   if (code_scales.size() < need_chunks) code_scales.resize(need_chunks), code_fix.resize(need_chunks);
+  if (own_codes.size() < need_own + 64) own_codes.resize(need_own + 64);
+  uint8_t* const own_base = own_codes.data() + (-reinterpret_cast<uintptr_t>(own_codes.data()) & 63);
   rows.clear();
   frows.clear();
   vrows.clear();
@@ -152,7 +159,7 @@ void gemv_batch(const Context& ctx, std::span<const GemvJob> jobs) {
   order.clear();
   double total = 0;
   int64_t weights = 0;
-  size_t off = 0, off16 = 0, off8 = 0, off_chunks = 0;
+  size_t off = 0, off16 = 0, off8 = 0, off_chunks = 0, off_own = 0;
   for (const auto& j : jobs) {
     if (j.T <= 0 || j.W.rows <= 0) continue;
     const Kernel k = kernel_of(j);
@@ -161,7 +168,14 @@ void gemv_batch(const Context& ctx, std::span<const GemvJob> jobs) {
       gemv_reference(j.x, j.T, j.ldx, j.W, j.y, j.ldy);
       continue;
     }
-    if (k == Kernel::GemvVnni) {
+    if (k == Kernel::GemvVnni && fk.vnni_x) {
+      const size_t stride = fk.vnni_x_bytes(j.W.cols);
+      uint8_t* xb = own_base + off_own;
+      off_own += size_t(j.T) * stride;
+      fk.vnni_x(j.x, j.T, j.ldx, j.W.cols, xb);
+      order.push_back({Family::Vnni, vrows.size()});
+      vrows.push_back(GemvVnniRows{&j.W, nullptr, nullptr, nullptr, j.T, j.y, j.ldy, fk.gemv_vnni, xb, int64_t(stride)});
+    } else if (k == Kernel::GemvVnni) {
       const int64_t K = j.W.cols, Kc = K / kChunk;
       int8_t* q = codes.data() + off8;
       float* qs = code_scales.data() + off_chunks;

@@ -363,7 +363,9 @@ struct GemvFastRows {
 
 
 // The INT4_WORDS16 or INT8_WORDS16 rows [n0, n1) (whole blocks of 16) of one thread, the
-// activations' codes, scales and corrections prepared once per call (activations_int8, gemm.h).
+// activations' codes, scales and corrections prepared once per call (activations_int8, gemm.h);
+// or the rows of a format that quantizes its activations itself (FormatKernels::vnni_x: the
+// ggml formats), those at xb, a token every xstride bytes.
 struct GemvVnniRows {
   const MatrixView* W;
   const int8_t* q;
@@ -373,6 +375,8 @@ struct GemvVnniRows {
   float* y;
   int64_t ldy;
   void (*kernel)(const GemvVnniRows&, int64_t n0, int64_t n1);  // the format's (FormatKernels::gemv_vnni)
+  const uint8_t* xb = nullptr;
+  int64_t xstride = 0;
 };
 
 }  // namespace mla::cpu::avx512

@@ -5,6 +5,7 @@
 // (dispatch.cpp) read an entry; none of them names a format. docs/backend.md has the steps.
 // Internal to src/backend/cpu.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "backend/cpu/common/avx512.h"
@@ -48,6 +49,12 @@ struct FormatKernels {
   float bf16_x_scale = 1.0f;   // the bf16 activations' factor (FP8: 2^64, decode.h)
   void (*gemv_amx)(const avx512::GemvFastRows&, int64_t n0, int64_t n1) = nullptr;  // 2 to 16 tokens
   void (*gemv_vnni)(const avx512::GemvVnniRows&, int64_t n0, int64_t n1) = nullptr;
+  // gemv_vnni's activations where the format quantizes them its own way (the ggml formats, in
+  // their blocks: formats/ggml/vnni.h) instead of per chunk of 32 (activations_int8): the bytes
+  // a token takes for K columns, and the quantizer of T tokens into consecutive spans of that
+  // many bytes from a 64-byte aligned out (GemvVnniRows::xb)
+  size_t (*vnni_x_bytes)(int64_t K) = nullptr;
+  void (*vnni_x)(const float* x, int64_t T, int64_t ldx, int64_t K, uint8_t* out) = nullptr;
   int64_t fast_gemv_tokens = 12;  // gemv_max_tokens in the fast precision (dispatch.cpp)
 
   // ---- prompt: row n of W as bf16 into out[0, cols / 32 * 32), columns in `layout` order per
