@@ -24,6 +24,8 @@
 
 namespace mla {
 
+struct TokenizerParts;
+
 class Tokenizer {
  public:
   // Reads dir/tokenizer.json and (optional) dir/tokenizer_config.json. Without tokenizer.json,
@@ -31,6 +33,10 @@ class Tokenizer {
   // added_tokens_decoder. Throws std::runtime_error naming the file and the problem (missing file,
   // bad JSON, malformed line, unsupported construct).
   static Tokenizer load(const std::string& dir);
+
+  // The constructor under load(): the tokenizer files' content, already read (tokenizer_parts.h).
+  // Throws std::runtime_error (FormatError for the vocabulary and merges) naming parts.source.
+  static Tokenizer from_parts(TokenizerParts parts);
 
   // Writes a small, valid byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json with
   // a DeepSeek-style chat template) of exactly vocab_size ids into dir (created if missing):
