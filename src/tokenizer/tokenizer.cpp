@@ -425,6 +425,11 @@ class TokenizerJsonReader {
   std::vector<std::string> pair_;
 };
 
+// "SOURCE: " before an error, "FILE: KEY: " when the source names the key (a GGUF file).
+std::string where_in(const std::string& source, const std::string& key) {
+  return source + ": " + (key.empty() ? "" : key + ": ");
+}
+
 struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
@@ -525,23 +530,7 @@ void Tokenizer::Impl::set_token(int32_t id, const std::string& text) {
   // ByteLevel decoder: every character through the byte alphabet, or the raw text if any
   // character is outside it.
   std::string bytes;
-  bool all_mapped = true;
-  size_t i = 0, bad = 0;
-  while (i < text.size()) {
-    size_t len = utf8::sequence_length(text, i, &bad);
-    if (len == 0) {
-      all_mapped = false;
-      break;
-    }
-    int b = utf8::char_to_byte(utf8::decode_at(text, i, len));
-    if (b < 0) {
-      all_mapped = false;
-      break;
-    }
-    bytes.push_back(static_cast<char>(b));
-    i += len;
-  }
-  id_to_bytes[id] = all_mapped ? bytes : text;
+  id_to_bytes[id] = utf8::byte_level_decode(text, &bytes) ? bytes : text;
 }
 
 void Tokenizer::Impl::load_model(const json& model, TokenizerParts& parts) {
@@ -559,7 +548,7 @@ void Tokenizer::Impl::load_model(const json& model, TokenizerParts& parts) {
     throw std::runtime_error(source + ": unsupported BPE option byte_fallback (not a byte-level BPE)");
   ignore_merges = model.value("ignore_merges", false);
   // "PATH: " for tokenizer.json, "FILE: KEY: " for a GGUF file.
-  const std::string vocab_where = source + ": " + (parts.vocab_key.empty() ? "" : parts.vocab_key + ": ");
+  const std::string vocab_where = where_in(source, parts.vocab_key);
   auto merge_name = [&](int32_t rank) {
     return parts.merges_key.empty() ? "merge " + std::to_string(rank)
                                     : parts.merges_key + "[" + std::to_string(rank) + "]";
@@ -991,7 +980,7 @@ void Tokenizer::Impl::load_ranked(TokenizerParts& parts) {
     bytes_to_id.insert_or_assign(t.bytes, t.rank);
   }
   ignore_merges = true;
-  const std::string vocab_where = source + ": " + (parts.vocab_key.empty() ? "" : parts.vocab_key + ": ");
+  const std::string vocab_where = where_in(source, parts.vocab_key);
   for (int b = 0; b < 256; ++b) {
     const char byte = static_cast<char>(b);
     byte_id[b] = bytes_to_id.find(std::string_view(&byte, 1));

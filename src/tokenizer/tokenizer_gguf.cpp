@@ -227,15 +227,8 @@ Tokenizer Tokenizer::from_gguf(const std::map<std::string, GgufValue>& metadata,
         continue;
       }
       tiktoken::RankedToken ranked{{}, static_cast<int32_t>(id), 0};
-      size_t i = 0, bad = 0;
-      while (i < text.size()) {
-        size_t len = utf8::sequence_length(text, i, &bad);
-        int b = len ? utf8::char_to_byte(utf8::decode_at(text, i, len)) : -1;
-        if (b < 0)
-          meta.fail(kTokens, "token " + std::to_string(id) + " '" + text + "' is not in the byte-level alphabet");
-        ranked.bytes.push_back(static_cast<char>(b));
-        i += len;
-      }
+      if (!utf8::byte_level_decode(text, &ranked.bytes))
+        meta.fail(kTokens, "token " + std::to_string(id) + " '" + text + "' is not in the byte-level alphabet");
       parts.ranked.push_back(std::move(ranked));
       continue;
     }
