@@ -70,16 +70,6 @@ mla::GgufValue ints(std::vector<int64_t> i) {
   return v;
 }
 
-std::vector<json> read_jsonl(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot open " + path);
-  std::vector<json> rows;
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) rows.push_back(json::parse(line));
-  return rows;
-}
-
 fs::path temp_dir(const std::string& name) {
   fs::path dir = fs::temp_directory_path() / ("mla_gguf_vocab_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -143,7 +133,7 @@ TEST_F(GgufVocabDeepSeekV3, MetadataIsWhatTheConverterWrites) {
 }
 
 TEST_F(GgufVocabDeepSeekV3, EncodesEveryFixtureCaseToTheExpectedIds) {
-  auto cases = read_jsonl(mla::test::deepseek_v3_dir() + "/cases.jsonl");
+  auto cases = mla::test::deepseek_v3_jsonl("cases.jsonl");
   ASSERT_GE(cases.size(), 100u);
   for (const json& c : cases) {
     const std::string id = c["id"];
@@ -194,7 +184,7 @@ TEST_F(GgufVocabDeepSeekV3, AddBosAndAddEosFollowTheMetadata) {
 TEST_F(GgufVocabDeepSeekV3, ChatTemplateRendersAsTheFolders) {
   ASSERT_EQ(tok().chat_template(), folder().chat_template());
   int count = 0;
-  for (const json& row : read_jsonl(mla::test::deepseek_v3_dir() + "/chat_cases.jsonl")) {
+  for (const json& row : mla::test::deepseek_v3_jsonl("chat_cases.jsonl")) {
     ordered_json c = ordered_json::parse(row.dump());
     ordered_json extra = {{"bos_token", tok().bos_token()}, {"eos_token", tok().eos_token()}};
     const std::string rendered =

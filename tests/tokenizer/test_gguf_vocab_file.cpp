@@ -11,7 +11,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "deepseek_fixture.h"
 #include "format/gguf.h"
@@ -66,17 +65,11 @@ TEST_F(GgufVocabFile, TokenizerEncodesTheFixtureCases) {
   const auto& folder = mla::test::deepseek_v3_tokenizer();
   EXPECT_EQ(tok.vocab_size(), folder.vocab_size());
   EXPECT_EQ(tok.chat_template(), folder.chat_template());
-  std::ifstream in(mla::test::deepseek_v3_dir() + "/cases.jsonl");
-  std::string line;
-  int count = 0;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    auto c = nlohmann::json::parse(line);
+  const auto cases = mla::test::deepseek_v3_jsonl("cases.jsonl");
+  ASSERT_GE(cases.size(), 100u);
+  for (const auto& c : cases)
     EXPECT_EQ(tok.encode(c["text"].get<std::string>(), true), c["ids_with_special"].get<std::vector<int32_t>>())
         << c["id"];
-    ++count;
-  }
-  EXPECT_GE(count, 100);
 }
 
 }  // namespace
