@@ -26,9 +26,11 @@
 // special was special (DeepSeek's <｜User｜> is not, so decode(skip_special_tokens) drops it here
 // and keeps it from the folder); an added token's lstrip / rstrip / single_word (none is set in
 // the supported families); the normalizer (none in the supported families).
-#include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "format/error.h"
 #include "tokenizer/tokenizer.h"
