@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "format/error.h"
 #include "format/json_file.h"
 
 namespace mla {
@@ -72,6 +73,48 @@ GenerationConfig GenerationConfig::load(const std::string& model_dir, const Mode
     if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
   g.eos_token_ids = std::move(eos);
   return g;
+}
+
+GenerationConfig GenerationConfig::from_gguf(const std::map<std::string, GgufValue>& metadata,
+                                             const ModelConfig& model, const std::string& source) {
+  auto find = [&](const std::string& key) -> const GgufValue* {
+    auto it = metadata.find(key);
+    return it == metadata.end() ? nullptr : &it->second;
+  };
+  auto number = [&](const std::string& key) -> std::optional<double> {
+    const GgufValue* v = find(key);
+    if (!v) return std::nullopt;
+    if (v->kind == GgufValue::Kind::Float) return v->f;
+    if (v->kind == GgufValue::Kind::Int) return static_cast<double>(v->i);
+    throw FormatError(source + ": " + key + ": is not a number");
+  };
+  GenerationConfig g;
+  if (auto v = number("general.sampling.temp")) g.temperature = static_cast<float>(*v);
+  if (auto v = number("general.sampling.top_p")) g.top_p = static_cast<float>(*v);
+  if (auto v = number("general.sampling.min_p")) g.min_p = static_cast<float>(*v);
+  if (auto v = number("general.sampling.penalty_repeat")) g.repetition_penalty = static_cast<float>(*v);
+  if (const GgufValue* v = find("general.sampling.top_k")) {
+    if (v->kind != GgufValue::Kind::Int) throw FormatError(source + ": general.sampling.top_k: is not an integer");
+    g.top_k = v->i;
+  }
+  g.eos_token_ids = model.eos_token_ids;
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
+    const GgufValue* v = find(key);
+    if (!v) continue;
+    if (v->kind != GgufValue::Kind::Int || v->i < 0)
+      throw FormatError(source + ": " + key + ": is not a token id");
+    if (!g.is_eos(v->i)) g.eos_token_ids.push_back(v->i);
+  }
+  return g;
+}
+
+GenerationConfig GenerationConfig::load_for_model(const std::string& model_path,
+                                                  const std::map<std::string, GgufValue>* gguf,
+                                                  const std::string& tokenizer_dir, const ModelConfig& model) {
+  if (!tokenizer_dir.empty() && std::filesystem::exists(tokenizer_dir + "/generation_config.json"))
+    return load(tokenizer_dir, model);
+  if (gguf) return from_gguf(*gguf, model, model_path);
+  return load(model_path, model);
 }
 
 SamplingParams GenerationConfig::apply(SamplingParams p) const {

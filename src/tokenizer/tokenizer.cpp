@@ -17,8 +17,10 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "format/error.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/tiktoken.h"
+#include "tokenizer/tokenizer_parts.h"
 #include "tokenizer/unicode_util.h"
 
 namespace mla {
@@ -423,6 +425,11 @@ class TokenizerJsonReader {
   std::vector<std::string> pair_;
 };
 
+// "SOURCE: " before an error, "FILE: KEY: " when the source names the key (a GGUF file).
+std::string where_in(const std::string& source, const std::string& key) {
+  return source + ": " + (key.empty() ? "" : key + ": ");
+}
+
 struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
@@ -480,11 +487,12 @@ struct Tokenizer::Impl {
   }
   const Merge* find_merge(int32_t a, int32_t b) const { return merges.find(pair_key(a, b)); }
 
-  void load_tokenizer_json(const std::string& path, std::string text);
-  void load_tiktoken(const std::string& path, std::string_view text, const json& config,
-                     const std::string& config_path);
-  void apply_config(const json& config, const std::string& config_path);
-  void load_model(const json& model, TokenizerJsonReader& reader);
+  void load_bpe(TokenizerParts& parts);
+  void load_ranked(TokenizerParts& parts);
+  // bos_by_id / eos_by_id (a GGUF file's ids) win over the config's bos_token / eos_token names.
+  void apply_config(const json& config, const std::string& config_path, std::optional<int32_t> bos_by_id,
+                    std::optional<int32_t> eos_by_id);
+  void load_model(const json& model, TokenizerParts& parts);
   void load_pre_tokenizer(const json& node);
   void load_normalizer(const json& node);
   void check_decoder(const json& node) const;
@@ -522,26 +530,10 @@ void Tokenizer::Impl::set_token(int32_t id, const std::string& text) {
   // ByteLevel decoder: every character through the byte alphabet, or the raw text if any
   // character is outside it.
   std::string bytes;
-  bool all_mapped = true;
-  size_t i = 0, bad = 0;
-  while (i < text.size()) {
-    size_t len = utf8::sequence_length(text, i, &bad);
-    if (len == 0) {
-      all_mapped = false;
-      break;
-    }
-    int b = utf8::char_to_byte(utf8::decode_at(text, i, len));
-    if (b < 0) {
-      all_mapped = false;
-      break;
-    }
-    bytes.push_back(static_cast<char>(b));
-    i += len;
-  }
-  id_to_bytes[id] = all_mapped ? bytes : text;
+  id_to_bytes[id] = utf8::byte_level_decode(text, &bytes) ? bytes : text;
 }
 
-void Tokenizer::Impl::load_model(const json& model, TokenizerJsonReader& reader) {
+void Tokenizer::Impl::load_model(const json& model, TokenizerParts& parts) {
   std::string type = model.value("type", "");
   if (type != "BPE")
     throw std::runtime_error(source + ": unsupported model type '" + type + "' (only BPE)");
@@ -555,13 +547,19 @@ void Tokenizer::Impl::load_model(const json& model, TokenizerJsonReader& reader)
       model["byte_fallback"].get<bool>())
     throw std::runtime_error(source + ": unsupported BPE option byte_fallback (not a byte-level BPE)");
   ignore_merges = model.value("ignore_merges", false);
+  // "PATH: " for tokenizer.json, "FILE: KEY: " for a GGUF file.
+  const std::string vocab_where = where_in(source, parts.vocab_key);
+  auto merge_name = [&](int32_t rank) {
+    return parts.merges_key.empty() ? "merge " + std::to_string(rank)
+                                    : parts.merges_key + "[" + std::to_string(rank) + "]";
+  };
 
-  if (!reader.has_vocab) throw std::runtime_error(source + ": model.vocab missing or not an object");
-  text_to_id.reserve(reader.vocab.size() + 1024);
+  if (!parts.has_vocab) throw std::runtime_error(source + ": model.vocab missing or not an object");
+  text_to_id.reserve(parts.vocab.size() + 1024);
   int32_t max_id = -1;
-  for (const auto& [text, id] : reader.vocab) max_id = std::max(max_id, id);
+  for (const auto& [text, id] : parts.vocab) max_id = std::max(max_id, id);
   id_to_text.reserve(static_cast<size_t>(max_id) + 1024);
-  for (auto& [text, id] : reader.vocab) {
+  for (auto& [text, id] : parts.vocab) {
     text_to_id.insert_or_assign(text, id);
     set_token(id, text);
   }
@@ -577,30 +575,34 @@ void Tokenizer::Impl::load_model(const json& model, TokenizerJsonReader& reader)
     } else if (unk_id >= 0) {
       byte_id[b] = unk_id;
     } else {
-      throw std::runtime_error(source + ": vocabulary lacks the byte-level token for byte " +
-                               std::to_string(b) + " and has no unk_token");
+      throw FormatError(vocab_where + "vocabulary lacks the byte-level token for byte " + std::to_string(b) +
+                        " and has no unk_token");
     }
   }
   if (ignore_merges) {
-    bytes_to_id.reserve(reader.vocab.size());
+    bytes_to_id.reserve(parts.vocab.size());
     text_to_id.for_each([&](std::string_view, int32_t id) {
       if (bytes_to_id.find(id_to_bytes[id]) < 0) bytes_to_id.insert_or_assign(id_to_bytes[id], id);
     });
   }
+  parts.vocab.clear();
+  parts.vocab.shrink_to_fit();
 
-  if (!reader.has_merges) throw std::runtime_error(source + ": model.merges missing or not an array");
-  merges.reserve(reader.merges.size());
+  if (!parts.has_merges) throw std::runtime_error(source + ": model.merges missing or not an array");
+  merges.reserve(parts.merges.size());
   std::string joined;
   int32_t rank = 0;
-  for (const auto& [left, right] : reader.merges) {
+  for (const auto& [left, right] : parts.merges) {
     joined.assign(left).append(right);
     int32_t l = text_to_id.find(left), r = text_to_id.find(right), merged = text_to_id.find(joined);
     if (l < 0 || r < 0 || merged < 0)
-      throw std::runtime_error(source + ": merge " + std::to_string(rank) + " ('" + left + "', '" + right +
-                               "') uses a token missing from the vocabulary");
+      throw FormatError(source + ": " + merge_name(rank) + " ('" + left + "', '" + right +
+                        "') uses a token missing from the vocabulary");
     merges.insert(pair_key(l, r), rank, merged);
     ++rank;
   }
+  parts.merges.clear();
+  parts.merges.shrink_to_fit();
 }
 
 // tokenizer.json nests steps as {"type": "Sequence", <items>: [...]}: the items of such a node
@@ -929,18 +931,12 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
-void Tokenizer::Impl::load_tokenizer_json(const std::string& path, std::string text) {
-  source = path;
-  TokenizerJsonReader reader(path);
-  json::sax_parse(text, &reader);
-  text.clear();
-  text.shrink_to_fit();
-  json& root = reader.root;
-  if (!root.is_object()) throw std::runtime_error(path + ": top level is not a JSON object");
-
+void Tokenizer::Impl::load_bpe(TokenizerParts& parts) {
+  json& root = parts.root;
+  if (!root.is_object()) throw std::runtime_error(source + ": top level is not a JSON object");
   try {
-    if (!root.contains("model")) throw std::runtime_error(path + ": no 'model' section");
-    load_model(root["model"], reader);
+    if (!root.contains("model")) throw std::runtime_error(source + ": no 'model' section");
+    load_model(root["model"], parts);
     load_normalizer(root.value("normalizer", json()));
     load_pre_tokenizer(root.value("pre_tokenizer", json()));
     check_decoder(root.value("decoder", json()));
@@ -957,7 +953,7 @@ void Tokenizer::Impl::load_tokenizer_json(const std::string& path, std::string t
       }
     }
   } catch (const json::exception& e) {
-    throw std::runtime_error(path + ": unexpected structure: " + e.what());
+    throw std::runtime_error(source + ": unexpected structure: " + e.what());
   }
 }
 
@@ -965,13 +961,11 @@ void Tokenizer::Impl::load_tokenizer_json(const std::string& path, std::string t
 // concatenation has the lowest rank. That is the merge-table BPE of tokenizer.json with one merge
 // (left, right) -> concatenation for every way of cutting a token into two tokens, ranked by the
 // concatenation's rank. A piece that is itself a token is taken whole (tiktoken looks pieces up
-// before merging), as tokenizer.json's ignore_merges does. Special tokens come from
-// tokenizer_config.json's added_tokens_decoder; as in Kimi's tokenization_kimi.py, the 256 ids
-// after the last rank are special tokens, named <|reserved_token_ID|> unless the config names them.
-void Tokenizer::Impl::load_tiktoken(const std::string& path, std::string_view text, const json& config,
-                                    const std::string& config_path) {
-  source = path;
-  std::vector<tiktoken::RankedToken> tokens = tiktoken::parse_model(path, text);
+// before merging), as tokenizer.json's ignore_merges does. As in Kimi's tokenization_kimi.py, the
+// 256 ids after the last rank are special tokens, named <|reserved_token_ID|> unless `specials`
+// names them.
+void Tokenizer::Impl::load_ranked(TokenizerParts& parts) {
+  const std::vector<tiktoken::RankedToken>& tokens = parts.ranked;
   int32_t max_rank = 0;
   for (const auto& t : tokens) max_rank = std::max(max_rank, t.rank);
   id_to_text.reserve(static_cast<size_t>(max_rank) + 257);
@@ -986,10 +980,11 @@ void Tokenizer::Impl::load_tiktoken(const std::string& path, std::string_view te
     bytes_to_id.insert_or_assign(t.bytes, t.rank);
   }
   ignore_merges = true;
+  const std::string vocab_where = where_in(source, parts.vocab_key);
   for (int b = 0; b < 256; ++b) {
     const char byte = static_cast<char>(b);
     byte_id[b] = bytes_to_id.find(std::string_view(&byte, 1));
-    if (byte_id[b] < 0) throw std::runtime_error(path + ": no token for the single byte " + std::to_string(b));
+    if (byte_id[b] < 0) throw FormatError(vocab_where + "no token for the single byte " + std::to_string(b));
   }
 
   std::vector<std::array<int32_t, 3>> cuts;  // (left id, right id, rank of the whole)
@@ -1006,24 +1001,7 @@ void Tokenizer::Impl::load_tiktoken(const std::string& path, std::string_view te
   merges.reserve(cuts.size());
   for (const auto& [l, r, rank] : cuts) merges.insert(pair_key(l, r), rank, rank);
 
-  // Special tokens by id.
-  std::map<int32_t, std::pair<std::string, bool>> specials;
-  if (config.is_object() && config.contains("added_tokens_decoder")) {
-    const json& decoder = config["added_tokens_decoder"];
-    if (!decoder.is_object()) throw std::runtime_error(config_path + ": added_tokens_decoder is not an object");
-    for (const auto& [key, value] : decoder.items()) {
-      int64_t id = -1;
-      if (!key.empty() && key.size() <= 9 && key.find_first_not_of("0123456789") == std::string::npos)
-        id = std::stoll(key);
-      if (id < 0 || id >= (1 << 26))
-        throw std::runtime_error(config_path + ": added_tokens_decoder key '" + key + "' is not a token id");
-      if (!value.is_object() || !value.contains("content") || !value["content"].is_string() ||
-          value["content"].get<std::string>().empty())
-        throw std::runtime_error(config_path + ": added_tokens_decoder entry " + key + " has no content string");
-      bool special = value.contains("special") && value["special"].is_boolean() ? value["special"].get<bool>() : true;
-      specials[static_cast<int32_t>(id)] = {value["content"].get<std::string>(), special};
-    }
-  }
+  std::map<int32_t, std::pair<std::string, bool>>& specials = parts.specials;
   const int32_t first_reserved = static_cast<int32_t>(tokens.size());
   for (int32_t id = first_reserved; id < first_reserved + 256; ++id) {
     bool is_rank = static_cast<size_t>(id) < id_present.size() && id_present[id];  // ranks with gaps
@@ -1032,8 +1010,8 @@ void Tokenizer::Impl::load_tiktoken(const std::string& path, std::string_view te
   for (const auto& [id, entry] : specials) {
     const auto& [content, special] = entry;
     if (static_cast<size_t>(id) < id_present.size() && id_present[id])
-      throw std::runtime_error(config_path + ": added token '" + content + "' has id " + std::to_string(id) +
-                               ", which " + path + " already gives to a token");
+      throw FormatError(parts.config_source + ": added token '" + content + "' has id " + std::to_string(id) +
+                        ", which " + source + " already gives to a token");
     set_token(id, content);
     id_to_bytes[id] = content;
     id_special[id] = special ? 1 : 0;
@@ -1042,12 +1020,13 @@ void Tokenizer::Impl::load_tiktoken(const std::string& path, std::string_view te
   }
 
   PreTokenizerStep step;
-  step.regex = std::make_unique<Regex>(tiktoken::kKimiPattern, false, path + ": Kimi pre-tokenizer pattern");
+  step.regex = std::make_unique<Regex>(tiktoken::kKimiPattern, false, source + ": Kimi pre-tokenizer pattern");
   steps.push_back(std::move(step));
   kimi_chunks = true;
 }
 
-void Tokenizer::Impl::apply_config(const json& config, const std::string& config_path) {
+void Tokenizer::Impl::apply_config(const json& config, const std::string& config_path,
+                                   std::optional<int32_t> bos_by_id, std::optional<int32_t> eos_by_id) {
   if (!config.is_object()) throw std::runtime_error(config_path + ": top level is not a JSON object");
   try {
     if (config.contains("bos_token")) bos_text = token_content(config["bos_token"]);
@@ -1078,46 +1057,123 @@ void Tokenizer::Impl::apply_config(const json& config, const std::string& config
   };
   bos = resolve(bos_text, "bos_token");
   eos = resolve(eos_text, "eos_token");
+  if (bos_by_id) {
+    bos = *bos_by_id;
+    bos_text = id_to_text.at(static_cast<size_t>(bos));
+  }
+  if (eos_by_id) {
+    eos = *eos_by_id;
+    eos_text = id_to_text.at(static_cast<size_t>(eos));
+  }
   if (add_bos && bos < 0) throw std::runtime_error(config_path + ": add_bos_token is true but there is no bos_token");
   if (add_eos && eos < 0) throw std::runtime_error(config_path + ": add_eos_token is true but there is no eos_token");
 }
 
-Tokenizer Tokenizer::load(const std::string& dir) {
-  auto impl = std::make_unique<Impl>();
+namespace {
+
+// tokenizer.json's text into parts: model.vocab and model.merges streamed apart, the rest a document.
+void read_tokenizer_json(const std::string& path, std::string text, TokenizerParts& parts) {
+  TokenizerJsonReader reader(path);
+  json::sax_parse(text, &reader);
+  text.clear();
+  text.shrink_to_fit();
+  parts.source = path;
+  parts.root = std::move(reader.root);
+  parts.vocab = std::move(reader.vocab);
+  parts.merges = std::move(reader.merges);
+  parts.has_vocab = reader.has_vocab;
+  parts.has_merges = reader.has_merges;
+}
+
+// Kimi's special tokens: tokenizer_config.json's added_tokens_decoder ({"ID": {"content", "special"}}).
+std::map<int32_t, std::pair<std::string, bool>> added_tokens_decoder(const json& config,
+                                                                     const std::string& config_path) {
+  std::map<int32_t, std::pair<std::string, bool>> specials;
+  if (!config.is_object() || !config.contains("added_tokens_decoder")) return specials;
+  const json& decoder = config["added_tokens_decoder"];
+  if (!decoder.is_object()) throw std::runtime_error(config_path + ": added_tokens_decoder is not an object");
+  for (const auto& [key, value] : decoder.items()) {
+    int64_t id = -1;
+    if (!key.empty() && key.size() <= 9 && key.find_first_not_of("0123456789") == std::string::npos)
+      id = std::stoll(key);
+    if (id < 0 || id >= (1 << 26))
+      throw std::runtime_error(config_path + ": added_tokens_decoder key '" + key + "' is not a token id");
+    if (!value.is_object() || !value.contains("content") || !value["content"].is_string() ||
+        value["content"].get<std::string>().empty())
+      throw std::runtime_error(config_path + ": added_tokens_decoder entry " + key + " has no content string");
+    bool special = value.contains("special") && value["special"].is_boolean() ? value["special"].get<bool>() : true;
+    specials[static_cast<int32_t>(id)] = {value["content"].get<std::string>(), special};
+  }
+  return specials;
+}
+
+bool has_chat_template(const json& config) {
+  if (!config.is_object() || !config.contains("chat_template")) return false;
+  const json& t = config["chat_template"];
+  return (t.is_string() && !t.get_ref<const std::string&>().empty()) || (t.is_array() && !t.empty());
+}
+
+// A hub folder's tokenizer files as parts.
+TokenizerParts read_folder(const std::string& dir) {
+  TokenizerParts parts;
   const std::string json_path = dir + "/tokenizer.json";
-  const std::string config_path = dir + "/tokenizer_config.json";
+  parts.config_source = dir + "/tokenizer_config.json";
   bool exists = false, has_config = false;
-  std::string config_text = read_file(config_path, &has_config);
-  json config = has_config ? parse_json_file(config_path, config_text) : json();
+  std::string config_text = read_file(parts.config_source, &has_config);
+  if (has_config) {
+    parts.config = parse_json_file(parts.config_source, config_text);
+    if (!parts.config.is_object()) throw std::runtime_error(parts.config_source + ": top level is not a JSON object");
+  }
 
   std::string text = read_file(json_path, &exists);
   if (exists) {
-    impl->load_tokenizer_json(json_path, std::move(text));
+    read_tokenizer_json(json_path, std::move(text), parts);
   } else {
     // Kimi K2 / K2.5 ship tiktoken.model (with tokenization_kimi.py) instead of tokenizer.json.
     const std::string tiktoken_path = dir + "/tiktoken.model";
     text = read_file(tiktoken_path, &exists);
     if (!exists) throw std::runtime_error(json_path + ": cannot open file (nor " + tiktoken_path + ")");
-    impl->load_tiktoken(tiktoken_path, text, config, config_path);
+    parts.source = tiktoken_path;
+    parts.tiktoken = true;
+    parts.ranked = tiktoken::parse_model(tiktoken_path, text);
+    parts.specials = added_tokens_decoder(parts.config, parts.config_source);
   }
-  impl->build_trie();
-  if (has_config) impl->apply_config(config, config_path);
 
   // Newer checkpoints keep the template beside the config: chat_template.jinja or chat_template.json.
-  if (impl->chat_template.empty()) {
+  if (!has_chat_template(parts.config)) {
     std::string jinja = read_file(dir + "/chat_template.jinja", &exists);
     if (exists) {
-      impl->chat_template = std::move(jinja);
+      parts.chat_template = std::move(jinja);
     } else {
       std::string template_path = dir + "/chat_template.json";
       std::string template_text = read_file(template_path, &exists);
       if (exists) {
         json t = parse_json_file(template_path, template_text);
         if (t.is_object() && t.contains("chat_template") && t["chat_template"].is_string())
-          impl->chat_template = t["chat_template"].get<std::string>();
+          parts.chat_template = t["chat_template"].get<std::string>();
       }
     }
   }
+  return parts;
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::load(const std::string& dir) { return from_parts(read_folder(dir)); }
+
+Tokenizer Tokenizer::from_parts(TokenizerParts parts) {
+  auto impl = std::make_unique<Impl>();
+  impl->source = parts.source;
+  if (parts.tiktoken) {
+    impl->load_ranked(parts);
+  } else {
+    impl->load_bpe(parts);
+  }
+  impl->build_trie();
+  if (!parts.config.is_null() || parts.bos_id || parts.eos_id)
+    impl->apply_config(parts.config.is_null() ? json::object() : parts.config, parts.config_source, parts.bos_id,
+                       parts.eos_id);
+  if (impl->chat_template.empty()) impl->chat_template = std::move(parts.chat_template);
   return Tokenizer(std::move(impl));
 }
 

@@ -1,6 +1,7 @@
 // Byte-level BPE tokenizer read from a HuggingFace tokenizer.json (the format DeepSeek-V2/V3 and
-// GLM ship) or from a tiktoken.model (Kimi K2 / K2.5), plus a streaming detokenizer and a writer
-// for a small demo tokenizer.
+// GLM ship), from a tiktoken.model (Kimi K2 / K2.5) or from a GGUF file's tokenizer.* metadata
+// (llama.cpp's "gpt2" vocabularies), plus a streaming detokenizer and a writer for a small demo
+// tokenizer. All three sources become the same parts (tokenizer_parts.h) and one constructor.
 //
 // Pipeline of encode(): added tokens are matched first (leftmost, longest) and become single ids;
 // each stretch of text between them is normalized (NFC / NFD / NFKC / NFKD, via ICU),
@@ -16,13 +17,18 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "format/gguf.h"
+
 namespace mla {
+
+struct TokenizerParts;
 
 class Tokenizer {
  public:
@@ -31,6 +37,29 @@ class Tokenizer {
   // added_tokens_decoder. Throws std::runtime_error naming the file and the problem (missing file,
   // bad JSON, malformed line, unsupported construct).
   static Tokenizer load(const std::string& dir);
+
+  // The vocabulary of a GGUF file (GgufFile::metadata()) as llama.cpp's converter writes it:
+  // tokenizer.ggml.model "gpt2" (byte-level BPE; SentencePiece "llama" and the others are
+  // refused), tokenizer.ggml.pre naming the pre-tokenizer (deepseek-v3, deepseek-llm, glm4,
+  // chatglm-bpe, kimi-k2: the regexes of that family's tokenizer.json, or Kimi's tiktoken rules),
+  // tokens, token_type, merges, the special ids (bos / eos), add_bos_token / add_eos_token and
+  // tokenizer.chat_template. Token types: control tokens are added tokens marked special,
+  // user-defined ones added tokens not special, unused ones ("[PAD<id>]" holes) are left out.
+  // `source` (the file) begins every error. Throws FormatError naming the key that is missing or
+  // wrong. Details and limits: tokenizer_gguf.cpp.
+  static Tokenizer from_gguf(const std::map<std::string, GgufValue>& metadata, const std::string& source);
+
+  // The tokenizer a model runs with. `tokenizer_dir` when not empty: a hub folder (tokenizer.json
+  // or tiktoken.model, tokenizer_config.json, chat_template.jinja) standing in for the model's own
+  // (the CLI's --tokenizer DIR, for a GGUF file whose metadata is wrong). Else the GGUF metadata
+  // when the model is a GGUF file (`gguf` not null; `model_path` is the file). Else the hub
+  // folder `model_path`.
+  static Tokenizer load_for_model(const std::string& model_path, const std::map<std::string, GgufValue>* gguf,
+                                  const std::string& tokenizer_dir = {});
+
+  // The constructor under load() and from_gguf(). Throws std::runtime_error (FormatError for
+  // the vocabulary and merges) naming parts.source.
+  static Tokenizer from_parts(TokenizerParts parts);
 
   // Writes a small, valid byte-level BPE tokenizer (tokenizer.json + tokenizer_config.json with
   // a DeepSeek-style chat template) of exactly vocab_size ids into dir (created if missing):
@@ -66,7 +95,8 @@ class Tokenizer {
   std::string token_text(int32_t id) const;
   size_t vocab_size() const;  // largest id + 1
 
-  // From tokenizer_config.json, else chat_template.jinja or chat_template.json; empty if none.
+  // From tokenizer_config.json, else chat_template.jinja or chat_template.json (a GGUF file:
+  // tokenizer.chat_template); empty if none.
   const std::string& chat_template() const;
 
   struct Impl;

@@ -119,4 +119,17 @@ int char_to_byte(uint32_t cp) {
   return cp < inverse.size() ? inverse[cp] : -1;
 }
 
+bool byte_level_decode(std::string_view text, std::string* bytes) {
+  bytes->clear();
+  size_t i = 0, bad = 0;
+  while (i < text.size()) {
+    size_t len = sequence_length(text, i, &bad);
+    int b = len ? char_to_byte(decode_at(text, i, len)) : -1;
+    if (b < 0) return false;
+    bytes->push_back(static_cast<char>(b));
+    i += len;
+  }
+  return true;
+}
+
 }  // namespace mla::utf8

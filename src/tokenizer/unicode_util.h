@@ -29,5 +29,8 @@ bool is_valid(std::string_view s);
 const std::array<uint32_t, 256>& byte_to_char();
 // Inverse: code point -> byte, or -1 if the character is not part of the alphabet.
 int char_to_byte(uint32_t cp);
+// The bytes a token written in that alphabet stands for ("Ġthe" -> " the"); false (bytes
+// unspecified) when the text is not valid UTF-8 or has a character outside the alphabet.
+bool byte_level_decode(std::string_view text, std::string* bytes);
 
 }  // namespace mla::utf8

@@ -18,16 +18,6 @@ namespace fs = std::filesystem;
 
 const std::string kFixtureDir = mla::test::deepseek_v3_dir();
 
-std::vector<json> read_jsonl(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot open " + path);
-  std::vector<json> rows;
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) rows.push_back(json::parse(line));
-  return rows;
-}
-
 std::string ids_to_string(const std::vector<int32_t>& ids) {
   std::ostringstream s;
   for (size_t i = 0; i < ids.size(); ++i) s << (i ? " " : "") << ids[i];
@@ -68,7 +58,7 @@ TEST_F(TokenizerDeepSeekV3, Basics) {
 }
 
 TEST_F(TokenizerDeepSeekV3, AllFixtureCases) {
-  auto cases = read_jsonl(kFixtureDir + "/cases.jsonl");
+  auto cases = mla::test::deepseek_v3_jsonl("cases.jsonl");
   ASSERT_GE(cases.size(), 100u);
   for (const json& c : cases) {
     std::string id = c["id"];
