@@ -13,8 +13,9 @@
 namespace {
 
 int run(int argc, char** argv) {
-  CLI::App app{"Write a copy of a checkpoint with its weights quantized (INT4, INT8 or FP8 routed experts, INT8 or "
-               "FP8 projections), in the hub layout with a compressed-tensors quantization_config",
+  CLI::App app{"Write a copy of a checkpoint (a hub folder or a GGUF file) with its weights quantized (INT4, INT8 or "
+               "FP8 routed experts, INT8 or FP8 projections), in the hub layout with a compressed-tensors "
+               "quantization_config",
                "mla quantize"};
   mla::QuantizeOptions o;
   std::string experts = "int4", others = "fp8", embed = "bf16", rule = "search";

@@ -7,14 +7,18 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
 
 #include "format/error.h"
 #include "format/progress.h"
+#include "format/gguf.h"
 #include "format/safetensors.h"
+#include "model/gguf_model.h"
 #include "tools/checkpoint_writer.h"
 #include "tools/run_modes.h"
 
@@ -48,14 +52,36 @@ std::vector<std::string> class_targets(WeightClass c) {
 constexpr WeightClass kClasses[] = {WeightClass::RoutedExperts, WeightClass::Attention, WeightClass::SharedExperts,
                                     WeightClass::DenseMlp, WeightClass::EmbedHead};
 
-// One weight matrix of the input and what it becomes.
+// One weight matrix of the output and where it comes from.
 struct Matrix {
   std::string base;
   WeightClass cls = WeightClass::None;
+  // The stored matrix; for a derived one (kv_b from a GGUF file's k_b / v_b) its shape as F32,
+  // the values made by `derive` when its turn comes.
   MatrixView src;
-  std::vector<std::string> inputs;  // the tensors it was read from
+  std::function<std::vector<float>()> derive;
+  std::vector<std::string> inputs;  // the tensors it is read from
+  size_t bytes_in = 0;              // theirs
   QuantFormat to = QuantFormat::BF16;
 };
+
+// A tensor stored without scales (float, or one of llama.cpp's block formats) as a matrix of
+// its last dimension's columns, the others' product of rows.
+MatrixView plain_view(const TensorInfo& t) {
+  MatrixView m;
+  if (t.ggml) m.format = *t.ggml;
+  else if (t.dtype == DType::BF16) m.format = WeightFormat::BF16;
+  else if (t.dtype == DType::F16) m.format = WeightFormat::F16;
+  else if (t.dtype == DType::F32) m.format = WeightFormat::F32;
+  else format_error(t.file, t.name, std::string("dtype ") + dtype_name(t.dtype) + " is not supported for a weight");
+  m.cols = t.shape.empty() ? 1 : t.shape.back();
+  m.rows = m.cols ? t.numel() / m.cols : 0;
+  m.data = t.data;
+  if (m.bytes() != t.nbytes)
+    format_error(t.file, t.name, "holds " + std::to_string(t.nbytes) + " bytes, not the " + std::to_string(m.bytes()) +
+                                     " of " + t.shape_str() + " in " + weight_format_name(m.format));
+  return m;
+}
 
 // The view of a stored matrix (any format the loader reads), as the loader builds it.
 MatrixView source_view(const Checkpoint& ck, const std::string& base, int64_t int4_group, int64_t int8_group,
@@ -80,10 +106,11 @@ MatrixView source_view(const Checkpoint& ck, const std::string& base, int64_t in
     return m;
   }
   const TensorInfo& t = ck.get(base + ".weight");
+  inputs = {base + ".weight"};  // the hub name (a GGUF tensor's own name is the file's)
+  if (t.ggml) return plain_view(t);  // a GGUF file's block format, dequantized by dequant_row
   m.rows = t.shape[0];
   m.cols = t.shape[1];
   m.data = t.data;
-  inputs = {t.name};
   switch (t.dtype) {
     case DType::BF16: m.format = WeightFormat::BF16; break;
     case DType::F16: m.format = WeightFormat::F16; break;
@@ -117,23 +144,81 @@ MatrixView source_view(const Checkpoint& ck, const std::string& base, int64_t in
   return m;
 }
 
-// The matrix in its target format: converted, or its bytes copied when already in it.
-quant::QuantizedMatrix materialize(const Matrix& m, const LoadQuantization& f, int threads) {
-  if (m.src.format != weight_format(m.to) ||
-      (is_int_group(m.src.format) && m.src.group_size != f.group_size))
-    return quant::quantize_matrix(m.src, m.to, f.rule, f.group_size, threads);
+// The matrix (whose values `src` holds) in its target format: converted, or its bytes copied
+// when already in it.
+quant::QuantizedMatrix materialize(const Matrix& m, const MatrixView& src, const LoadQuantization& f, int threads) {
+  if (src.format != weight_format(m.to) || (is_int_group(src.format) && src.group_size != f.group_size))
+    return quant::quantize_matrix(src, m.to, f.rule, f.group_size, threads);
   quant::QuantizedMatrix q;
-  q.format = m.src.format;
-  q.rows = m.src.rows;
-  q.cols = m.src.cols;
-  q.group_size = m.src.group_size;
-  const uint8_t* d = static_cast<const uint8_t*>(m.src.data);
-  q.data.assign(d, d + m.src.bytes());
-  if (m.src.scales) {
-    const uint8_t* s = static_cast<const uint8_t*>(m.src.scales);
-    q.scales.assign(s, s + m.src.scale_bytes());
+  q.format = src.format;
+  q.rows = src.rows;
+  q.cols = src.cols;
+  q.group_size = src.group_size;
+  const uint8_t* d = static_cast<const uint8_t*>(src.data);
+  q.data.assign(d, d + src.bytes());
+  if (src.scales) {
+    const uint8_t* s = static_cast<const uint8_t*>(src.scales);
+    q.scales.assign(s, s + src.scale_bytes());
   }
   return q;
+}
+
+// llama.cpp's MLA layout (model/gguf_model.h) as the hub's kv_b_proj [H (nope + v), kv_lora]:
+// per head, W_UK (k_b's head [kv_lora, nope] = W_UK^T, transposed back) then W_UV's rows (v_b's
+// head [v, kv_lora]), as the loader's split_kv_b derives it. The values are made, float32, only
+// when the matrix is written.
+Matrix derived_kv_b(const Checkpoint& ck, const ModelConfig& cfg, const std::string& attn) {
+  const int64_t H = cfg.num_attention_heads, nope = cfg.qk_nope_head_dim, vd = cfg.v_head_dim, kvr = cfg.kv_lora_rank;
+  const TensorInfo& kb = ck.get(attn + "k_b_proj.weight");
+  const TensorInfo& vb = ck.get(attn + "v_b_proj.weight");
+  auto expect_shape = [](const TensorInfo& t, std::vector<int64_t> want) {
+    if (t.shape == want) return;
+    TensorInfo w;
+    w.shape = std::move(want);
+    format_error(t.file, t.name, "has shape " + t.shape_str() + " but the config needs " + w.shape_str());
+  };
+  expect_shape(kb, {H, kvr, nope});
+  expect_shape(vb, {H, vd, kvr});
+  Matrix m;
+  m.base = attn + "kv_b_proj";
+  m.cls = WeightClass::Attention;
+  m.src.format = WeightFormat::F32;
+  m.src.rows = H * (nope + vd);
+  m.src.cols = kvr;
+  m.inputs = {attn + "k_b_proj.weight", attn + "v_b_proj.weight"};
+  m.bytes_in = kb.nbytes + vb.nbytes;
+  const MatrixView uk_t = plain_view(kb), uv = plain_view(vb);  // [H kv_lora, nope], [H v, kv_lora]
+  m.derive = [=] {
+    std::vector<float> out(size_t(H * (nope + vd) * kvr)), row(size_t(std::max(nope, kvr)));
+    for (int64_t h = 0; h < H; ++h) {
+      float* head = out.data() + h * (nope + vd) * kvr;
+      for (int64_t k = 0; k < kvr; ++k) {  // W_UK^T's row k is column k of W_UK
+        uk_t.dequant_row(h * kvr + k, row.data());
+        for (int64_t d = 0; d < nope; ++d) head[d * kvr + k] = row[size_t(d)];
+      }
+      for (int64_t j = 0; j < vd; ++j) uv.dequant_row(h * vd + j, head + (nope + j) * kvr);
+    }
+    return out;
+  };
+  return m;
+}
+
+// The tokenizer files (tokenizer.json, tokenizer_config.json with the chat template) of a GGUF
+// input, from its tokenizer.ggml.* keys and tokenizer.chat_template: the one place they are
+// to be written once the GGUF tokenizer (branch wave-gguf-tokenizer) is in. Until then it
+// writes nothing and returns the note saying so.
+std::optional<std::string> write_gguf_tokenizer([[maybe_unused]] const GgufFile& f, const fs::path& out) {
+  return std::string("no tokenizer files written: a GGUF input's tokenizer cannot be converted yet; copy "
+                     "tokenizer.json and tokenizer_config.json from the model's hub folder into ") +
+         out.string() + " before running it";
+}
+
+// generation_config.json of a GGUF input: its bos and eos ids (tokenizer.ggml.*), where it has them.
+void write_gguf_generation_config(const GgufFile& f, const fs::path& out) {
+  json g = json::object();
+  if (const auto bos = f.get_int("tokenizer.ggml.bos_token_id")) g["bos_token_id"] = *bos;
+  if (const auto eos = f.get_int("tokenizer.ggml.eos_token_id")) g["eos_token_id"] = *eos;
+  if (!g.empty()) std::ofstream(out / "generation_config.json") << g.dump(2) << "\n";
 }
 
 // The tensors a matrix in format f is written as: INT4 weight_packed, weight_scale and
@@ -205,34 +290,52 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& opt) {
   if (fs::exists(opt.out) && fs::equivalent(opt.in, opt.out, ec))
     throw std::invalid_argument("-o must be another folder than -m");
   const ModelConfig cfg = ModelConfig::load(opt.in);
-  const Checkpoint ck(opt.in);
+  const std::unique_ptr<Checkpoint> ckp = open_checkpoint(opt.in);  // a hub folder or a GGUF file
+  const Checkpoint& ck = *ckp;
   const LoadQuantization& f = opt.formats;
   const int threads = opt.threads > 0 ? opt.threads : omp_get_max_threads();
 
-  // The matrices by base name, and the tensors they are read from.
+  // The matrices by base name, and the tensors they are read from. A tensor in one of
+  // llama.cpp's block formats is never copied: a hub folder cannot hold it, so it becomes its
+  // class's target or else bf16. llama.cpp's k_b / v_b become the hub's kv_b_proj.
   std::vector<Matrix> matrices;
   std::set<std::string> consumed;
   for (const std::string& name : ck.names()) {
+    if (ends_with(name, ".self_attn.v_b_proj.weight")) continue;  // with k_b_proj
+    if (ends_with(name, ".self_attn.k_b_proj.weight")) {
+      const std::string attn = name.substr(0, name.size() - 15);  // "model.layers.L.self_attn."
+      consumed.insert(name);
+      consumed.insert(attn + "v_b_proj.weight");
+      if (ck.find(attn + "kv_b_proj.weight")) continue;  // both layouts: the loader reads kv_b
+      Matrix m = derived_kv_b(ck, cfg, attn);
+      m.to = f.target(m.cls).value_or(QuantFormat::BF16);
+      matrices.push_back(std::move(m));
+      continue;
+    }
     std::string base;
     if (ends_with(name, ".weight_packed")) base = name.substr(0, name.size() - 14);
     else if (ends_with(name, ".weight") && ck.get(name).shape.size() == 2) base = name.substr(0, name.size() - 7);
     else continue;
     const WeightClass c = weight_class(base);
-    const auto to = f.target(c);
+    auto to = f.target(c);
+    if (!to && ck.get(name).ggml) to = QuantFormat::BF16;
     if (!to) continue;
     Matrix m;
     m.base = base;
     m.cls = c;
     m.to = *to;
     m.src = source_view(ck, base, cfg.int4.group_size, cfg.int8_group_size, m.inputs);
-    if (m.to == QuantFormat::INT4 && (m.src.cols % f.group_size || m.src.cols % 8))
-      format_error(opt.in, base, "in-features " + std::to_string(m.src.cols) + " are not a multiple of the INT4 group " +
-                                     std::to_string(f.group_size) + " (choose --experts fp8)");
-    if (m.to == QuantFormat::INT8 && m.src.cols % f.group_size)
-      format_error(opt.in, base, "in-features " + std::to_string(m.src.cols) + " are not a multiple of the INT8 group " +
-                                     std::to_string(f.group_size) + " (choose fp8 for this class)");
+    m.bytes_in = m.src.bytes() + m.src.scale_bytes();
     for (auto& i : m.inputs) consumed.insert(i);
     matrices.push_back(std::move(m));
+  }
+  for (const Matrix& m : matrices) {
+    if (m.to == QuantFormat::INT4 && (m.src.cols % f.group_size || m.src.cols % 8))
+      format_error(opt.in, m.base, "in-features " + std::to_string(m.src.cols) + " are not a multiple of the INT4 group " +
+                                     std::to_string(f.group_size) + " (choose --experts fp8)");
+    if (m.to == QuantFormat::INT8 && m.src.cols % f.group_size)
+      format_error(opt.in, m.base, "in-features " + std::to_string(m.src.cols) + " are not a multiple of the INT8 group " +
+                                     std::to_string(f.group_size) + " (choose fp8 for this class)");
   }
 
   QuantizeReport rep;
@@ -250,14 +353,19 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& opt) {
     const int64_t R = m.src.rows, C = m.src.cols;
     ClassStats& cs = (*stats)[weight_class_name(m.cls)];
     cs.tensors += 1;
-    cs.bytes_in += m.src.bytes() + m.src.scale_bytes();
-    auto part = [mp, pending, stats, &f, threads](int which) {
-      return [mp, pending, stats, &f, threads, which](uint8_t* out) {
+    cs.bytes_in += m.bytes_in;
+    auto part = [mp, pending, stats, &f, &ck, threads](int which) {
+      return [mp, pending, stats, &f, &ck, threads, which](uint8_t* out) {
         Pending& p = (*pending)[mp->base];
         if (!p.q) {
-          p.q = std::make_shared<quant::QuantizedMatrix>(materialize(*mp, f, threads));
-          release_mapped_range(mp->src.data, mp->src.bytes());  // read once: RSS stays near the output's
-          if (mp->src.scales) release_mapped_range(mp->src.scales, mp->src.scale_bytes());
+          MatrixView src = mp->src;
+          std::vector<float> derived;
+          if (mp->derive) derived = mp->derive(), src.data = derived.data();
+          p.q = std::make_shared<quant::QuantizedMatrix>(materialize(*mp, src, f, threads));
+          for (const std::string& i : mp->inputs) {  // read once: RSS stays near the output's
+            const TensorInfo& t = ck.get(i);
+            release_mapped_range(t.data, t.nbytes);
+          }
           p.left = tensors_of(mp->to);
           ClassStats& s = (*stats)[weight_class_name(mp->cls)];
           s.err2 += p.q->err2;
@@ -295,10 +403,28 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& opt) {
       out_bytes += specs[i].nbytes();
     cs.bytes_out += out_bytes;
   }
-  // Everything else (norms, the router, biases, other towers' tensors) as it is.
+  // Everything else (norms, the router, biases, other towers' tensors) as it is; what is left in
+  // a block format (not a 2-D weight) as bf16 of its shape.
   for (const std::string& name : ck.names()) {
     if (consumed.count(name)) continue;
     const TensorInfo* t = &ck.get(name);
+    if (t->ggml) {
+      const MatrixView v = plain_view(*t);
+      specs.push_back({name, DType::BF16, t->shape, [t, v](uint8_t* out) {
+                         std::vector<float> row(size_t(v.cols));
+                         uint16_t* o = reinterpret_cast<uint16_t*>(out);
+                         for (int64_t r = 0; r < v.rows; ++r) {
+                           v.dequant_row(r, row.data());
+                           for (int64_t k = 0; k < v.cols; ++k) o[r * v.cols + k] = f32_to_bf16(row[size_t(k)]);
+                         }
+                         release_mapped_range(t->data, t->nbytes);
+                       }});
+      ClassStats& cs = (*stats)[weight_class_name(WeightClass::None)];
+      cs.tensors += 1;
+      cs.bytes_in += t->nbytes;
+      cs.bytes_out += specs.back().nbytes();
+      continue;
+    }
     specs.push_back({name, t->dtype, t->shape, [t](uint8_t* out) {
                        std::memcpy(out, t->data, t->nbytes);
                        release_mapped_range(t->data, t->nbytes);
@@ -316,7 +442,8 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& opt) {
   auto bar = std::make_shared<Progress>("quantizing " + f.str() + " to " + opt.out, opt.progress);
   track_progress(specs, bar);
 
-  json config = read_json(fs::path(opt.in) / "config.json");
+  const GgufFile* gguf = ck.gguf();
+  json config = gguf ? gguf_config_json(*gguf) : read_json(fs::path(opt.in) / "config.json");
   config.erase("quantization_config");
   if (config.contains("text_config") && config["text_config"].is_object()) config["text_config"].erase("quantization_config");
   rep.quantization_config = quantization_config(f);
@@ -324,13 +451,19 @@ QuantizeReport quantize_checkpoint(const QuantizeOptions& opt) {
   write_checkpoint(opt.out, config, std::move(specs), rep.shards);
   bar->finish();
 
-  // The tokenizer, chat template and generation settings, as they are.
-  for (auto& e : fs::directory_iterator(opt.in)) {
-    const std::string fn = e.path().filename().string();
-    if (!e.is_regular_file() || e.path().extension() == ".safetensors" || fn == "config.json" ||
-        fn == "model.safetensors.index.json")
-      continue;
-    fs::copy_file(e.path(), fs::path(opt.out) / fn, fs::copy_options::overwrite_existing);
+  if (gguf) {
+    // The tokenizer and generation settings from the file's metadata.
+    if (auto note = write_gguf_tokenizer(*gguf, opt.out)) rep.notes.push_back(std::move(*note));
+    write_gguf_generation_config(*gguf, opt.out);
+  } else {
+    // The tokenizer, chat template and generation settings, as they are.
+    for (auto& e : fs::directory_iterator(opt.in)) {
+      const std::string fn = e.path().filename().string();
+      if (!e.is_regular_file() || e.path().extension() == ".safetensors" || fn == "config.json" ||
+          fn == "model.safetensors.index.json")
+        continue;
+      fs::copy_file(e.path(), fs::path(opt.out) / fn, fs::copy_options::overwrite_existing);
+    }
   }
 
   rep.classes = *stats;
@@ -352,6 +485,7 @@ std::string quantize_report_text(const QuantizeReport& r) {
                   double(s.bytes_out) / 1e9, s.rel_rms());
     o << buf;
   }
+  for (const auto& n : r.notes) o << "note: " << n << "\n";
   return o.str();
 }
 
@@ -361,7 +495,8 @@ json quantize_report_json(const QuantizeReport& r) {
     classes[name] = {{"tensors", s.tensors}, {"converted", s.converted}, {"bytes_in", s.bytes_in},
                      {"bytes_out", s.bytes_out}, {"relative_rms_error", s.rel_rms()}};
   return {{"bytes_in", r.bytes_in}, {"bytes_out", r.bytes_out}, {"shards", r.shards},
-          {"seconds", r.seconds}, {"classes", classes}, {"quantization_config", r.quantization_config}};
+          {"seconds", r.seconds}, {"classes", classes}, {"quantization_config", r.quantization_config},
+          {"notes", r.notes}};
 }
 
 LogitsDistance logits_distance(Model& ref, Model& q, const std::vector<std::vector<int32_t>>& sequences) {

@@ -7,6 +7,12 @@
 // time from the memory-mapped input (never the whole model in memory). Also the measures of
 // what quantization cost: relative RMS error per weight class, and the distance of the
 // quantized model's logits to the original's over teacher-forced positions.
+//
+// The input may be a llama.cpp GGUF file (model/gguf_model.h) instead of a hub folder: its
+// tensors in ggml block formats (Q4_K ...) become their class's target, else bf16 (a hub folder
+// cannot hold a block format); llama.cpp's split MLA layout (k_b_proj / v_b_proj) becomes the
+// hub's kv_b_proj, an attention weight; config.json and generation_config.json come from the
+// metadata. Its tokenizer is not converted yet (a note in the report says so).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -20,8 +26,8 @@
 namespace mla {
 
 struct QuantizeOptions {
-  std::string in, out;
-  LoadQuantization formats;  // experts, others, embed_head; unset classes stay as stored
+  std::string in, out;  // in: a hub checkpoint folder or a GGUF file (gguf_path)
+  LoadQuantization formats;  // experts, others, embed_head; unset classes stay as stored (GGUF block formats: bf16)
   size_t shard_bytes = size_t(4) << 30;  // shards of at most about this size
   int threads = 0;                       // 0: all
   bool progress = true;                  // a progress line on a terminal
@@ -40,6 +46,7 @@ struct QuantizeReport {
   int shards = 0;
   double seconds = 0;
   nlohmann::json quantization_config;  // null when nothing is quantized
+  std::vector<std::string> notes;      // what the copy lacks and why (a GGUF input's tokenizer)
 };
 
 // compressed-tensors' quantization_config for these formats (the INT4 group over the routed
