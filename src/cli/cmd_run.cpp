@@ -29,7 +29,7 @@
 namespace {
 
 struct RunOptions {
-  std::string model_dir, prompt, system, kv_dtype = "bf16";
+  std::string model_dir, tokenizer_dir, prompt, system, kv_dtype = "bf16";
   int64_t max_new_tokens = 256;
   float temperature = 1.0f, top_p = 1.0f, min_p = 0.0f;
   float repeat_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
@@ -48,6 +48,7 @@ struct RunOptions {
 
 void add_options(CLI::App& app, RunOptions& o, bool chat_command) {
   mla::cli::add_model_option(app, o.model_dir);
+  mla::cli::add_tokenizer_option(app, o.tokenizer_dir);
   if (!chat_command) {
     app.add_option("-p,--prompt", o.prompt, "the prompt text")->required();
     app.add_flag("--chat", o.chat, "apply the model's chat template to the prompt, as one user message");
@@ -104,8 +105,8 @@ Session open_session(RunOptions& o, bool lockstep = false) {
   if (spec.enabled && !s.model->has_mtp())
     throw std::invalid_argument("--speculative mtp: " + o.model_dir + " has no MTP module (num_nextn_predict_layers and layer " +
                                 std::to_string(s.model->config().num_hidden_layers) + "'s eh_proj)");
-  s.tokenizer = std::make_unique<mla::Tokenizer>(mla::Tokenizer::load(o.model_dir));
-  auto gc = mla::GenerationConfig::load(o.model_dir, s.model->config());
+  s.tokenizer = std::make_unique<mla::Tokenizer>(mla::cli::load_tokenizer(o.model_dir, o.tokenizer_dir));
+  auto gc = mla::cli::load_generation(o.model_dir, o.tokenizer_dir, s.model->config());
 
   mla::SamplingParams& sp = s.params.sampling;
   sp = gc.apply(sp);  // the file's defaults, then the options given

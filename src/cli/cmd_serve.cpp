@@ -37,7 +37,7 @@
 namespace {
 
 struct ServeOptions {
-  std::string model_dir, host = "127.0.0.1", served_model_name;
+  std::string model_dir, tokenizer_dir, host = "127.0.0.1", served_model_name;
   int port = 8080;
   double kv_cache_gb = 0;
   int64_t max_batch_tokens = 512, max_num_seqs = 64, chunk_depth = 16384;
@@ -87,6 +87,7 @@ int serve_cmd(int argc, char** argv) {
   CLI::App app{"Serve the model over an OpenAI-compatible HTTP API with continuous batching", "mla serve"};
   ServeOptions o;
   mla::cli::add_model_option(app, o.model_dir);
+  mla::cli::add_tokenizer_option(app, o.tokenizer_dir);
   app.add_option("--host", o.host, "address to listen on (default 127.0.0.1)");
   app.add_option("--port", o.port, "TCP port (default 8080; 0: any free port, printed)");
   app.add_option("--kv-cache-gb", o.kv_cache_gb,
@@ -185,8 +186,8 @@ int serve_cmd(int argc, char** argv) {
 
   const mla::SpeculativeOptions spec = o.spec.options();
   auto model = mla::cli::load_model(o.model_dir, ctx, ::isatty(STDERR_FILENO), load_quantization, /*with_mtp=*/spec.enabled);
-  auto tokenizer = mla::Tokenizer::load(o.model_dir);
-  auto generation = mla::GenerationConfig::load(o.model_dir, model->config());
+  auto tokenizer = mla::cli::load_tokenizer(o.model_dir, o.tokenizer_dir);
+  auto generation = mla::cli::load_generation(o.model_dir, o.tokenizer_dir, model->config());
   const mla::ModelConfig& c = model->config();
 
   mla::EngineOptions eo;

@@ -14,8 +14,10 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/load_model.h"
 #include "cli/options.h"
 #include "chat/chat_template.h"
+#include "format/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -50,12 +52,13 @@ int tokenizer_command(int argc, char** argv, const std::string& about, const std
                       const std::string& flag_help, const std::function<void(const mla::Tokenizer&, bool)>& run) {
   CLI::App app{about};
   app.name(name);
-  std::string model_dir;
+  std::string model_dir, tokenizer_dir;
   bool value = false;
-  mla::cli::add_model_option(app, model_dir, "model folder with tokenizer.json");
+  mla::cli::add_model_option(app, model_dir, "model folder with tokenizer.json, or a GGUF file");
+  mla::cli::add_tokenizer_option(app, tokenizer_dir);
   app.add_flag(flag, value, flag_help);
   CLI11_PARSE(app, argc, argv);
-  run(mla::Tokenizer::load(model_dir), value);
+  run(mla::cli::load_tokenizer(model_dir, tokenizer_dir), value);
   return 0;
 }
 
@@ -89,9 +92,10 @@ int detokenize_main(int argc, char** argv) {
 int chat_template_main(int argc, char** argv) {
   CLI::App app{"Render the model's chat template over a JSON list of messages (printed byte-exact), or its ids."};
   app.name("mla chat-template");
-  std::string model_dir, messages_path;
+  std::string model_dir, tokenizer_dir, messages_path;
   bool add_generation_prompt = false, print_ids = false;
-  mla::cli::add_model_option(app, model_dir, "model folder with tokenizer.json and tokenizer_config.json");
+  mla::cli::add_model_option(app, model_dir, "model folder with tokenizer.json and tokenizer_config.json, or a GGUF file");
+  mla::cli::add_tokenizer_option(app, tokenizer_dir);
   app.add_option("--messages", messages_path,
                  "JSON file: a list of messages, or an object with \"messages\" (and optionally \"tools\")")
       ->required();
@@ -99,10 +103,12 @@ int chat_template_main(int argc, char** argv) {
   app.add_flag("--ids", print_ids, "print the token ids of the rendered text instead of the text");
   CLI11_PARSE(app, argc, argv);
 
-  auto tokenizer = mla::Tokenizer::load(model_dir);
+  auto tokenizer = mla::cli::load_tokenizer(model_dir, tokenizer_dir);
   // A checkpoint without a template may have a built-in format (config.json's model_type).
   std::string model_type;
-  if (std::ifstream config(model_dir + "/config.json"); config) {
+  if (mla::gguf_path(model_dir)) {
+    model_type = mla::ModelConfig::load(model_dir).model_type;
+  } else if (std::ifstream config(model_dir + "/config.json"); config) {
     nlohmann::json c = nlohmann::json::parse(config, nullptr, /*allow_exceptions=*/false);
     if (c.is_object() && c.contains("model_type") && c["model_type"].is_string()) model_type = c["model_type"];
   }

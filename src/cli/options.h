@@ -36,6 +36,16 @@ inline CLI::Option* add_model_option(CLI::App& app, std::string& dir, const std:
   return app.add_option("-m,--model", dir, help)->required();
 }
 
+// --tokenizer DIR: the tokenizer and chat template of a folder instead of the model's own (a GGUF
+// file whose metadata is wrong).
+inline CLI::Option* add_tokenizer_option(CLI::App& app, std::string& dir) {
+  return app
+      .add_option("--tokenizer", dir,
+                  "folder with tokenizer.json / tokenizer_config.json (and generation_config.json) to use instead of "
+                  "the model's own (for a GGUF file whose tokenizer metadata is wrong)")
+      ->check(CLI::ExistingDirectory);
+}
+
 // --threads, --int8-activations, --indexer-precision, --repack and, where the command offers the choice
 // (a help text is given), --precision; context() checks them and builds the cpu::Context the
 // command hands to Model::load.

@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "format/error.h"
+#include "format/gguf.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/tiktoken.h"
 #include "tokenizer/tokenizer_parts.h"
@@ -1159,7 +1160,13 @@ TokenizerParts read_folder(const std::string& dir) {
 
 }  // namespace
 
-Tokenizer Tokenizer::load(const std::string& dir) { return from_parts(read_folder(dir)); }
+Tokenizer Tokenizer::load(const std::string& dir) {
+  if (const auto gguf = gguf_path(dir)) {
+    const GgufFile f(*gguf);
+    return from_gguf(f.metadata(), f.path());
+  }
+  return from_parts(read_folder(dir));
+}
 
 Tokenizer Tokenizer::from_parts(TokenizerParts parts) {
   auto impl = std::make_unique<Impl>();

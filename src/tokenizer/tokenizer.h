@@ -35,7 +35,8 @@ class Tokenizer {
   // Reads dir/tokenizer.json and (optional) dir/tokenizer_config.json. Without tokenizer.json,
   // reads dir/tiktoken.model, with special tokens from tokenizer_config.json's
   // added_tokens_decoder. Throws std::runtime_error naming the file and the problem (missing file,
-  // bad JSON, malformed line, unsupported construct).
+  // bad JSON, malformed line, unsupported construct). `dir` naming a GGUF file (format/gguf.h's
+  // gguf_path): from_gguf over its metadata.
   static Tokenizer load(const std::string& dir);
 
   // The vocabulary of a GGUF file (GgufFile::metadata()) as llama.cpp's converter writes it:

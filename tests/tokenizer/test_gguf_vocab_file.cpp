@@ -1,11 +1,6 @@
 // The GGUF vocabulary fixture (tests/fixtures/gguf/deepseek-v3-vocab.gguf.gz) opened through
 // GgufFile, the way `mla -m model.gguf` opens a model: its metadata must be what the test reader of
 // gguf_vocab_fixture.h reads, and the tokenizer made of it must encode the fixture's cases.
-//
-// Off until the GGUF reader (src/format/gguf.cpp) is merged: without GgufFile's definitions this
-// file would not link. To turn it on, delete the #if line below and its #endif at the end.
-#if defined(MLA_TEST_GGUF_FILE)
-
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -73,5 +68,3 @@ TEST_F(GgufVocabFile, TokenizerEncodesTheFixtureCases) {
 }
 
 }  // namespace
-
-#endif  // MLA_TEST_GGUF_FILE
