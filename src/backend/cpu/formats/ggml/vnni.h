@@ -130,22 +130,22 @@ constexpr uint64_t gf_move(int from, int count, int to) {
   return a;
 }
 // A zmm of matrices: lo for the first 32 bytes, hi for the last 32.
-inline __m512i gf_halves(uint64_t lo, uint64_t hi) {
+[[gnu::always_inline]] inline __m512i gf_halves(uint64_t lo, uint64_t hi) {
   return _mm512_set_epi64(int64_t(hi), int64_t(hi), int64_t(hi), int64_t(hi), int64_t(lo), int64_t(lo), int64_t(lo),
                           int64_t(lo));
 }
-inline __m512i gf(__m512i v, __m512i matrix) { return _mm512_gf2p8affine_epi64_epi8(v, matrix, 0); }
+[[gnu::always_inline]] inline __m512i gf(__m512i v, __m512i matrix) { return _mm512_gf2p8affine_epi64_epi8(v, matrix, 0); }
 // 32 bytes at p in both halves of a zmm.
-inline __m512i bcast32(const uint8_t* p) {
+[[gnu::always_inline]] inline __m512i bcast32(const uint8_t* p) {
   return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 // The f16 at p (and the next), as float32 in lanes 0 (and 1).
-inline __m128 half_at(const uint8_t* p) {
+[[gnu::always_inline]] inline __m128 half_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return _mm_cvtph_ps(_mm_cvtsi32_si128(h));
 }
-inline __m128 halves_at(const uint8_t* p) {
+[[gnu::always_inline]] inline __m128 halves_at(const uint8_t* p) {
   uint32_t h;
   std::memcpy(&h, p, 4);
   return _mm_cvtph_ps(_mm_cvtsi32_si128(int(h)));
@@ -176,7 +176,7 @@ constexpr SpreadIdx spread_idx_words16() {
 inline constexpr SpreadIdx kSpreadWords16 = spread_idx_words16();
 
 // The 16 signed scales (words) of a super-block: lane l of vector k takes scale 4k + l / 4.
-inline void spread_words16(__m256i sc16, __m512i (&s)[4]) {
+[[gnu::always_inline]] inline void spread_words16(__m256i sc16, __m512i (&s)[4]) {
   const __m512i w = _mm512_zextsi256_si512(sc16);
   for (int k = 0; k < 4; ++k)
     s[k] = _mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_load_si512(kSpreadWords16.b[k]), w);
@@ -184,7 +184,7 @@ inline void spread_words16(__m256i sc16, __m512i (&s)[4]) {
 // The scaled integer dot product of a super-block's code vectors with the activation codes x: per
 // code vector, VPDPBUSD from zero, then VPDPWSSD by its lanes' scales (every format whose code
 // vectors each have their own lanes' sub-blocks).
-inline __m512i dot4(const SuperBlock& o, const __m512i (&x)[4]) {
+[[gnu::always_inline]] inline __m512i dot4(const SuperBlock& o, const __m512i (&x)[4]) {
   const __m512i zero = _mm512_setzero_si512();
   __m512i acc = zero;
 #pragma GCC unroll 4
@@ -200,7 +200,7 @@ inline __m512i dot4(const SuperBlock& o, const __m512i (&x)[4]) {
 struct KQ2 {
   static constexpr int64_t kBytes = 84;
   static constexpr bool kMins = true;
-  static void decode(const uint8_t* blk, SuperBlock& o) {
+  [[gnu::always_inline]] static void decode(const uint8_t* blk, SuperBlock& o) {
     const __m512i q = _mm512_loadu_si512(blk + 16);
     const __m512i crumbs = _mm512_set_epi64(int64_t(gf_move(6, 2, 0)), int64_t(gf_move(4, 2, 0)), int64_t(gf_move(2, 2, 0)),
                                             int64_t(gf_move(0, 2, 0)), int64_t(gf_move(6, 2, 0)), int64_t(gf_move(4, 2, 0)),
@@ -215,7 +215,7 @@ struct KQ2 {
     o.m = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), m4));
     o.dd = halves_at(blk + 80);
   }
-  static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) {
+  [[gnu::always_inline]] static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) {
     const __m512i zero = _mm512_setzero_si512();
     const __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, o.z[0], x[0]), o.z[1], x[1]);
     const __m512i b = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, o.z[2], x[2]), o.z[3], x[3]);
@@ -226,24 +226,24 @@ struct KQ2 {
 // The 16 6-bit scales of a Q3_K super-block (12 bytes at p), minus 32, as signed bytes: with
 // dwords a0, a1, a2 of p, scales 0..3 = (a0 & 15) | (a2 & 3) << 4, byte by byte, 4..7 = (a1 &
 // 15) | (a2 >> 2 & 3) << 4, 8..11 = (a0 >> 4 & 15) | (a2 >> 4 & 3) << 4, 12..15 = (a1 >> 4 & 15) |
-// (a2 >> 6 & 3) << 4. On the scalar units, which the vector ones' work leaves idle (the same in
-// vector instructions ran 23.6-24.4 cycles a super-block against 22.7).
-inline __m128i scales_k3(const uint8_t* p) {
-  uint32_t a[3];
-  std::memcpy(a, p, 12);
-  constexpr uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
-  const uint64_t lo = uint64_t((a[0] & m4) | ((a[2] & m2) << 4)) | uint64_t((a[1] & m4) | (((a[2] >> 2) & m2) << 4)) << 32;
-  const uint64_t hi = uint64_t(((a[0] >> 4) & m4) | (((a[2] >> 4) & m2) << 4)) |
-                      uint64_t(((a[1] >> 4) & m4) | (((a[2] >> 6) & m2) << 4)) << 32;
+// (a2 >> 6 & 3) << 4. On the scalar units, as scales_mins_k4.
+[[gnu::always_inline]] inline __m128i scales_k3(const uint8_t* p) {
+  uint64_t a01;
+  uint32_t a2;
+  std::memcpy(&a01, p, 8);
+  std::memcpy(&a2, p + 8, 4);
+  const uint64_t h = uint64_t(a2) | uint64_t(a2) << 30;  // a2 in the low half, a2 >> 2 in the high
+  constexpr uint64_t m4 = 0x0f0f0f0f0f0f0f0full, m2 = 0x0303030303030303ull;
+  const uint64_t lo = (a01 & m4) | (h & m2) << 4, hi = ((a01 >> 4) & m4) | ((h >> 4) & m2) << 4;
   return _mm_sub_epi8(_mm_set_epi64x(int64_t(hi), int64_t(lo)), _mm_set1_epi8(32));
 }
 
 struct KQ3 {
-  static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return dot4(o, x); }
+  [[gnu::always_inline]] static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return dot4(o, x); }
   static constexpr int64_t kBytes = 110;
   static constexpr bool kMins = false;
   static constexpr int kOffsetShift = 2;  // codes 0..7 stand for -4..3
-  static void decode(const uint8_t* blk, SuperBlock& o) {
+  [[gnu::always_inline]] static void decode(const uint8_t* blk, SuperBlock& o) {
     const __m512i h = bcast32(blk);
     for (int k = 0; k < 4; ++k) {
       // Crumbs s, s + 1 (s = 2 (k % 2)) of bytes 32 (k / 2) .., high bits 4 (k / 2) + s, + 1.
@@ -265,13 +265,15 @@ constexpr int k4_min_byte(int j) { return j < 4 ? j + 4 : j + 8; }
 // The 8 6-bit scales and mins of a Q4_K / Q5_K super-block (12 bytes at p) as the bytes sc0..3,
 // m0..3, sc4..7, m4..7: with dwords a0, a1, a2 of p, byte by byte, sc0..3 = a0 & 63, m0..3 = a1 &
 // 63, sc4..7 = (a2 & 15) | (a0 >> 6) << 4, m4..7 = (a2 >> 4 & 15) | (a1 >> 6) << 4. On the scalar
-// units, as scales_k3.
-inline __m128i scales_mins_k4(const uint8_t* p) {
-  uint32_t a[3];
-  std::memcpy(a, p, 12);
-  constexpr uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, top = 0x30303030;
-  const uint64_t lo = uint64_t(a[0] & m6) | uint64_t(a[1] & m6) << 32;
-  const uint64_t hi = uint64_t((a[2] & m4) | ((a[0] >> 2) & top)) | uint64_t(((a[2] >> 4) & m4) | ((a[1] >> 2) & top)) << 32;
+// units (64 bits at a time), which the vector ones' work leaves idle: the same in vector
+// instructions ran slower (Q3_K 23.6-24.4 cycles a super-block against 22.7).
+[[gnu::always_inline]] inline __m128i scales_mins_k4(const uint8_t* p) {
+  uint64_t a01;
+  uint32_t a2;
+  std::memcpy(&a01, p, 8);
+  std::memcpy(&a2, p + 8, 4);
+  const uint64_t lo = a01 & 0x3f3f3f3f3f3f3f3full;
+  const uint64_t hi = ((uint64_t(a2) | uint64_t(a2) << 28) & 0x0f0f0f0f0f0f0f0full) | ((a01 >> 2) & 0x3030303030303030ull);
   return _mm_set_epi64x(int64_t(hi), int64_t(lo));
 }
 // Q4_K, Q5_K in two lane patterns: the 128 bytes of nibbles as 16-byte pieces A = qs 0..15,
@@ -280,7 +282,7 @@ inline __m128i scales_mins_k4(const uint8_t* p) {
 // their high nibbles 2L + 1: z = low A, low B, high A, high B, each pair's VPDPBUSD summed
 // before one VPDPWSSD (|sum| <= 8 * 31 * 127 < 2^15) by s[0] (sub-block 2L's scale in lane
 // group L) and s[1] (2L + 1). The activations' 16-column pieces in that order (quantize_x).
-inline void k4_codes(const uint8_t* qs, __m512i (&z)[4]) {
+[[gnu::always_inline]] inline void k4_codes(const uint8_t* qs, __m512i (&z)[4]) {
   const __m512i q0 = _mm512_loadu_si512(qs), q1 = _mm512_loadu_si512(qs + 64);
   const __m512i a = _mm512_shuffle_i64x2(q0, q1, _MM_SHUFFLE(2, 0, 2, 0));
   const __m512i b = _mm512_shuffle_i64x2(q0, q1, _MM_SHUFFLE(3, 1, 3, 1));
@@ -290,7 +292,7 @@ inline void k4_codes(const uint8_t* qs, __m512i (&z)[4]) {
   z[2] = gf(a, hi);
   z[3] = gf(b, hi);
 }
-inline void k4_scales(const uint8_t* p, SuperBlock& o) {
+[[gnu::always_inline]] inline void k4_scales(const uint8_t* p, SuperBlock& o) {
   const __m128i sm = scales_mins_k4(p);
   const __m512i b = _mm512_broadcast_i32x4(sm);
   // Lane group L of s[h]: scale 2L + h, in the low byte of each dword.
@@ -309,7 +311,7 @@ inline void k4_scales(const uint8_t* p, SuperBlock& o) {
                         k4_min_byte(6), k4_min_byte(6), k4_min_byte(7), k4_min_byte(7))));
 }
 
-inline __m512i k4_dot(const SuperBlock& o, const __m512i (&x)[4]) {
+[[gnu::always_inline]] inline __m512i k4_dot(const SuperBlock& o, const __m512i (&x)[4]) {
   const __m512i zero = _mm512_setzero_si512();
   const __m512i even = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, o.z[0], x[0]), o.z[1], x[1]);
   const __m512i odd = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, o.z[2], x[2]), o.z[3], x[3]);
@@ -319,8 +321,8 @@ inline __m512i k4_dot(const SuperBlock& o, const __m512i (&x)[4]) {
 struct KQ4 {
   static constexpr int64_t kBytes = 144;
   static constexpr bool kMins = true;
-  static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return k4_dot(o, x); }
-  static void decode(const uint8_t* blk, SuperBlock& o) {
+  [[gnu::always_inline]] static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return k4_dot(o, x); }
+  [[gnu::always_inline]] static void decode(const uint8_t* blk, SuperBlock& o) {
     k4_codes(blk + 16, o.z);
     k4_scales(blk + 4, o);
     o.dd = halves_at(blk);
@@ -330,8 +332,8 @@ struct KQ4 {
 struct KQ5 {
   static constexpr int64_t kBytes = 176;
   static constexpr bool kMins = true;
-  static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return k4_dot(o, x); }
-  static void decode(const uint8_t* blk, SuperBlock& o) {
+  [[gnu::always_inline]] static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return k4_dot(o, x); }
+  [[gnu::always_inline]] static void decode(const uint8_t* blk, SuperBlock& o) {
     // As Q4_K's, each sub-block j's fifth bits bit j of qh's 32 bytes: for A, qh 0..15, for B
     // 16..31, in every lane group; bit 2L (low nibbles) or 2L + 1 (high) of lane group L.
     k4_codes(blk + 48, o.z);
@@ -352,11 +354,11 @@ struct KQ5 {
 };
 
 struct KQ6 {
-  static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return dot4(o, x); }
+  [[gnu::always_inline]] static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return dot4(o, x); }
   static constexpr int64_t kBytes = 210;
   static constexpr bool kMins = false;
   static constexpr int kOffsetShift = 5;  // codes 0..63 stand for -32..31
-  static void decode(const uint8_t* blk, SuperBlock& o) {
+  [[gnu::always_inline]] static void decode(const uint8_t* blk, SuperBlock& o) {
     // Half n (128 columns): 64 bytes of ql (low nibbles: columns 128n .. + 63, high: + 64 ..)
     // and 32 of qh (crumbs 0, 1 for the first 32 columns of each 64, 2, 3 for the next).
     const __m512i lo = _mm512_set1_epi64(int64_t(gf_move(0, 4, 0))), hi = _mm512_set1_epi64(int64_t(gf_move(4, 4, 0)));
@@ -434,7 +436,7 @@ struct PairIdx {
 // as 64 codes: the first block's low nibbles (its columns 0..15), its high ones (16..31), then
 // the second's. One masked load (no fault past the matrix's end), vpermb, GF2P8AFFINEQB.
 template <int Bytes>
-inline __m512i nibble_pair(const uint8_t* qs, bool two) {
+[[gnu::always_inline]] inline __m512i nibble_pair(const uint8_t* qs, bool two) {
   static constexpr PairIdx<Bytes> kIdx{};
   const __mmask64 live = two ? (__mmask64(1) << (Bytes + 16)) - 1 : 0xFFFF;
   const __m512i v = _mm512_permutexvar_epi8(_mm512_load_si512(kIdx.b), _mm512_maskz_loadu_epi8(live, qs));
@@ -449,7 +451,7 @@ struct BQ4_0 {
   static constexpr int64_t kBytes = 18;
   static constexpr float kOffset = 8;
   static constexpr bool kM = false;
-  static __m512i pair(const uint8_t* p, bool two) {
+  [[gnu::always_inline]] static __m512i pair(const uint8_t* p, bool two) {
     // qs of each block in two 128-bit lanes: its low nibbles (columns 0..15), its high (16..31).
     return nibble_pair<kBytes>(p + 2, two);
   }
@@ -459,7 +461,7 @@ struct BQ4_1 {
   static constexpr int64_t kBytes = 20;
   static constexpr float kOffset = 0;
   static constexpr bool kM = true;
-  static __m512i pair(const uint8_t* p, bool two) {
+  [[gnu::always_inline]] static __m512i pair(const uint8_t* p, bool two) {
     return nibble_pair<kBytes>(p + 4, two);
   }
 };
@@ -467,7 +469,7 @@ struct BQ4_1 {
 // Q5_0 / Q5_1: the nibbles as Q4_0's (qs at p + Qs) plus bit 4 from each block's 32 bits of qh
 // (at p + Qh), whose bit v belongs to column v: the two blocks' words are the byte mask.
 template <int Qh, int Qs, int64_t Bytes>
-inline __m512i q5_pair(const uint8_t* p, bool two) {
+[[gnu::always_inline]] inline __m512i q5_pair(const uint8_t* p, bool two) {
   uint32_t h0, h1 = 0;
   std::memcpy(&h0, p + Qh, 4);
   if (two) std::memcpy(&h1, p + Bytes + Qh, 4);
@@ -479,21 +481,21 @@ struct BQ5_0 {
   static constexpr int64_t kBytes = 22;
   static constexpr float kOffset = 16;
   static constexpr bool kM = false;
-  static __m512i pair(const uint8_t* p, bool two) { return q5_pair<2, 6, kBytes>(p, two); }
+  [[gnu::always_inline]] static __m512i pair(const uint8_t* p, bool two) { return q5_pair<2, 6, kBytes>(p, two); }
 };
 
 struct BQ5_1 {
   static constexpr int64_t kBytes = 24;
   static constexpr float kOffset = 0;
   static constexpr bool kM = true;
-  static __m512i pair(const uint8_t* p, bool two) { return q5_pair<4, 8, kBytes>(p, two); }
+  [[gnu::always_inline]] static __m512i pair(const uint8_t* p, bool two) { return q5_pair<4, 8, kBytes>(p, two); }
 };
 
 struct BQ8_0 {
   static constexpr int64_t kBytes = 34;
   static constexpr float kOffset = 128;
   static constexpr bool kM = false;
-  static __m512i pair(const uint8_t* p, bool two) {
+  [[gnu::always_inline]] static __m512i pair(const uint8_t* p, bool two) {
     // The int8 codes biased to unsigned (q + 128: the sign bit flipped).
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
     const __m256i b = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kBytes + 2)) : _mm256_setzero_si256();
@@ -521,7 +523,7 @@ struct HalvesIdx {
   }
 };
 template <int Bytes, int Off>
-inline __m512 block_halves(const uint8_t* blk, int64_t gn) {
+[[gnu::always_inline]] inline __m512 block_halves(const uint8_t* blk, int64_t gn) {
   static constexpr HalvesIdx<Bytes, Off> kIdx{};
   constexpr int kPer = HalvesIdx<Bytes, Off>::kPer;
   const int64_t avail = gn * Bytes;
