@@ -33,7 +33,7 @@ extern const FormatKernels kQ8_0Format{.format = WeightFormat::Q8_0, .name = "q8
     .gemv_f32 = ggml::q8_0_rows_f32, GGML_VNNI(q8_0_rows_vnni, block32_x),
     .row_bf16 = ggml::q8_0_row_bf16};
 extern const FormatKernels kQ2_KFormat{.format = WeightFormat::Q2_K, .name = "q2_k", .element = ggml_element,
-    .gemv_f32 = ggml::q2_k_rows_f32, GGML_VNNI(q2_k_rows_vnni, kquant_x),
+    .gemv_f32 = ggml::q2_k_rows_f32, GGML_VNNI(q2_k_rows_vnni, q2_k_x),
     .row_bf16 = ggml::q2_k_row_bf16};
 extern const FormatKernels kQ3_KFormat{.format = WeightFormat::Q3_K, .name = "q3_k", .element = ggml_element,
     .gemv_f32 = ggml::q3_k_rows_f32, GGML_VNNI(q3_k_rows_vnni, kquant_x),

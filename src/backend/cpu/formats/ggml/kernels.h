@@ -59,6 +59,8 @@ size_t kquant_x_bytes(int64_t K);
 void kquant_x(const float* x, int64_t T, int64_t ldx, int64_t K, uint8_t* out);
 void kquant_x_k4(const float* x, int64_t T, int64_t ldx, int64_t K, uint8_t* out);  // Q4_K, Q5_K's order
 inline size_t kquant_x_k4_bytes(int64_t K) { return kquant_x_bytes(K); }
+void q2_k_x(const float* x, int64_t T, int64_t ldx, int64_t K, uint8_t* out);  // Q2_K's order
+inline size_t q2_k_x_bytes(int64_t K) { return kquant_x_bytes(K); }
 #endif
 
 }  // namespace mla::cpu::ggml

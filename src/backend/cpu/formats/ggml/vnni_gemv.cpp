@@ -46,8 +46,11 @@ size_t block32_x_bytes(int64_t K) { return size_t(x_layout(K, 32).bytes); }
 void block32_x(const float* x, int64_t T, int64_t ldx, int64_t K, uint8_t* out) { quantize_x<32>(x, T, ldx, K, out); }
 size_t kquant_x_bytes(int64_t K) { return size_t(x_layout(K, 256).bytes); }
 void kquant_x(const float* x, int64_t T, int64_t ldx, int64_t K, uint8_t* out) { quantize_x<256>(x, T, ldx, K, out); }
+void q2_k_x(const float* x, int64_t T, int64_t ldx, int64_t K, uint8_t* out) {
+  quantize_x<256, Order::Q2>(x, T, ldx, K, out);
+}
 void kquant_x_k4(const float* x, int64_t T, int64_t ldx, int64_t K, uint8_t* out) {
-  quantize_x<256, true>(x, T, ldx, K, out);
+  quantize_x<256, Order::K4>(x, T, ldx, K, out);
 }
 
 }  // namespace mla::cpu::ggml
