@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -219,9 +220,7 @@ TEST(GgufModel, MissingTensorNamesTheFilesTensor) {
 // A copy of a fixture through the test writer, `edit` changing it first: metadata keys (all
 // but the tokenizer's long lists and general.alignment, which the builder writes itself) and
 // tensors as read.
-std::string rewrite(const std::string& name, const test::TempDir& dir, const std::function<void(test::GgufBuilder&)>& edit) {
-  const GgufFile src(gguf_fixture(name));
-  test::GgufBuilder b;
+void copy_metadata(const GgufFile& src, test::GgufBuilder& b) {
   for (const auto& [k, v] : src.metadata()) {
     if (k == "general.alignment") continue;
     using K = GgufValue::Kind;
@@ -233,6 +232,12 @@ std::string rewrite(const std::string& name, const test::TempDir& dir, const std
     else if (v.elem == K::Float) b.add_array<double>(k, test::GgufBuilder::F64, v.floats);
     else b.add_array<int64_t>(k, test::GgufBuilder::I64, v.ints);
   }
+}
+
+std::string rewrite(const std::string& name, const test::TempDir& dir, const std::function<void(test::GgufBuilder&)>& edit) {
+  const GgufFile src(gguf_fixture(name));
+  test::GgufBuilder b;
+  copy_metadata(src, b);
   for (const auto& [n, t] : src.tensors()) b.add_tensor(n, t.type, t.ne, std::vector<uint8_t>(t.data, t.data + t.nbytes));
   edit(b);
   const std::string out = dir / "model.gguf";
@@ -305,6 +310,30 @@ TEST(BadGgufModel, TypeTheEngineDoesNotRun) {
       }
   });
   expect_error([&] { Model::load(path); }, {path, "blk.0.ffn_down.weight", "iq2_xxs", "not supported"});
+}
+
+// A split set (as gguf-split writes one: the metadata in the first part, split.* keys in each,
+// the tensors dealt across the parts) loads from its first part as the whole file does, and
+// with a part missing is one error naming it.
+TEST(GgufModel, SplitSetLoadsAsTheWholeFile) {
+  test::TempDir d("gguf-split");
+  const GgufFile src(gguf_fixture("kquant-tiny-q4_k_m.gguf"));
+  constexpr int kParts = 3;
+  std::vector<test::GgufBuilder> parts(kParts);
+  copy_metadata(src, parts[0]);
+  for (int i = 0; i < kParts; ++i) parts[size_t(i)].add_split_keys(i + 1, kParts, int32_t(src.tensors().size()));
+  size_t k = 0;
+  for (const auto& [n, t] : src.tensors())
+    parts[k++ % kParts].add_tensor(n, t.type, t.ne, std::vector<uint8_t>(t.data, t.data + t.nbytes));
+  auto part = [&](int i) { return d / test::GgufBuilder::split_name("model", i, kParts); };
+  for (int i = 0; i < kParts; ++i) parts[size_t(i)].write(part(i + 1));
+  auto whole = Model::load(gguf_fixture("kquant-tiny-q4_k_m.gguf"));
+  auto split = Model::load(part(1));
+  const std::vector<int32_t> ids = {5, 17, 300, 2, 99, 41};
+  RunOptions opt;
+  EXPECT_EQ(run_logits(*split, ids, opt), run_logits(*whole, ids, opt));
+  std::filesystem::remove(part(2));
+  expect_error([&] { Model::load(part(1)); }, {"model-00002-of-00003.gguf", "missing"});
 }
 
 TEST(BadGgufModel, TruncatedFile) {
