@@ -22,10 +22,10 @@ cmake --build build-asan -j"$jobs" --target mla_tests
 # Jinja values are reference-counted: the list the self-reference test appends to itself is
 # never freed, which LeakSanitizer reports, so that one test runs in the release build only.
 # The sanitizer build has no mla program (CMakeLists.txt), so the test that drives it runs in
-# the release build only too.
+# the release build only too (and GgufCli, which drives it on a GGUF file).
 echo "== unit tests under ASan + UBSan"
 OMP_NUM_THREADS=1 build-asan/mla_tests --gtest_brief=1 \
-  --gtest_filter='Bad*:Gguf*:LatentPool*:PoolDtype*:Fp8*:PathPolicy*:KvExhaustion*:MlaPaths*:Packaging*:Tokenizer*:ChatTemplate*:Jinja*:CacheSize*:Fixtures/Golden.LayerOutputs*:Attention*:MlaUnit*:Moe*:PrefixCache*:PromptCacheTiers*:OutputStream*:Grammar*:JsonSchema*:ToolParser*:ReasoningParser*:EncodingDsv32*:DsaPool*:DsaConfig*:DsaIndexer*:SparseAttention*:QuantizeKernels*:ComputePeak*:Int8.*:QuantizeInt8.Malformed*:RopeParameters*:OneTokenKernels*:Matmul.FastPrecision*:Repack.*:AnthropicApi*:ResponsesApi*:ExpertParallel*-JinjaRender.SelfReferencingListPrintsToALimit:EncodingDsv32.ChatTemplateCommandUsesTheEncoder'
+  --gtest_filter='Bad*:Gguf*:Fixtures/GgufConfig*:Files/GgufQuantized*:Ggml*:QuantizeGguf*:LatentPool*:PoolDtype*:Fp8*:PathPolicy*:KvExhaustion*:MlaPaths*:Packaging*:Tokenizer*:ChatTemplate*:Jinja*:CacheSize*:Fixtures/Golden.LayerOutputs*:Attention*:MlaUnit*:Moe*:PrefixCache*:PromptCacheTiers*:OutputStream*:Grammar*:JsonSchema*:ToolParser*:ReasoningParser*:EncodingDsv32*:DsaPool*:DsaConfig*:DsaIndexer*:SparseAttention*:QuantizeKernels*:ComputePeak*:Int8.*:QuantizeInt8.Malformed*:RopeParameters*:OneTokenKernels*:Matmul.FastPrecision*:Repack.*:AnthropicApi*:ResponsesApi*:ExpertParallel*-GgufCli.*:JinjaRender.SelfReferencingListPrintsToALimit:EncodingDsv32.ChatTemplateCommandUsesTheEncoder'
 
 echo "== fuzzing (clang++, ASan + UBSan)"
 bash scripts/fuzz.sh
