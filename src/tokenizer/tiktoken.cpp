@@ -47,6 +47,19 @@ bool base64_decode(std::string_view in, std::string* out) {
   return (acc & ((1u << bits) - 1)) == 0;
 }
 
+std::string base64_encode(std::string_view in) {
+  static const char* const kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < in.size(); i += 3) {
+    const size_t n = std::min<size_t>(3, in.size() - i);
+    uint32_t v = 0;
+    for (size_t k = 0; k < 3; ++k) v = (v << 8) | (k < n ? static_cast<uint8_t>(in[i + k]) : 0u);
+    for (size_t k = 0; k < 4; ++k) out.push_back(k <= n ? kAlphabet[(v >> (18 - 6 * k)) & 63] : '=');
+  }
+  return out;
+}
+
 std::string quoted(std::string_view s) {
   std::string q(1, '\'');
   q.append(s);
@@ -57,6 +70,13 @@ std::string quoted(std::string_view s) {
 bool is_field_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f'; }
 
 }  // namespace
+
+std::string format_model(const std::vector<RankedToken>& tokens) {
+  std::string out;
+  for (const RankedToken& t : tokens)
+    out.append(base64_encode(t.bytes)).append(" ").append(std::to_string(t.rank)).append("\n");
+  return out;
+}
 
 std::vector<RankedToken> parse_model(const std::string& path, std::string_view text) {
   std::vector<RankedToken> tokens;

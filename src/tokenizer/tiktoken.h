@@ -22,6 +22,9 @@ struct RankedToken {
 // Duplicate ranks and duplicate byte strings are errors too.
 std::vector<RankedToken> parse_model(const std::string& path, std::string_view text);
 
+// The tiktoken.model text of `tokens`, in their order: parse_model's inverse (line numbers aside).
+std::string format_model(const std::vector<RankedToken>& tokens);
+
 // Kimi's pre-tokenizer pattern in PCRE2 syntax (compile with PCRE2_UTF | PCRE2_UCP).
 extern const char* const kKimiPattern;
 

@@ -1,7 +1,8 @@
 // Byte-level BPE tokenizer read from a HuggingFace tokenizer.json (the format DeepSeek-V2/V3 and
 // GLM ship), from a tiktoken.model (Kimi K2 / K2.5) or from a GGUF file's tokenizer.* metadata
 // (llama.cpp's "gpt2" vocabularies), plus a streaming detokenizer and a writer for a small demo
-// tokenizer. All three sources become the same parts (tokenizer_parts.h) and one constructor.
+// tokenizer. All three sources become the same parts (tokenizer_parts.h) and one constructor;
+// write_tokenizer_folder there writes parts out as a hub folder.
 //
 // Pipeline of encode(): added tokens are matched first (leftmost, longest) and become single ids;
 // each stretch of text between them is normalized (NFC / NFD / NFKC / NFKD, via ICU),

@@ -1,6 +1,7 @@
-// Tokenizer::from_gguf: a GGUF file's tokenizer.* metadata, as llama.cpp's convert_hf_to_gguf.py
-// writes it for a "gpt2" (byte-level BPE) vocabulary, translated into the parts a hub folder gives
-// (tokenizer_parts.h), so that one loader tokenizes both.
+// gguf_tokenizer_parts and Tokenizer::from_gguf: a GGUF file's tokenizer.* metadata, as llama.cpp's
+// convert_hf_to_gguf.py writes it for a "gpt2" (byte-level BPE) vocabulary, translated into the
+// parts a hub folder gives (tokenizer_parts.h), so that one loader tokenizes both and
+// write_tokenizer_folder can write them out as that folder.
 //
 // What the converter writes (get_vocab_base, _set_vocab_gpt2; for Kimi K2 a tiktoken vocabulary
 // turned into the same keys):
@@ -176,7 +177,7 @@ json split_sequence(const PreTokenizer& pre) {
 
 }  // namespace
 
-Tokenizer Tokenizer::from_gguf(const std::map<std::string, GgufValue>& metadata, const std::string& source) {
+TokenizerParts gguf_tokenizer_parts(const std::map<std::string, GgufValue>& metadata, const std::string& source) {
   const Metadata meta(metadata, source);
   std::optional<std::string> model = meta.string(kModel);
   if (!model) meta.fail(kModel, "missing (the file has no tokenizer)");
@@ -283,7 +284,11 @@ Tokenizer Tokenizer::from_gguf(const std::map<std::string, GgufValue>& metadata,
     parts.config["add_eos_token"] = *add;
   }
   if (std::optional<std::string> tmpl = meta.string(kChatTemplate)) parts.chat_template = std::move(*tmpl);
-  return from_parts(std::move(parts));
+  return parts;
+}
+
+Tokenizer Tokenizer::from_gguf(const std::map<std::string, GgufValue>& metadata, const std::string& source) {
+  return from_parts(gguf_tokenizer_parts(metadata, source));
 }
 
 Tokenizer Tokenizer::load_for_model(const std::string& model_path, const std::map<std::string, GgufValue>* gguf,

@@ -2,7 +2,8 @@
 // tiktoken.model, tokenizer_config.json, chat_template.jinja) or a GGUF file's tokenizer.*
 // metadata (tokenizer_gguf.cpp translates it into these same parts). Tokenizer::from_parts is the
 // one constructor under both, so a GGUF vocabulary is tokenized by exactly the code that
-// tokenizes the folder it was converted from.
+// tokenizes the folder it was converted from; write_tokenizer_folder writes parts out as that
+// folder (mla quantize of a GGUF file).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "format/gguf.h"
 #include "tokenizer/tiktoken.h"
 
 namespace mla {
@@ -47,5 +49,21 @@ struct TokenizerParts {
   // Special ids given by number (GGUF), over the ids of the config's bos_token / eos_token names.
   std::optional<int32_t> bos_id, eos_id;
 };
+
+// The parts of a GGUF file's tokenizer.* metadata: Tokenizer::from_gguf is from_parts of these.
+// Throws FormatError naming `source` and the key (details: tokenizer_gguf.cpp).
+TokenizerParts gguf_tokenizer_parts(const std::map<std::string, GgufValue>& metadata, const std::string& source);
+
+// Writes `parts` into `dir` (created if missing) as the hub folder read_folder reads, so that
+// Tokenizer::load(dir) is the tokenizer from_parts(parts) builds:
+//   byte-level BPE  tokenizer.json: root, with model.vocab (an object, in the parts' order: by
+//                   id for a GGUF file) and model.merges ([left, right] pairs, in rank order)
+//   tiktoken        tiktoken.model (ranks in the parts' order), and tokenizer_config.json's
+//                   added_tokens_decoder for the special tokens; a stale tokenizer.json is removed
+//   both            tokenizer_config.json: config, with chat_template where config has none, and
+//                   bos_token / eos_token as the text of bos_id / eos_id where those are set
+// Throws std::runtime_error naming the file for what cannot be written (an unwritable path, text
+// that is not UTF-8) or read back the same (a bos / eos text that names another id first).
+void write_tokenizer_folder(const TokenizerParts& parts, const std::string& dir);
 
 }  // namespace mla

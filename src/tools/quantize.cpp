@@ -19,6 +19,7 @@
 #include "format/gguf.h"
 #include "format/safetensors.h"
 #include "model/gguf_model.h"
+#include "tokenizer/tokenizer_parts.h"
 #include "tools/checkpoint_writer.h"
 #include "tools/run_modes.h"
 
@@ -203,14 +204,20 @@ Matrix derived_kv_b(const Checkpoint& ck, const ModelConfig& cfg, const std::str
   return m;
 }
 
-// The tokenizer files (tokenizer.json, tokenizer_config.json with the chat template) of a GGUF
-// input, from its tokenizer.ggml.* keys and tokenizer.chat_template: the one place they are
-// to be written once the GGUF tokenizer (branch wave-gguf-tokenizer) is in. Until then it
-// writes nothing and returns the note saying so.
-std::optional<std::string> write_gguf_tokenizer([[maybe_unused]] const GgufFile& f, const fs::path& out) {
-  return std::string("no tokenizer files written: a GGUF input's tokenizer cannot be converted yet; copy "
-                     "tokenizer.json and tokenizer_config.json from the model's hub folder into ") +
-         out.string() + " before running it";
+// The tokenizer files of a GGUF input, from its tokenizer.* metadata (tokenizer_parts.h):
+// tokenizer.json (tiktoken.model for Kimi) and tokenizer_config.json with the chat template and
+// the bos / eos tokens, the folder Tokenizer::load reads as the tokenizer the file itself gives.
+// A tokenizer this engine cannot read (SentencePiece, an unknown pre-tokenizer, none at all) is no
+// reason to fail the weights: nothing is written and the note returned says why.
+std::optional<std::string> write_gguf_tokenizer(const GgufFile& f, const fs::path& out) {
+  try {
+    write_tokenizer_folder(gguf_tokenizer_parts(f.metadata(), f.path()), out.string());
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    return std::string("no tokenizer files written: ") + e.what() +
+           "; copy tokenizer.json and tokenizer_config.json from the model's hub folder into " + out.string() +
+           " before running it";
+  }
 }
 
 // generation_config.json of a GGUF input: its bos and eos ids (tokenizer.ggml.*), where it has them.

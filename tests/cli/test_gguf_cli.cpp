@@ -1,7 +1,8 @@
 // The commands on a GGUF file through the built program (MLA_BINARY): `mla run` takes the
 // tokenizer and chat template from the file's metadata (or from --tokenizer DIR), `mla tokenize`
 // and `mla detokenize` round-trip through the file's vocabulary, `mla logits` reads the file as
-// the folder it was converted from, `mla analyze -m` its config. The file is llama.cpp's BF16
+// the folder it was converted from, `mla analyze -m` its config, and `mla quantize` makes a folder
+// that runs with the file's tokenizer. The file is llama.cpp's BF16
 // conversion of the golden fixture deepseek-v3-tiny (tests/fixtures/gguf/make_models.sh), whose
 // vocabulary is the first 512 ids of DeepSeek-V3's.
 #include <gtest/gtest.h>
@@ -46,6 +47,28 @@ TEST(GgufCli, RunUsesTheFilesTokenizerOrTheOneGiven) {
   const auto bad = test::run_command(mla_cmd(args + " --tokenizer /nonexistent-dir"), true);
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.output.find("--tokenizer"), std::string::npos) << bad.output;
+}
+
+// `mla quantize` of the file writes its tokenizer beside the weights: `mla run` on the folder needs
+// nothing else, and says what `mla run` on the file says.
+TEST(GgufCli, QuantizedFolderRunsWithTheFilesTokenizer) {
+  test::TempDir d("gguf-quantize-run");
+  const std::string out = d / "folder";
+  const auto q =
+      test::run_command(mla_cmd("quantize -q -m " + kGguf + " -o " + out + " --experts bf16 --others bf16 --threads 1"), true);
+  ASSERT_EQ(q.status, 0) << q.output;
+  EXPECT_EQ(q.output.find("note:"), std::string::npos) << q.output;
+  EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(out) / "tokenizer.json"));
+  const std::string args = " -p 'the latent' -n 8 --temperature 0 --ignore-eos --threads 1 2>/dev/null";
+  const auto folder = test::run_command(mla_cmd("run -m " + out + args));
+  ASSERT_EQ(folder.status, 0) << folder.output;
+  const auto file = test::run_command(mla_cmd("run -m " + kGguf + args));
+  ASSERT_EQ(file.status, 0) << file.output;
+  EXPECT_EQ(folder.output, file.output);
+  const std::string text = "printf 'the latent <｜User｜>' | ";
+  const auto ids = test::run_command(text + mla_cmd("tokenize -m " + out));
+  ASSERT_EQ(ids.status, 0) << ids.output;
+  EXPECT_EQ(ids.output, test::run_command(text + mla_cmd("tokenize -m " + kGguf)).output);
 }
 
 // The file's logits through the program equal the golden fixture's HuggingFace logits.

@@ -3,8 +3,9 @@
 // must encode every case of the fixture to the expected ids, decode them back, carry the same
 // special tokens and chat template as the folder; GenerationConfig's GGUF defaults; the choice
 // between a --tokenizer folder, the GGUF metadata and the model folder; Kimi's tiktoken vocabulary
-// and the other pre-tokenizers on small vocabularies; and FormatErrors naming the key for bad
-// metadata. The metadata is read without GgufFile (test_gguf_vocab_file.cpp reads it through it).
+// and the other pre-tokenizers on small vocabularies; FormatErrors naming the key for bad
+// metadata; and the metadata's parts written out as a hub folder (write_tokenizer_folder) that
+// loads as the same tokenizer. The metadata is read without GgufFile (test_gguf_vocab_file.cpp reads it through it).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "format/error.h"
 #include "gguf_vocab_fixture.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_parts.h"
 #include "tokenizer/unicode_util.h"
 
 namespace {
@@ -167,6 +169,48 @@ TEST_F(GgufVocabDeepSeekV3, VocabularyAndSpecialTokensMatchTheFolder) {
   EXPECT_TRUE(tok().is_special(128803));
 }
 
+// The parts of the metadata written out as a hub folder: Tokenizer::load of the folder is the
+// tokenizer from_gguf gives, id for id and case for case, and the files are in the hub's form.
+TEST_F(GgufVocabDeepSeekV3, WrittenFolderLoadsAsTheSameTokenizer) {
+  const auto dir = temp_dir("written");
+  mla::write_tokenizer_folder(mla::gguf_tokenizer_parts(meta(), kSource), dir.string());
+  const auto loaded = mla::Tokenizer::load(dir.string());
+  ASSERT_EQ(loaded.vocab_size(), tok().vocab_size());
+  EXPECT_EQ(loaded.bos_id(), tok().bos_id());
+  EXPECT_EQ(loaded.eos_id(), tok().eos_id());
+  EXPECT_EQ(loaded.bos_token(), tok().bos_token());
+  EXPECT_EQ(loaded.eos_token(), tok().eos_token());
+  EXPECT_EQ(loaded.chat_template(), tok().chat_template());
+  for (int32_t id = 0; id < static_cast<int32_t>(tok().vocab_size()); ++id) {
+    if (id == 128815) continue;  // unused in both
+    ASSERT_EQ(loaded.token_text(id), tok().token_text(id)) << "id " << id;
+    ASSERT_EQ(loaded.is_special(id), tok().is_special(id)) << "id " << id;
+  }
+  EXPECT_THROW(loaded.token_bytes(128815), std::out_of_range);
+  for (const json& c : mla::test::deepseek_v3_jsonl("cases.jsonl")) {
+    const std::string text = c["text"];
+    EXPECT_EQ(loaded.encode(text, false), tok().encode(text, false)) << "case " << c["id"];
+    EXPECT_EQ(loaded.encode(text, true), tok().encode(text, true)) << "case " << c["id"];
+    const auto ids = c["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(loaded.decode(ids, true), tok().decode(ids, true)) << "case " << c["id"];
+  }
+
+  // The files: model.vocab an object by id, model.merges [left, right] pairs; the config names
+  // bos / eos by text and carries add_bos_token and the template.
+  json tj, config;
+  std::ifstream(dir / "tokenizer.json") >> tj;
+  std::ifstream(dir / "tokenizer_config.json") >> config;
+  ASSERT_TRUE(tj["model"]["vocab"].is_object());
+  EXPECT_EQ(tj["model"]["vocab"]["<｜User｜>"], 128803);
+  EXPECT_EQ(tj["model"]["merges"].size(), meta().at("tokenizer.ggml.merges").strings.size());
+  EXPECT_EQ(tj["model"]["merges"][0], (json{"Ġ", "t"}));
+  EXPECT_EQ(config["bos_token"], "<｜begin▁of▁sentence｜>");
+  EXPECT_EQ(config["eos_token"], "<｜end▁of▁sentence｜>");
+  EXPECT_EQ(config["add_bos_token"], true);
+  EXPECT_EQ(config["chat_template"], meta().at("tokenizer.chat_template").s);
+  fs::remove_all(dir);
+}
+
 TEST_F(GgufVocabDeepSeekV3, AddBosAndAddEosFollowTheMetadata) {
   const std::vector<int32_t> hi = folder().encode("hi", false);
   ASSERT_EQ(hi.size(), 1u);
@@ -303,6 +347,38 @@ TEST_F(GgufVocabSmall, SameTokenizerAsTheFolder) {
   EXPECT_EQ(tok.chat_template(), folder.chat_template());
   EXPECT_EQ(tok.bos_id(), folder.bos_id());
   EXPECT_EQ(tok.eos_id(), folder.eos_id());
+}
+
+TEST_F(GgufVocabSmall, WrittenFolderKeepsAddFlagsAndRefusesAnAmbiguousName) {
+  // add_bos_token / add_eos_token as the metadata says them, and no template where it has none.
+  Metadata m = *meta_;
+  m["tokenizer.ggml.add_bos_token"] = boolean(false);
+  m["tokenizer.ggml.add_eos_token"] = boolean(true);
+  m.erase("tokenizer.chat_template");
+  const auto dir = temp_dir("written_small");
+  mla::write_tokenizer_folder(mla::gguf_tokenizer_parts(m, kSource), dir.string());
+  const auto tok = mla::Tokenizer::from_gguf(m, kSource);
+  const auto loaded = mla::Tokenizer::load(dir.string());
+  EXPECT_EQ(loaded.encode(kMixedText, true), tok.encode(kMixedText, true));
+  EXPECT_EQ(loaded.encode("hi", true).back(), tok.eos_id());
+  EXPECT_EQ(loaded.chat_template(), "");
+
+  // A bos id whose text a later token repeats: the folder's name would give the later id.
+  auto& tokens = m["tokenizer.ggml.tokens"].strings;
+  auto& types = m["tokenizer.ggml.token_type"].ints;
+  const int64_t bos = m["tokenizer.ggml.bos_token_id"].i;
+  tokens.push_back(tokens[static_cast<size_t>(bos)]);
+  types.push_back(3);
+  try {
+    mla::write_tokenizer_folder(mla::gguf_tokenizer_parts(m, kSource), dir.string());
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    for (const std::string& want : {std::string("tokenizer_config.json"), std::string("bos_token"),
+                                    "also token " + std::to_string(tokens.size() - 1)})
+      EXPECT_NE(what.find(want), std::string::npos) << what;
+  }
+  fs::remove_all(dir);
 }
 
 TEST_F(GgufVocabSmall, EverySupportedPreTokenizerRoundTrips) {
@@ -473,6 +549,20 @@ TEST(GgufVocabKimi, SameTokenizerAsTheTiktokenFolder) {
   }
   EXPECT_EQ(mla::GenerationConfig::from_gguf(m, mla::ModelConfig{}, kSource).eos_token_ids,
             (std::vector<int64_t>{base + 1, base + 2}));
+
+  // The parts written out: tiktoken.model and tokenizer_config.json, loading as the same tokenizer.
+  const auto written = temp_dir("kimi_written");
+  mla::write_tokenizer_folder(mla::gguf_tokenizer_parts(m, kSource), written.string());
+  EXPECT_TRUE(fs::exists(written / "tiktoken.model"));
+  EXPECT_FALSE(fs::exists(written / "tokenizer.json"));
+  const auto loaded = mla::Tokenizer::load(written.string());
+  EXPECT_EQ(loaded.vocab_size(), tok.vocab_size());
+  EXPECT_EQ(loaded.bos_id(), base);
+  EXPECT_EQ(loaded.eos_id(), base + 1);
+  EXPECT_TRUE(loaded.is_special(base + 2));
+  for (const char* text : {"the thing in 12345 it's an ant\n\n\n你好 [BOS]x<|im_end|>", kMixedText})
+    EXPECT_EQ(loaded.encode(text, true), tok.encode(text, true)) << text;
+  fs::remove_all(written);
 
   tokens[260] = "caf你";  // "你" is not a character of the byte-level alphabet
   m["tokenizer.ggml.tokens"] = strings(tokens);

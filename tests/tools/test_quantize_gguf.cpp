@@ -7,12 +7,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <string>
 
 #include "format/error.h"
 #include "format/gguf.h"
 #include "format/gguf_builder.h"
 #include "model/gguf_model.h"
+#include "tokenizer/tokenizer.h"
 #include "tools/quantize.h"
 #include "tools/run_modes.h"
 #include "test_util.h"
@@ -59,8 +62,8 @@ std::vector<std::vector<int32_t>> kquant_sequences() {
 }
 
 // What every folder made from a GGUF file holds: hub dtypes only, kv_b_proj and neither of
-// llama.cpp's halves, config.json and generation_config.json from the metadata, no tokenizer
-// (yet) and a note saying so.
+// llama.cpp's halves, config.json, generation_config.json and the tokenizer files from the
+// metadata (the folder's tokenizer is the file's), and no note.
 void expect_hub_folder(const std::string& gguf, const test::TempDir& out, const QuantizeReport& rep) {
   const Checkpoint ck(out.str());
   const ModelConfig cfg = ModelConfig::load(gguf);
@@ -85,10 +88,16 @@ void expect_hub_folder(const std::string& gguf, const test::TempDir& out, const 
   const GgufFile f(gguf);
   EXPECT_EQ(gen["bos_token_id"], *f.get_int("tokenizer.ggml.bos_token_id"));
   EXPECT_EQ(gen["eos_token_id"], *f.get_int("tokenizer.ggml.eos_token_id"));
-  EXPECT_FALSE(fs::exists(out / "tokenizer.json"));
-  ASSERT_EQ(rep.notes.size(), 1u);
-  EXPECT_NE(rep.notes[0].find("tokenizer"), std::string::npos);
-  EXPECT_NE(quantize_report_text(rep).find("note: no tokenizer files"), std::string::npos);
+  EXPECT_TRUE(fs::exists(out / "tokenizer.json"));
+  EXPECT_TRUE(fs::exists(out / "tokenizer_config.json"));
+  EXPECT_TRUE(rep.notes.empty()) << rep.notes.front();
+  const Tokenizer want = Tokenizer::load(gguf), got_tok = Tokenizer::load(out.str());
+  EXPECT_EQ(got_tok.vocab_size(), want.vocab_size());
+  EXPECT_EQ(got_tok.bos_id(), want.bos_id());
+  EXPECT_EQ(got_tok.eos_id(), want.eos_id());
+  EXPECT_EQ(got_tok.chat_template(), want.chat_template());
+  const std::string text = "The quick brown fox: 12345 <｜User｜>hi<｜Assistant｜> 你好";
+  EXPECT_EQ(got_tok.encode(text, true), want.encode(text, true));
 }
 
 // No targets: every block-format tensor becomes bf16, the float32 ones (norms, the router, the
@@ -209,13 +218,13 @@ TEST(QuantizeGguf, Bf16GoldenFileToFolderGivesTheGoldenLogits) {
   }
 }
 
-// A tensor of a type the engine does not read: the loader's error, naming the file, the tensor
-// and the type, before anything is written.
-TEST(QuantizeGguf, UnsupportedTypeIsRefused) {
-  test::TempDir d("quantize-gguf-bad");
-  const GgufFile src(gguf_fixture("kquant-tiny-q4_k_m.gguf"));
+// A copy of `src` at `path` with metadata `meta`; `replace(b, name, tensor)` may add a tensor its
+// own way (returning true), else it is copied as it is.
+using ReplaceTensor = std::function<bool(test::GgufBuilder&, const std::string&, const GgufTensor&)>;
+void write_gguf_copy(const GgufFile& src, const std::map<std::string, GgufValue>& meta, const std::string& path,
+                     const ReplaceTensor& replace = {}) {
   test::GgufBuilder b;
-  for (const auto& [k, v] : src.metadata()) {
+  for (const auto& [k, v] : meta) {
     using K = GgufValue::Kind;
     if (k == "general.alignment") continue;
     if (v.kind == K::String) b.add_string(k, v.s);
@@ -226,14 +235,22 @@ TEST(QuantizeGguf, UnsupportedTypeIsRefused) {
     else if (v.elem == K::Float) b.add_array<double>(k, test::GgufBuilder::F64, v.floats);
     else b.add_array<int64_t>(k, test::GgufBuilder::I64, v.ints);
   }
-  for (const auto& [n, t] : src.tensors()) {
-    if (n == "blk.0.ffn_down.weight")  // q4_K [256, 256] -> iq2_xxs: 66 bytes a 256
-      b.add_tensor(n, 16, t.ne, std::vector<uint8_t>(size_t(66) * 256, 0));
-    else
-      b.add_tensor(n, t.type, t.ne, std::vector<uint8_t>(t.data, t.data + t.nbytes));
-  }
-  const std::string path = d / "model.gguf";
+  for (const auto& [n, t] : src.tensors())
+    if (!replace || !replace(b, n, t)) b.add_tensor(n, t.type, t.ne, std::vector<uint8_t>(t.data, t.data + t.nbytes));
   b.write(path);
+}
+
+// A tensor of a type the engine does not read: the loader's error, naming the file, the tensor
+// and the type, before anything is written.
+TEST(QuantizeGguf, UnsupportedTypeIsRefused) {
+  test::TempDir d("quantize-gguf-bad");
+  const GgufFile src(gguf_fixture("kquant-tiny-q4_k_m.gguf"));
+  const std::string path = d / "model.gguf";
+  write_gguf_copy(src, src.metadata(), path, [](test::GgufBuilder& b, const std::string& n, const GgufTensor& t) {
+    if (n != "blk.0.ffn_down.weight") return false;
+    b.add_tensor(n, 16, t.ne, std::vector<uint8_t>(size_t(66) * 256, 0));  // q4_K [256, 256] -> iq2_xxs: 66 bytes a 256
+    return true;
+  });
   const std::string out = d / "out";
   try {
     quantize(path, out, LoadQuantization::parse("experts=int4,others=int8"));
@@ -244,6 +261,26 @@ TEST(QuantizeGguf, UnsupportedTypeIsRefused) {
       EXPECT_NE(msg.find(want), std::string::npos) << msg;
   }
   EXPECT_FALSE(fs::exists(fs::path(out) / "config.json"));
+}
+
+// A GGUF file whose tokenizer this engine cannot read (here SentencePiece) still gives its
+// weights: no tokenizer files, and one note saying why and what to copy in.
+TEST(QuantizeGguf, UnreadableTokenizerIsANote) {
+  test::TempDir d("quantize-gguf-sentencepiece");
+  const GgufFile src(gguf_fixture("kquant-tiny-q4_k_m.gguf"));
+  std::map<std::string, GgufValue> meta = src.metadata();
+  meta["tokenizer.ggml.model"].s = "llama";
+  const std::string path = d / "model.gguf";
+  write_gguf_copy(src, meta, path);
+  const std::string out = d / "out";
+  const auto rep = quantize(path, out, LoadQuantization{});
+  EXPECT_TRUE(fs::exists(fs::path(out) / "config.json"));
+  EXPECT_FALSE(fs::exists(fs::path(out) / "tokenizer.json"));
+  EXPECT_FALSE(fs::exists(fs::path(out) / "tokenizer_config.json"));
+  ASSERT_EQ(rep.notes.size(), 1u);
+  for (const char* want : {"no tokenizer files written", "tokenizer.ggml.model", "SentencePiece", "tokenizer.json"})
+    EXPECT_NE(rep.notes[0].find(want), std::string::npos) << rep.notes[0];
+  EXPECT_NE(quantize_report_text(rep).find("note: no tokenizer files"), std::string::npos);
 }
 
 }  // namespace
