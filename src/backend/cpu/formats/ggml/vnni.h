@@ -42,6 +42,7 @@
 #include "backend/cpu/common/avx512.h"
 #include "backend/cpu/common/stream_prefetch.h"
 #include "backend/cpu/formats/gemv_rows.h"
+#include "backend/cpu/formats/ggml/decode.h"
 #include "tensor/matrix.h"
 
 namespace mla::cpu::ggml {
@@ -105,6 +106,11 @@ void quantize_x(const float* x, int64_t T, int64_t ldx, int64_t K, uint8_t* out)
     }
   }
 }
+
+using avx512::k4_min_byte;
+using avx512::k4_scale_byte;
+using avx512::scales_k3;
+using avx512::scales_mins_k4;
 
 namespace {  // internal linkage, as the decoders' (docs/backend.md)
 
@@ -223,20 +229,6 @@ struct KQ2 {
   }
 };
 
-// The 16 6-bit scales of a Q3_K super-block (12 bytes at p), minus 32, as signed bytes: with
-// dwords a0, a1, a2 of p, scales 0..3 = (a0 & 15) | (a2 & 3) << 4, byte by byte, 4..7 = (a1 &
-// 15) | (a2 >> 2 & 3) << 4, 8..11 = (a0 >> 4 & 15) | (a2 >> 4 & 3) << 4, 12..15 = (a1 >> 4 & 15) |
-// (a2 >> 6 & 3) << 4. On the scalar units, as scales_mins_k4.
-[[gnu::always_inline]] inline __m128i scales_k3(const uint8_t* p) {
-  uint64_t a01;
-  uint32_t a2;
-  std::memcpy(&a01, p, 8);
-  std::memcpy(&a2, p + 8, 4);
-  const uint64_t h = uint64_t(a2) | uint64_t(a2) << 30;  // a2 in the low half, a2 >> 2 in the high
-  constexpr uint64_t m4 = 0x0f0f0f0f0f0f0f0full, m2 = 0x0303030303030303ull;
-  const uint64_t lo = (a01 & m4) | (h & m2) << 4, hi = ((a01 >> 4) & m4) | ((h >> 4) & m2) << 4;
-  return _mm_sub_epi8(_mm_set_epi64x(int64_t(hi), int64_t(lo)), _mm_set1_epi8(32));
-}
 
 struct KQ3 {
   [[gnu::always_inline]] static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return dot4(o, x); }
@@ -258,24 +250,6 @@ struct KQ3 {
   }
 };
 
-// The byte of scale (min) j in scales_mins_k4's order.
-constexpr int k4_scale_byte(int j) { return j < 4 ? j : j + 4; }
-constexpr int k4_min_byte(int j) { return j < 4 ? j + 4 : j + 8; }
-
-// The 8 6-bit scales and mins of a Q4_K / Q5_K super-block (12 bytes at p) as the bytes sc0..3,
-// m0..3, sc4..7, m4..7: with dwords a0, a1, a2 of p, byte by byte, sc0..3 = a0 & 63, m0..3 = a1 &
-// 63, sc4..7 = (a2 & 15) | (a0 >> 6) << 4, m4..7 = (a2 >> 4 & 15) | (a1 >> 6) << 4. On the scalar
-// units (64 bits at a time), which the vector ones' work leaves idle: the same in vector
-// instructions ran slower (Q3_K 23.6-24.4 cycles a super-block against 22.7).
-[[gnu::always_inline]] inline __m128i scales_mins_k4(const uint8_t* p) {
-  uint64_t a01;
-  uint32_t a2;
-  std::memcpy(&a01, p, 8);
-  std::memcpy(&a2, p + 8, 4);
-  const uint64_t lo = a01 & 0x3f3f3f3f3f3f3f3full;
-  const uint64_t hi = ((uint64_t(a2) | uint64_t(a2) << 28) & 0x0f0f0f0f0f0f0f0full) | ((a01 >> 2) & 0x3030303030303030ull);
-  return _mm_set_epi64x(int64_t(hi), int64_t(lo));
-}
 // Q4_K, Q5_K in two lane patterns: the 128 bytes of nibbles as 16-byte pieces A = qs 0..15,
 // 32..47, 64..79, 96..111 and B = 16..31, 48..63, 80..95, 112..127, so that lane group L (a
 // 128-bit lane) of A's and B's low nibbles is sub-block 2L (its columns 0..15 and 16..31), of
