@@ -3,6 +3,7 @@
 // shape (llama.cpp's Q8_K for the K-quants, Q8_0 / Q8_1 for the others), each block's integer dot
 // product on VPDPBUSD (the weights' unsigned codes times the signed activation codes), the
 // codes' offsets and the K-quants' mins taken off through the activations' per-block sums.
+// Measurements: docs/backend.md.
 //
 // The activations (quantize_x): per block of B columns (256 for the K-quants, 32 otherwise) a
 // float32 scale s = m / 127 (m the block's largest magnitude) and codes q = round(x * (127 / m))
@@ -17,20 +18,22 @@
 //           block-32: each block's scale times the sum of its codes, float [K / 32], then zeros
 //           to a multiple of 16
 //
-// The weights' codes come out of a block in natural column order, 64 to a zmm (GFNI's
-// GF2P8AFFINEQB moves any bits of each byte into place in one instruction, its bit matrix per
-// 64-bit lane), and each VPDPBUSD lane sums 4 adjacent columns: one sub-block's lanes share its
-// scale. The K-quants (Kquant<Format>): per super-block of 256 columns, per token, the 4 code
-// vectors by VPDPBUSD from zero into 16-lane dot products (|dot| <= 4 * 63 * 127 < 2^15), each
-// times its lanes' sub-block scales by VPDPWSSD (the dot's low word times the scale in the even
-// word, zero in the odd) into one integer sum; Q3_K and Q6_K take the codes' offset (4, 32)
-// times the scales times the sums into the same sum, Q2_K, Q4_K and Q5_K their mins times the
-// sums into a second; each to float32 times d (dmin) times the token's scale, into 16 float
-// lanes summed at the row's end. The block-32 formats (Block32<Format>): 16 blocks at a time,
-// their f16 d (and m) gathered into one vector, per pair of blocks a VPDPBUSD from zero (lanes
-// 0..7 the first block, 8..15 the second) converted and multiplied by its blocks' d times the
-// token's scales (a vpermps of the 16), the offsets (Q4_0 8, Q5_0 16, Q8_0's 128 of its codes
-// biased to unsigned) and Q4_1 / Q5_1's m times the sums once per 16 blocks.
+// The weights' codes come out of a block 64 to a zmm, unsigned (GFNI's GF2P8AFFINEQB moves any
+// bits of each byte into place in one instruction, its bit matrix per 64-bit lane), and each
+// VPDPBUSD lane sums the products of 4 columns of one sub-block. The K-quants (KQ2 .. KQ6): per
+// super-block of 256 columns and token, the 4 code vectors' VPDPBUSD products scaled by VPDPWSSD
+// (the dot's low word times the sub-block scale in the even word of its lane, zero in the odd),
+// once for each group of vectors whose lanes hold the same sub-blocks, their products summed
+// first (each lane's sum < 2^15): Q2_K's 4 vectors one group, Q4_K's and Q5_K's two pairs, Q3_K's
+// and Q6_K's 4 vectors one each (their 16-column sub-blocks fill a 128-bit lane of one vector).
+// Q3_K and Q6_K take the codes' offset (4, 32) times the scales times the sums into the same
+// sum, Q2_K, Q4_K and Q5_K their mins times the sums into a second; each to float32 times d
+// (dmin) times the token's scale, into 16 float lanes summed at the row's end. The block-32
+// formats (BQ4_0 .. BQ8_0): 16 blocks at a time, their f16 d (and m) into one vector (vpermt2b),
+// per pair of blocks a VPDPBUSD from zero (lanes 0..7 the first block, 8..15 the second)
+// converted and multiplied by its blocks' d times the token's scales (a vpermps of the 16), the
+// offsets (Q4_0 8, Q5_0 16, Q8_0's 128 of its codes biased to unsigned) and Q4_1 / Q5_1's m
+// times the sums once per 16 blocks.
 // Internal to src/backend/cpu.
 #pragma once
 #include <immintrin.h>
@@ -159,9 +162,11 @@ constexpr uint64_t gf_move(int from, int count, int to) {
 
 // ---- the K-quants ------------------------------------------------------------------------------
 
-// A decoded super-block: the codes of columns 64k .. 64k + 63 (z[k], unsigned), each VPDPBUSD
-// lane's sub-block scale in the even word of its dword (s[k]), d, and the 16 words of either the
-// mins (per 16 columns; dmin) or the scales times the codes' offset (Q3_K, Q6_K).
+// A decoded super-block: its 4 code vectors (z, unsigned; which columns each holds is the
+// format's, the activations in the same order), the sub-block scales of their lanes in the even
+// word of each dword (s: one vector per group of code vectors, the format's dot), d and dmin,
+// and the 16 words of either the mins (per 16 columns; dmin) or the scales times the codes'
+// offset (Q3_K, Q6_K).
 struct SuperBlock {
   __m512i z[4], s[4];
   __m256i m;
@@ -229,12 +234,12 @@ struct KQ2 {
   }
 };
 
-
+// Q3_K, natural order: vector k the columns 64k .. 64k + 63, 4 sub-blocks of 16.
 struct KQ3 {
-  [[gnu::always_inline]] static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return dot4(o, x); }
   static constexpr int64_t kBytes = 110;
   static constexpr bool kMins = false;
   static constexpr int kOffsetShift = 2;  // codes 0..7 stand for -4..3
+  [[gnu::always_inline]] static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return dot4(o, x); }
   [[gnu::always_inline]] static void decode(const uint8_t* blk, SuperBlock& o) {
     const __m512i h = bcast32(blk);
     for (int k = 0; k < 4; ++k) {
@@ -327,11 +332,12 @@ struct KQ5 {
   }
 };
 
+// Q6_K, natural order as Q3_K.
 struct KQ6 {
-  [[gnu::always_inline]] static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return dot4(o, x); }
   static constexpr int64_t kBytes = 210;
   static constexpr bool kMins = false;
   static constexpr int kOffsetShift = 5;  // codes 0..63 stand for -32..31
+  [[gnu::always_inline]] static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return dot4(o, x); }
   [[gnu::always_inline]] static void decode(const uint8_t* blk, SuperBlock& o) {
     // Half n (128 columns): 64 bytes of ql (low nibbles: columns 128n .. + 63, high: + 64 ..)
     // and 32 of qh (crumbs 0, 1 for the first 32 columns of each 64, 2, 3 for the next).
