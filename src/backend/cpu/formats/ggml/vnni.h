@@ -3,6 +3,7 @@
 // shape (llama.cpp's Q8_K for the K-quants, Q8_0 / Q8_1 for the others), each block's integer dot
 // product on VPDPBUSD (the weights' unsigned codes times the signed activation codes), the
 // codes' offsets and the K-quants' mins taken off through the activations' per-block sums.
+// Measurements: docs/backend.md.
 //
 // The activations (quantize_x): per block of B columns (256 for the K-quants, 32 otherwise) a
 // float32 scale s = m / 127 (m the block's largest magnitude) and codes q = round(x * (127 / m))
@@ -17,20 +18,22 @@
 //           block-32: each block's scale times the sum of its codes, float [K / 32], then zeros
 //           to a multiple of 16
 //
-// The weights' codes come out of a block in natural column order, 64 to a zmm (GFNI's
-// GF2P8AFFINEQB moves any bits of each byte into place in one instruction, its bit matrix per
-// 64-bit lane), and each VPDPBUSD lane sums 4 adjacent columns: one sub-block's lanes share its
-// scale. The K-quants (Kquant<Format>): per super-block of 256 columns, per token, the 4 code
-// vectors by VPDPBUSD from zero into 16-lane dot products (|dot| <= 4 * 63 * 127 < 2^15), each
-// times its lanes' sub-block scales by VPDPWSSD (the dot's low word times the scale in the even
-// word, zero in the odd) into one integer sum; Q3_K and Q6_K take the codes' offset (4, 32)
-// times the scales times the sums into the same sum, Q2_K, Q4_K and Q5_K their mins times the
-// sums into a second; each to float32 times d (dmin) times the token's scale, into 16 float
-// lanes summed at the row's end. The block-32 formats (Block32<Format>): 16 blocks at a time,
-// their f16 d (and m) gathered into one vector, per pair of blocks a VPDPBUSD from zero (lanes
-// 0..7 the first block, 8..15 the second) converted and multiplied by its blocks' d times the
-// token's scales (a vpermps of the 16), the offsets (Q4_0 8, Q5_0 16, Q8_0's 128 of its codes
-// biased to unsigned) and Q4_1 / Q5_1's m times the sums once per 16 blocks.
+// The weights' codes come out of a block 64 to a zmm, unsigned (GFNI's GF2P8AFFINEQB moves any
+// bits of each byte into place in one instruction, its bit matrix per 64-bit lane), and each
+// VPDPBUSD lane sums the products of 4 columns of one sub-block. The K-quants (KQ2 .. KQ6): per
+// super-block of 256 columns and token, the 4 code vectors' VPDPBUSD products scaled by VPDPWSSD
+// (the dot's low word times the sub-block scale in the even word of its lane, zero in the odd),
+// once for each group of vectors whose lanes hold the same sub-blocks, their products summed
+// first (each lane's sum < 2^15): Q2_K's 4 vectors one group, Q4_K's and Q5_K's two pairs, Q3_K's
+// and Q6_K's 4 vectors one each (their 16-column sub-blocks fill a 128-bit lane of one vector).
+// Q3_K and Q6_K take the codes' offset (4, 32) times the scales times the sums into the same
+// sum, Q2_K, Q4_K and Q5_K their mins times the sums into a second; each to float32 times d
+// (dmin) times the token's scale, into 16 float lanes summed at the row's end. The block-32
+// formats (BQ4_0 .. BQ8_0): 16 blocks at a time, their f16 d (and m) into one vector (vpermt2b),
+// per pair of blocks a VPDPBUSD from zero (lanes 0..7 the first block, 8..15 the second)
+// converted and multiplied by its blocks' d times the token's scales (a vpermps of the 16), the
+// offsets (Q4_0 8, Q5_0 16, Q8_0's 128 of its codes biased to unsigned) and Q4_1 / Q5_1's m
+// times the sums once per 16 blocks.
 // Internal to src/backend/cpu.
 #pragma once
 #include <immintrin.h>
@@ -42,6 +45,7 @@
 #include "backend/cpu/common/avx512.h"
 #include "backend/cpu/common/stream_prefetch.h"
 #include "backend/cpu/formats/gemv_rows.h"
+#include "backend/cpu/formats/ggml/decode.h"
 #include "tensor/matrix.h"
 
 namespace mla::cpu::ggml {
@@ -106,6 +110,11 @@ void quantize_x(const float* x, int64_t T, int64_t ldx, int64_t K, uint8_t* out)
   }
 }
 
+using avx512::k4_min_byte;
+using avx512::k4_scale_byte;
+using avx512::scales_k3;
+using avx512::scales_mins_k4;
+
 namespace {  // internal linkage, as the decoders' (docs/backend.md)
 
 // ---- streaming the weights ----------------------------------------------------------------------
@@ -153,9 +162,11 @@ constexpr uint64_t gf_move(int from, int count, int to) {
 
 // ---- the K-quants ------------------------------------------------------------------------------
 
-// A decoded super-block: the codes of columns 64k .. 64k + 63 (z[k], unsigned), each VPDPBUSD
-// lane's sub-block scale in the even word of its dword (s[k]), d, and the 16 words of either the
-// mins (per 16 columns; dmin) or the scales times the codes' offset (Q3_K, Q6_K).
+// A decoded super-block: its 4 code vectors (z, unsigned; which columns each holds is the
+// format's, the activations in the same order), the sub-block scales of their lanes in the even
+// word of each dword (s: one vector per group of code vectors, the format's dot), d and dmin,
+// and the 16 words of either the mins (per 16 columns; dmin) or the scales times the codes'
+// offset (Q3_K, Q6_K).
 struct SuperBlock {
   __m512i z[4], s[4];
   __m256i m;
@@ -223,26 +234,12 @@ struct KQ2 {
   }
 };
 
-// The 16 6-bit scales of a Q3_K super-block (12 bytes at p), minus 32, as signed bytes: with
-// dwords a0, a1, a2 of p, scales 0..3 = (a0 & 15) | (a2 & 3) << 4, byte by byte, 4..7 = (a1 &
-// 15) | (a2 >> 2 & 3) << 4, 8..11 = (a0 >> 4 & 15) | (a2 >> 4 & 3) << 4, 12..15 = (a1 >> 4 & 15) |
-// (a2 >> 6 & 3) << 4. On the scalar units, as scales_mins_k4.
-[[gnu::always_inline]] inline __m128i scales_k3(const uint8_t* p) {
-  uint64_t a01;
-  uint32_t a2;
-  std::memcpy(&a01, p, 8);
-  std::memcpy(&a2, p + 8, 4);
-  const uint64_t h = uint64_t(a2) | uint64_t(a2) << 30;  // a2 in the low half, a2 >> 2 in the high
-  constexpr uint64_t m4 = 0x0f0f0f0f0f0f0f0full, m2 = 0x0303030303030303ull;
-  const uint64_t lo = (a01 & m4) | (h & m2) << 4, hi = ((a01 >> 4) & m4) | ((h >> 4) & m2) << 4;
-  return _mm_sub_epi8(_mm_set_epi64x(int64_t(hi), int64_t(lo)), _mm_set1_epi8(32));
-}
-
+// Q3_K, natural order: vector k the columns 64k .. 64k + 63, 4 sub-blocks of 16.
 struct KQ3 {
-  [[gnu::always_inline]] static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return dot4(o, x); }
   static constexpr int64_t kBytes = 110;
   static constexpr bool kMins = false;
   static constexpr int kOffsetShift = 2;  // codes 0..7 stand for -4..3
+  [[gnu::always_inline]] static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return dot4(o, x); }
   [[gnu::always_inline]] static void decode(const uint8_t* blk, SuperBlock& o) {
     const __m512i h = bcast32(blk);
     for (int k = 0; k < 4; ++k) {
@@ -258,24 +255,6 @@ struct KQ3 {
   }
 };
 
-// The byte of scale (min) j in scales_mins_k4's order.
-constexpr int k4_scale_byte(int j) { return j < 4 ? j : j + 4; }
-constexpr int k4_min_byte(int j) { return j < 4 ? j + 4 : j + 8; }
-
-// The 8 6-bit scales and mins of a Q4_K / Q5_K super-block (12 bytes at p) as the bytes sc0..3,
-// m0..3, sc4..7, m4..7: with dwords a0, a1, a2 of p, byte by byte, sc0..3 = a0 & 63, m0..3 = a1 &
-// 63, sc4..7 = (a2 & 15) | (a0 >> 6) << 4, m4..7 = (a2 >> 4 & 15) | (a1 >> 6) << 4. On the scalar
-// units (64 bits at a time), which the vector ones' work leaves idle: the same in vector
-// instructions ran slower (Q3_K 23.6-24.4 cycles a super-block against 22.7).
-[[gnu::always_inline]] inline __m128i scales_mins_k4(const uint8_t* p) {
-  uint64_t a01;
-  uint32_t a2;
-  std::memcpy(&a01, p, 8);
-  std::memcpy(&a2, p + 8, 4);
-  const uint64_t lo = a01 & 0x3f3f3f3f3f3f3f3full;
-  const uint64_t hi = ((uint64_t(a2) | uint64_t(a2) << 28) & 0x0f0f0f0f0f0f0f0full) | ((a01 >> 2) & 0x3030303030303030ull);
-  return _mm_set_epi64x(int64_t(hi), int64_t(lo));
-}
 // Q4_K, Q5_K in two lane patterns: the 128 bytes of nibbles as 16-byte pieces A = qs 0..15,
 // 32..47, 64..79, 96..111 and B = 16..31, 48..63, 80..95, 112..127, so that lane group L (a
 // 128-bit lane) of A's and B's low nibbles is sub-block 2L (its columns 0..15 and 16..31), of
@@ -353,11 +332,12 @@ struct KQ5 {
   }
 };
 
+// Q6_K, natural order as Q3_K.
 struct KQ6 {
-  [[gnu::always_inline]] static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return dot4(o, x); }
   static constexpr int64_t kBytes = 210;
   static constexpr bool kMins = false;
   static constexpr int kOffsetShift = 5;  // codes 0..63 stand for -32..31
+  [[gnu::always_inline]] static __m512i dot(const SuperBlock& o, const __m512i (&x)[4]) { return dot4(o, x); }
   [[gnu::always_inline]] static void decode(const uint8_t* blk, SuperBlock& o) {
     // Half n (128 columns): 64 bytes of ql (low nibbles: columns 128n .. + 63, high: + 64 ..)
     // and 32 of qh (crumbs 0, 1 for the first 32 columns of each 64, 2, 3 for the next).
