@@ -15,12 +15,15 @@
 #include "format/error.h"
 #include "format/gguf.h"
 #include "format/gguf_builder.h"
+#include "model/fingerprint.h"
 #include "model/gguf_model.h"
 #include "tools/run_modes.h"
 #include "test_util.h"
 
 namespace mla {
 namespace {
+
+void copy_metadata(const GgufFile& src, test::GgufBuilder& b);
 
 std::string gguf_fixture(const std::string& name) { return (test::source_dir() / "tests/fixtures/gguf" / name).string(); }
 
@@ -110,6 +113,46 @@ TEST(GgufGolden, Bf16FileGivesTheFixturesLogits) {
             << "seq" << j << " " << mode << " " << attn_path_name(path);
       }
   }
+}
+
+// Files written before 2025 hold kv_b whole (attn_kv_b): the same logits through the loader's
+// own absorption. The layout made here from the converted file: its attn_k_b / attn_v_b out,
+// the fixture's kv_b_proj in as attn_kv_b.
+TEST(GgufGolden, OlderKvbLayoutGivesTheFixturesLogits) {
+  test::TempDir d("gguf-kvb");
+  const GgufFile src(gguf_fixture("deepseek-v3-tiny-bf16.gguf"));
+  const SafetensorsFile folder(test::fixture("deepseek-v3-tiny") + "/model.safetensors");
+  test::GgufBuilder b;
+  copy_metadata(src, b);
+  for (const auto& [n, t] : src.tensors())
+    if (n.find("attn_k_b") == std::string::npos && n.find("attn_v_b") == std::string::npos)
+      b.add_tensor(n, t.type, t.ne, std::vector<uint8_t>(t.data, t.data + t.nbytes));
+  const int64_t layers = src.require_int("deepseek2.block_count");
+  for (int64_t l = 0; l < layers; ++l) {
+    const TensorInfo& kvb = *folder.find("model.layers." + std::to_string(l) + ".self_attn.kv_b_proj.weight");
+    ASSERT_EQ(kvb.dtype, DType::BF16);
+    b.add_tensor("blk." + std::to_string(l) + ".attn_kv_b.weight", uint32_t(GgmlType::BF16), {kvb.shape[1], kvb.shape[0]},
+                 std::vector<uint8_t>(kvb.data, kvb.data + kvb.nbytes));
+  }
+  b.write(d / "old.gguf");
+  auto model = Model::load(d / "old.gguf");
+  EXPECT_EQ(model->weights().bytes_by_format.count("bf16 (derived kv_b)"), 0u);
+  SafetensorsFile golden(test::fixture("deepseek-v3-tiny") + "/golden.safetensors");
+  const auto ids = test::read_ids(*golden.find("seq2_ids"));
+  const auto want = test::read_f32(*golden.find("seq2_logits"));
+  for (AttnPath path : {AttnPath::Expand, AttnPath::Absorb}) {
+    RunOptions opt;
+    opt.path = path;
+    EXPECT_LE(test::max_abs_diff(run_logits(*model, ids, opt), want), 1e-3f) << attn_path_name(path);
+  }
+}
+
+// The prompt cache's key of a GGUF model: the same for the same file, another for another.
+TEST(GgufModel, FingerprintTellsFilesApart) {
+  const std::string a = gguf_fixture("kquant-tiny-q4_k_m.gguf"), b = gguf_fixture("kquant-tiny-q2_k_xl.gguf");
+  EXPECT_EQ(checkpoint_fingerprint(a).hex(), checkpoint_fingerprint(a).hex());
+  EXPECT_NE(checkpoint_fingerprint(a).hex(), checkpoint_fingerprint(b).hex());
+  EXPECT_NE(checkpoint_fingerprint(a).hex(), checkpoint_fingerprint(test::fixture("deepseek-v3-tiny")).hex());
 }
 
 // ---- quantized files against llama.cpp ---------------------------------------------------------
