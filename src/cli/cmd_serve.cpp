@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
 #include <mutex>
 #include <thread>
 
@@ -76,10 +77,16 @@ std::string gb(double bytes) {
   return buf;
 }
 
+// The folder's name; a GGUF file's name without .gguf and a split set's -00001-of-0000N.
 std::string default_model_name(const std::string& dir) {
   std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();
   std::string name = p.filename().string();
+  if (p.extension() == ".gguf") {
+    name = p.stem().string();
+    static const std::regex split(R"(-\d{5}-of-\d{5}$)");
+    name = std::regex_replace(name, split, "");
+  }
   return name.empty() ? "mla" : name;
 }
 
@@ -102,7 +109,7 @@ int serve_cmd(int argc, char** argv) {
   mla::cli::add_speculative_options(app, o.spec);
   mla::cli::add_cpu_options(app, o.cpu,
                             "fast (bf16 activations in the matrix products, AMX for prompts) | precise (float32 throughout)");
-  app.add_option("--served-model-name", o.served_model_name, "the model name of the API (default: the folder's name)");
+  app.add_option("--served-model-name", o.served_model_name, "the model name of the API (default: the folder's name, or the GGUF file's without .gguf)");
   app.add_flag("--no-prefix-cache", o.no_prefix_cache,
                "no prompt cache: prefixes are not shared between requests (nor kept in RAM or on disk)");
   app.add_option("--cache-ram-gb", o.cache_ram_gb,
