@@ -8,7 +8,7 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   g++ make cmake pkg-config clang libclang-rt-14-dev \
   libdnnl-dev nlohmann-json3-dev libpcre2-dev libicu-dev libcli11-dev libcpp-httplib-dev \
-  libgtest-dev libgmock-dev libbenchmark-dev \
+  libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev \
   libopenmpi-dev openmpi-bin \
   python3-numpy >/dev/null
 # Node.js and npm run the end-to-end tests with the official openai client (tests/e2e).
