@@ -14,7 +14,7 @@
 #include "backend/cpu/precision.h"
 #include "format/error.h"
 #include "format/gguf.h"
-#include "format/gguf_builder.h"
+#include "format/gguf_copy.h"
 #include "model/fingerprint.h"
 #include "model/gguf_model.h"
 #include "tools/run_modes.h"
@@ -260,23 +260,9 @@ TEST(GgufModel, MissingTensorNamesTheFilesTensor) {
 
 // ---- bad files -----------------------------------------------------------------------------------
 
-// A copy of a fixture through the test writer, `edit` changing it first: metadata keys (all
-// but the tokenizer's long lists and general.alignment, which the builder writes itself) and
-// tensors as read.
-void copy_metadata(const GgufFile& src, test::GgufBuilder& b) {
-  for (const auto& [k, v] : src.metadata()) {
-    if (k == "general.alignment") continue;
-    using K = GgufValue::Kind;
-    if (v.kind == K::String) b.add_string(k, v.s);
-    else if (v.kind == K::Float) b.add_f64(k, v.f);
-    else if (v.kind == K::Bool) b.add_bool(k, v.b);
-    else if (v.kind == K::Int) b.add_i64(k, v.i);
-    else if (v.elem == K::String) b.add_string_array(k, v.strings);
-    else if (v.elem == K::Float) b.add_array<double>(k, test::GgufBuilder::F64, v.floats);
-    else b.add_array<int64_t>(k, test::GgufBuilder::I64, v.ints);
-  }
-}
+void copy_metadata(const GgufFile& src, test::GgufBuilder& b) { test::copy_metadata(src.metadata(), b); }
 
+// A copy of a fixture through the test writer (format/gguf_copy.h), `edit` changing it first.
 std::string rewrite(const std::string& name, const test::TempDir& dir, const std::function<void(test::GgufBuilder&)>& edit) {
   const GgufFile src(gguf_fixture(name));
   test::GgufBuilder b;

@@ -13,7 +13,7 @@
 
 #include "format/error.h"
 #include "format/gguf.h"
-#include "format/gguf_builder.h"
+#include "format/gguf_copy.h"
 #include "model/gguf_model.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/quantize.h"
@@ -224,17 +224,7 @@ using ReplaceTensor = std::function<bool(test::GgufBuilder&, const std::string&,
 void write_gguf_copy(const GgufFile& src, const std::map<std::string, GgufValue>& meta, const std::string& path,
                      const ReplaceTensor& replace = {}) {
   test::GgufBuilder b;
-  for (const auto& [k, v] : meta) {
-    using K = GgufValue::Kind;
-    if (k == "general.alignment") continue;
-    if (v.kind == K::String) b.add_string(k, v.s);
-    else if (v.kind == K::Float) b.add_f64(k, v.f);
-    else if (v.kind == K::Bool) b.add_bool(k, v.b);
-    else if (v.kind == K::Int) b.add_i64(k, v.i);
-    else if (v.elem == K::String) b.add_string_array(k, v.strings);
-    else if (v.elem == K::Float) b.add_array<double>(k, test::GgufBuilder::F64, v.floats);
-    else b.add_array<int64_t>(k, test::GgufBuilder::I64, v.ints);
-  }
+  test::copy_metadata(meta, b);
   for (const auto& [n, t] : src.tensors())
     if (!replace || !replace(b, n, t)) b.add_tensor(n, t.type, t.ne, std::vector<uint8_t>(t.data, t.data + t.nbytes));
   b.write(path);
