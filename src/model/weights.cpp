@@ -232,25 +232,11 @@ class Loader {
     }
     const bool wide = (uk.format == WeightFormat::F32 || uk.format == WeightFormat::F16) &&
                       (uv.format == WeightFormat::F32 || uv.format == WeightFormat::F16);
-    const size_t esize = wide ? 4 : 2;
-    auto buf = std::make_unique<std::vector<uint8_t>>(size_t(H * (nope + vd) * kvr) * esize);
-    auto put = [&](int64_t row, int64_t k, float v) {
-      const size_t idx = size_t(row * kvr + k);
-      if (wide) reinterpret_cast<float*>(buf->data())[idx] = v;
-      else reinterpret_cast<uint16_t*>(buf->data())[idx] = f32_to_bf16(v);
-    };
-    std::vector<float> row(size_t(std::max(kvr, nope)));
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t r0 = h * (nope + vd);
-      for (int64_t k = 0; k < kvr; ++k) {  // W_UK^T row k: column k of W_UK's nope rows
-        L.w_uk_t[size_t(h)].dequant_row(k, row.data());
-        for (int64_t d = 0; d < nope; ++d) put(r0 + d, k, row[size_t(d)]);
-      }
-      for (int64_t j = 0; j < vd; ++j) {
-        L.w_uv[size_t(h)].dequant_row(j, row.data());
-        for (int64_t k = 0; k < kvr; ++k) put(r0 + nope + j, k, row[size_t(k)]);
-      }
-    }
+    const std::vector<float> kv_b = kv_b_from_heads(uk, uv, H);
+    auto buf = std::make_unique<std::vector<uint8_t>>(kv_b.size() * (wide ? 4 : 2));
+    if (wide) std::memcpy(buf->data(), kv_b.data(), buf->size());
+    else
+      for (size_t i = 0; i < kv_b.size(); ++i) reinterpret_cast<uint16_t*>(buf->data())[i] = f32_to_bf16(kv_b[i]);
     L.kv_b = MatrixView{};
     L.kv_b.format = wide ? WeightFormat::F32 : WeightFormat::BF16;
     L.kv_b.rows = H * (nope + vd);
@@ -490,6 +476,20 @@ class Loader {
 };
 
 }  // namespace
+
+std::vector<float> kv_b_from_heads(const MatrixView& uk_t, const MatrixView& uv, int64_t heads) {
+  const int64_t kvr = uk_t.rows / heads, nope = uk_t.cols, vd = uv.rows / heads;
+  std::vector<float> out(size_t(heads * (nope + vd) * kvr)), row(static_cast<size_t>(nope));
+  for (int64_t h = 0; h < heads; ++h) {
+    float* head = out.data() + h * (nope + vd) * kvr;
+    for (int64_t k = 0; k < kvr; ++k) {  // W_UK^T's row k is column k of W_UK
+      uk_t.dequant_row(h * kvr + k, row.data());
+      for (int64_t d = 0; d < nope; ++d) head[d * kvr + k] = row[size_t(d)];
+    }
+    for (int64_t j = 0; j < vd; ++j) uv.dequant_row(h * vd + j, head + (nope + j) * kvr);
+  }
+  return out;
+}
 
 bool has_mtp_module(const Checkpoint& ckpt, const ModelConfig& cfg) {
   return cfg.num_nextn_predict_layers > 0 &&

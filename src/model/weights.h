@@ -124,6 +124,12 @@ ModelWeights load_weights(const Checkpoint& ckpt, const ModelConfig& cfg, bool w
                           parallel::ExpertRange experts = {});
 // Whether the checkpoint holds the first MTP module (model.layers.<num_hidden_layers>.eh_proj).
 bool has_mtp_module(const Checkpoint& ckpt, const ModelConfig& cfg);
+
+// llama.cpp's MLA layout (model/gguf_model.h) as the hub's kv_b [H (nope + v), kv_lora], in
+// float32: per head h, W_UK (the rows h kv_lora .. of uk_t [H kv_lora, nope], W_UK^T, transposed
+// back) then W_UV's rows (rows h v .. of uv [H v, kv_lora]). The loader derives the expanded
+// path's kv_b from it, `mla quantize` the folder's kv_b_proj.
+std::vector<float> kv_b_from_heads(const MatrixView& uk_t, const MatrixView& uv, int64_t heads);
 // The same, converting each weight of a class `quantize` gives a format to it as it is loaded,
 // one tensor at a time (tensor/quantize.h: dequantized a band of rows at a time, quantized with
 // the scale search); the mapped pages of the tensor read are released after it, so resident

@@ -166,8 +166,8 @@ quant::QuantizedMatrix materialize(const Matrix& m, const MatrixView& src, const
 
 // llama.cpp's MLA layout (model/gguf_model.h) as the hub's kv_b_proj [H (nope + v), kv_lora]:
 // per head, W_UK (k_b's head [kv_lora, nope] = W_UK^T, transposed back) then W_UV's rows (v_b's
-// head [v, kv_lora]), as the loader's split_kv_b derives it. The values are made, float32, only
-// when the matrix is written.
+// head [v, kv_lora]): kv_b_from_heads (model/weights.h), as the loader derives it. The values are
+// made, float32, only when the matrix is written.
 Matrix derived_kv_b(const Checkpoint& ck, const ModelConfig& cfg, const std::string& attn) {
   const int64_t H = cfg.num_attention_heads, nope = cfg.qk_nope_head_dim, vd = cfg.v_head_dim, kvr = cfg.kv_lora_rank;
   const TensorInfo& kb = ck.get(attn + "k_b_proj.weight");
@@ -189,18 +189,7 @@ Matrix derived_kv_b(const Checkpoint& ck, const ModelConfig& cfg, const std::str
   m.inputs = {attn + "k_b_proj.weight", attn + "v_b_proj.weight"};
   m.bytes_in = kb.nbytes + vb.nbytes;
   const MatrixView uk_t = plain_view(kb), uv = plain_view(vb);  // [H kv_lora, nope], [H v, kv_lora]
-  m.derive = [=] {
-    std::vector<float> out(size_t(H * (nope + vd) * kvr)), row(size_t(std::max(nope, kvr)));
-    for (int64_t h = 0; h < H; ++h) {
-      float* head = out.data() + h * (nope + vd) * kvr;
-      for (int64_t k = 0; k < kvr; ++k) {  // W_UK^T's row k is column k of W_UK
-        uk_t.dequant_row(h * kvr + k, row.data());
-        for (int64_t d = 0; d < nope; ++d) head[d * kvr + k] = row[size_t(d)];
-      }
-      for (int64_t j = 0; j < vd; ++j) uv.dequant_row(h * vd + j, head + (nope + j) * kvr);
-    }
-    return out;
-  };
+  m.derive = [=] { return kv_b_from_heads(uk_t, uv, H); };
   return m;
 }
 
